@@ -1,0 +1,53 @@
+"""A third-party yeto plugin: the ``memory`` object store (``memory://name``)."""
+
+from yeto_core import hookimpl
+from yeto_core.errors import NotFoundError
+from yeto_core.ports import ObjectStore
+from yeto_core.stores.keys import check_key
+
+_SPACES: dict[str, dict[str, bytes]] = {}
+
+
+class MemoryStore(ObjectStore):
+    PLUGIN_NAME = "memory"
+    URL_SCHEMES = ("memory",)
+
+    def __init__(self, name: str) -> None:
+        self.name, self._d = name, _SPACES.setdefault(name, {})
+
+    @classmethod
+    def from_url(cls, url, **options):
+        return cls(url.split("://", 1)[1])
+
+    def url(self):
+        return f"memory://{self.name}"
+
+    def get(self, key):
+        try:
+            return self._d[check_key(key)]
+        except KeyError:
+            raise NotFoundError(f"no object {key!r} in memory://{self.name}") from None
+
+    def put(self, key, data):
+        self._d[check_key(key)] = bytes(data)
+
+    def put_if_absent(self, key, data):
+        if check_key(key) in self._d:
+            return False
+        self._d[key] = bytes(data)
+        return True
+
+    def exists(self, key):
+        return check_key(key) in self._d
+
+    def list(self, prefix="", after=None):
+        keys = (k for k in self._d if k.startswith(prefix) and (after is None or k > after))
+        return iter(sorted(keys))
+
+    def delete(self, key):
+        self._d.pop(check_key(key), None)
+
+
+@hookimpl
+def yeto_register_object_stores(register):
+    register(MemoryStore)

@@ -1,0 +1,24 @@
+"""``yeto bench …``: measurements that print one JSON object each.
+
+Each benchmark compares against a baseline measured in the same run (ratios,
+not absolute times), because machines are noisy.
+"""
+
+from __future__ import annotations
+
+import click
+
+from yeto_core.cli import LazyGroup
+
+#: benchmark name -> "module:attribute" of its click command.
+BENCHMARKS: dict[str, str] = {
+    "buffer": "yeto_core.bench.buffer:command",
+    "scheduler": "yeto_core.bench.scheduler:command",
+    "e2e": "yeto_core.bench.e2e:command",
+    "chaos": "yeto_core.bench.chaos:command",
+}
+
+
+@click.group(cls=LazyGroup, lazy=BENCHMARKS)
+def bench() -> None:
+    """Measure yeto against a baseline taken in the same run (prints JSON)."""

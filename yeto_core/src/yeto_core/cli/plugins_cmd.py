@@ -1,0 +1,33 @@
+"""``yeto plugins``: what is installed and what each plugin provides."""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+import click
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
+def plugins(as_json: bool) -> None:
+    """List installed plugins, what they provide, and load errors."""
+    from yeto_core.plugins import get_plugins
+
+    infos = get_plugins().infos()
+    if as_json:
+        click.echo(json.dumps([attrs.asdict(i) for i in infos], indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="yeto plugins")
+    table.add_column("plugin")
+    table.add_column("distribution")
+    table.add_column("version")
+    table.add_column("provides")
+    table.add_column("error", style="red")
+    for info in infos:
+        provides = "\n".join(f"{port}: {', '.join(names)}" for port, names in info.provides.items())
+        table.add_row(info.name, info.distribution, info.version, provides or "-", info.error or "")
+    Console().print(table)

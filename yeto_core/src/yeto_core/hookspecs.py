@@ -1,0 +1,129 @@
+"""Every hook yeto calls. Plugins implement them with ``@yeto_core.hookimpl``.
+
+Registration hooks receive a ``register`` callable: call it with each class
+that implements the port (the class's ``PLUGIN_NAME`` is its name). A name
+registered twice for one port is an error that names both classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pluggy
+
+PROJECT = "yeto"
+_hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+Register = Callable[[type], None]
+
+
+@_hookspec
+def yeto_register_object_stores(register: Register) -> None:
+    """Register :class:`~yeto_core.ports.ObjectStore` implementations.
+
+    :param register: call with each store class (``PLUGIN_NAME`` and ``URL_SCHEMES`` set).
+    :returns: nothing.
+    """
+
+
+@_hookspec
+def yeto_register_sample_buffers(register: Register) -> None:
+    """Register :class:`~yeto_core.ports.DurableSampleBuffer` implementations.
+
+    :param register: call with each buffer class.
+    :returns: nothing.
+    """
+
+
+@_hookspec
+def yeto_register_trainer_lifecycles(register: Register) -> None:
+    """Register :class:`~yeto_core.ports.TrainerLifecycle` implementations.
+
+    :param register: call with each lifecycle class.
+    :returns: nothing.
+    """
+
+
+@_hookspec
+def yeto_register_trainer_schedulers(register: Register) -> None:
+    """Register :class:`~yeto_core.ports.TrainerScheduler` implementations.
+
+    :param register: call with each scheduler class.
+    :returns: nothing.
+    """
+
+
+@_hookspec
+def yeto_register_conversions(register: Register) -> None:
+    """Register :class:`~yeto_core.ports.ConversionPort` implementations.
+
+    :param register: call with each conversion class.
+    :returns: nothing.
+    """
+
+
+@_hookspec
+def yeto_register_trainer_backends(register: Register) -> None:
+    """Register :class:`~yeto_core.ports.TrainerBackend` implementations.
+
+    :param register: call with each backend class.
+    :returns: nothing.
+    """
+
+
+@_hookspec
+def yeto_register_sampler_engines(register: Register) -> None:
+    """Register :class:`~yeto_core.ports.SamplerEngine` implementations.
+
+    :param register: call with each engine class.
+    :returns: nothing.
+    """
+
+
+@_hookspec
+def yeto_register_island_providers(register: Register) -> None:
+    """Register :class:`~yeto_core.ports.IslandProvider` implementations.
+
+    :param register: call with each provider class.
+    :returns: nothing.
+    """
+
+
+@_hookspec
+def yeto_register_tasks(register: Register) -> None:
+    """Register :class:`~yeto_core.ports.Task` implementations.
+
+    :param register: call with each task class.
+    :returns: nothing.
+    """
+
+
+@_hookspec
+def yeto_preflight(config: Any, report: Any) -> None:
+    """Add checks before a run starts (``yeto run up``, ``--dry-run``).
+
+    :param config: the structured run config.
+    :param report: call ``report.ok(name, detail)``, ``report.warn(name, detail)``
+        or ``report.fail(name, detail)``; one failure stops the launch.
+    :returns: nothing.
+    """
+
+
+@_hookspec
+def yeto_cli(group: Any) -> None:
+    """Add commands to the ``yeto`` CLI.
+
+    :param group: the top-level :class:`click.Group`; call ``group.add_command(cmd)``.
+    :returns: nothing.
+    """
+
+
+@_hookspec
+def yeto_event(event: Any) -> None:
+    """Observe every event yeto emits (starts, stops, skips, refusals, reloads).
+
+    :param event: a :class:`~yeto_core.records.Event`.
+    :returns: nothing. An observer that raises is reported and ignored.
+    """

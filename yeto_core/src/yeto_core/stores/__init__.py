@@ -1,0 +1,1 @@
+"""Object store implementations that ship with yeto-core."""
