@@ -1,0 +1,84 @@
+"""Autoregressive sampling with per-token behavior log-probs (used by the engine and the warm-up).
+
+Log-probs are those of the processed distribution the token was drawn from:
+logits divided by the temperature, then top-k / top-p filtering, then
+log-softmax.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def process_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """Log-probs of the sampling distribution (``logits``: ``[B, V]``)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature}: yeto samples need a positive temperature")
+    x = logits.float() / temperature
+    if top_k and top_k < x.shape[-1]:
+        kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_x, idx = torch.sort(x, dim=-1, descending=True)
+        probs = torch.softmax(sorted_x, dim=-1)
+        drop = probs.cumsum(-1) - probs > top_p
+        sorted_x = sorted_x.masked_fill(drop, float("-inf"))
+        x = torch.full_like(x, float("-inf")).scatter(-1, idx, sorted_x)
+    return torch.log_softmax(x, dim=-1)
+
+
+@torch.no_grad()
+def sample(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    n: int,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    eos_ids: Sequence[int],
+    generator: torch.Generator,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> list[list[tuple[list[int], list[float], str]]]:
+    """``n`` responses per prompt: ``(response ids, behavior log-probs, finish reason)``.
+
+    Prompts of equal length are batched together (no padding, KV cache).
+    """
+    out: list[list[tuple[list[int], list[float], str]]] = [[] for _ in prompts]
+    by_len: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty; encode it with the served tokenizer first")
+        by_len.setdefault(len(p), []).append(i)
+    eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long)
+    for _length, idxs in sorted(by_len.items()):
+        ids = torch.tensor([list(prompts[i]) for i in idxs for _ in range(n)], dtype=torch.long)
+        b = ids.shape[0]
+        done = torch.zeros(b, dtype=torch.bool)
+        toks = torch.zeros(b, max_new_tokens, dtype=torch.long)
+        lps = torch.zeros(b, max_new_tokens, dtype=torch.float32)
+        lengths = torch.full((b,), max_new_tokens, dtype=torch.long)
+        past = None
+        step_in = ids
+        for t in range(max_new_tokens):
+            res = model(input_ids=step_in, past_key_values=past, use_cache=True)
+            past = res.past_key_values
+            logp = process_logits(res.logits[:, -1, :], temperature, top_k, top_p)
+            nxt = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+            toks[:, t] = nxt
+            lps[:, t] = logp.gather(-1, nxt[:, None]).squeeze(-1)
+            hit = torch.isin(nxt, eos) & ~done
+            lengths[hit] = t + 1
+            done |= hit
+            if bool(done.all()):
+                break
+            step_in = nxt[:, None]
+        for row in range(b):
+            k = int(lengths[row])
+            reason = "stop" if bool(done[row]) else "length"
+            out[idxs[row // n]].append(
+                (toks[row, :k].tolist(), lps[row, :k].tolist(), reason)
+            )
+    return out
