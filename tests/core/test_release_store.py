@@ -1,0 +1,109 @@
+"""Policy release protocol: manifest, LATEST.json last, republish no-op, rewound lineage."""
+
+from __future__ import annotations
+
+import pytest
+
+from yeto_core.errors import ReleaseError
+from yeto_core.release import ReleaseStore
+from yeto_core.stores.dir_store import DirStore
+
+
+@pytest.fixture
+def store(tmp_path):
+    return DirStore(tmp_path / "store", fsync=False)
+
+
+def _export(d, weights: bytes):
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text("{}")
+    (d / "model.safetensors").write_bytes(weights)
+    return d
+
+
+def test_publish_latest_fetch(store, tmp_path):
+    rs = ReleaseStore(store)
+    assert rs.latest() is None
+    r1 = rs.publish(
+        _export(tmp_path / "e1", b"w1"),
+        {"version": 1, "kind": "full", "weight_checksum": "a", "watermark": 8},
+    )
+    assert r1.release_id == "1" and r1.seq == 1 and r1.info == {"watermark": 8}
+    assert rs.latest() == r1
+    r2 = rs.publish(
+        _export(tmp_path / "e2", b"w2"), {"version": 2, "kind": "full", "weight_checksum": "b"}
+    )
+    assert rs.latest() == r2 and r2.parent == "1"
+    out = rs.fetch(2, tmp_path / "dl")
+    assert (out / "model.safetensors").read_bytes() == b"w2"
+    assert [r.release_id for r in rs.list()] == ["1", "2"]
+
+
+def test_republish_same_version_is_noop(store, tmp_path):
+    rs = ReleaseStore(store)
+    r1 = rs.publish(
+        _export(tmp_path / "e1", b"w1"), {"version": 1, "kind": "full", "weight_checksum": "a"}
+    )
+    before = {k: store.get(k) for k in store.list("releases/")}
+    again = rs.publish(
+        _export(tmp_path / "e1b", b"w1"), {"version": 1, "kind": "full", "weight_checksum": "a"}
+    )
+    assert again == r1
+    assert {k: store.get(k) for k in store.list("releases/")} == before
+
+
+def test_rewound_lineage_is_a_new_release_never_an_overwrite(store, tmp_path):
+    rs = ReleaseStore(store)
+    rs.publish(
+        _export(tmp_path / "e1", b"w1"), {"version": 1, "kind": "full", "weight_checksum": "a"}
+    )
+    r2 = rs.publish(
+        _export(tmp_path / "e2", b"w2"), {"version": 2, "kind": "full", "weight_checksum": "b"}
+    )
+    # A trainer restored from the cut at version 1 trains version 2 again, differently.
+    r2b = rs.publish(
+        _export(tmp_path / "e2b", b"X2"), {"version": 2, "kind": "full", "weight_checksum": "c"}
+    )
+    assert r2b.release_id == "2-r1" and r2b.version == 2 and r2b.seq == 3
+    assert rs.latest() == r2b
+    assert (rs.fetch("2", tmp_path / "old") / "model.safetensors").read_bytes() == b"w2"
+    assert rs.get("2") == r2
+    assert (rs.fetch(2, tmp_path / "new") / "model.safetensors").read_bytes() == b"X2"
+
+
+def test_corrupted_file_is_refused(store, tmp_path):
+    rs = ReleaseStore(store)
+    rs.publish(
+        _export(tmp_path / "e1", b"w1"), {"version": 1, "kind": "full", "weight_checksum": "a"}
+    )
+    store.put("releases/1/model.safetensors", b"zz")
+    with pytest.raises(ReleaseError, match="digest check"):
+        rs.fetch(1, tmp_path / "dl")
+    store.delete("releases/1/model.safetensors")
+    with pytest.raises(ReleaseError, match="missing"):
+        rs.fetch(1, tmp_path / "dl2")
+
+
+def test_crash_before_pointer_then_republish_commits_pointer(store, tmp_path):
+    rs = ReleaseStore(store)
+    rs.publish(
+        _export(tmp_path / "e1", b"w1"), {"version": 1, "kind": "full", "weight_checksum": "a"}
+    )
+    r2 = rs.publish(
+        _export(tmp_path / "e2", b"w2"), {"version": 2, "kind": "full", "weight_checksum": "b"}
+    )
+    r1 = rs.get(1)
+    store.put("releases/LATEST.json", store.get("releases/1/manifest.json"))  # pointer lagging
+    assert rs.latest() == r1
+    assert (
+        rs.publish(
+            _export(tmp_path / "e2", b"w2"), {"version": 2, "kind": "full", "weight_checksum": "b"}
+        )
+        == r2
+    )
+    assert rs.latest() == r2
+
+
+def test_info_must_name_version_kind_checksum(store, tmp_path):
+    with pytest.raises(ReleaseError, match="weight_checksum"):
+        ReleaseStore(store).publish(_export(tmp_path / "e", b"w"), {"version": 1, "kind": "full"})

@@ -1,0 +1,116 @@
+"""Manifest directories: the commit protocol shared by consistent cuts and policy releases.
+
+A manifest directory ``<prefix>/<id>/`` in an object store holds data files and
+one ``manifest.json``. Writers follow one order, so a reader never trusts a
+half-written directory:
+
+1. every data file (``<prefix>/<id>/<name>``),
+2. ``manifest.json`` (sha256 and size of every file, plus the record),
+3. the pointer (``cuts/LATEST``, ``releases/LATEST.json``), the commit point.
+
+A crash before 3 leaves an uncommitted directory that no pointer names; a
+crash before 2 leaves files without a manifest, which readers treat as
+invalid. Readers verify every file against its digest while downloading.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from yeto_core.errors import NotFoundError
+from yeto_core.ports import ObjectStore
+from yeto_core.records import ShardDigest
+
+MANIFEST_NAME = "manifest.json"
+_CHUNK = 1 << 20
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a local file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def digest_dir(local_dir: str | os.PathLike[str]) -> tuple[ShardDigest, ...]:
+    """Digest every regular file under ``local_dir`` (names are relative POSIX paths, sorted).
+
+    :raises ValueError: when ``local_dir`` holds a file named ``manifest.json`` at its top
+        (that name is the protocol's) or holds no file at all.
+    """
+    root = Path(local_dir)
+    out = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        name = path.relative_to(root).as_posix()
+        if name == MANIFEST_NAME:
+            raise ValueError(
+                f"{root} holds a file named {MANIFEST_NAME!r}; that name is reserved for the "
+                "manifest the core writes. Rename the backend's file."
+            )
+        out.append(ShardDigest(name=name, sha256=sha256_file(path), size=path.stat().st_size))
+    if not out:
+        raise ValueError(f"{root} holds no file; the backend wrote nothing to publish or cut")
+    return tuple(out)
+
+
+def upload_files(
+    store: ObjectStore,
+    key_prefix: str,
+    local_dir: str | os.PathLike[str],
+    files: Iterable[ShardDigest],
+) -> None:
+    """Step 1 of the protocol: put every file of ``local_dir`` under ``key_prefix/``."""
+    root = Path(local_dir)
+    for f in files:
+        store.put(f"{key_prefix}/{f.name}", (root / f.name).read_bytes())
+
+
+def download_verified(
+    store: ObjectStore,
+    key_prefix: str,
+    files: Iterable[ShardDigest],
+    dest_dir: str | os.PathLike[str],
+) -> list[str]:
+    """Download every file under ``key_prefix/`` into ``dest_dir`` and check its digest.
+
+    :returns: the problems found (empty when every file is present and matches). A file
+        that is missing or whose size or sha256 differs from the manifest is named, with
+        what was expected and what was found.
+    """
+    dest = Path(dest_dir)
+    problems = []
+    for f in files:
+        key = f"{key_prefix}/{f.name}"
+        try:
+            data = store.get(key)
+        except NotFoundError:
+            problems.append(f"{key}: missing (the manifest lists it)")
+            continue
+        digest = sha256_bytes(data)
+        if len(data) != f.size or digest != f.sha256:
+            problems.append(
+                f"{key}: sha256 {digest[:16]}… size {len(data)} does not match the manifest's "
+                f"{f.sha256[:16]}… size {f.size}"
+            )
+            continue
+        path = dest / f.name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return problems
+
+
+def delete_dir(store: ObjectStore, key_prefix: str) -> None:
+    """Remove a manifest directory: the manifest first (so it turns invalid), then the files."""
+    store.delete(f"{key_prefix}/{MANIFEST_NAME}")
+    for key in list(store.list(f"{key_prefix}/")):
+        store.delete(key)
