@@ -2,10 +2,19 @@
 
 Durability: ``put`` writes a temporary file in the target directory, fsyncs
 it, renames it over the key and fsyncs the directory, so a crash leaves the
-old object or the new one. ``put_if_absent`` links the fsynced temporary file
-to the key (``link`` fails if the key exists), which is atomic and exclusive
-on POSIX file systems. Temporary files are named ``.<name>.tmp-*`` and never
-listed.
+old object or the new one, never a part. ``put_if_absent`` hard-links the
+fsynced temporary file to the key (``link`` fails if the key exists), which
+is atomic and exclusive on POSIX file systems; on a file system without hard
+links it falls back to ``O_CREAT|O_EXCL`` (still exclusive, but a crash in the
+middle of that write can leave a short object: such mounts are refused for
+nothing, so prefer one with hard links). Temporary files are named
+``.<name>.tmp-*``, never listed, and keys with that shape are refused.
+
+``list`` walks only the directories that can hold the prefix, prunes whole
+directories that sort at or before ``after``, and sorts one directory at a
+time after filtering, so listing ``buffer/index/`` after a recent key costs
+one ``scandir`` of that directory plus a sort of the few newer names. Keys
+are yielded lazily in lexicographic order.
 """
 
 from __future__ import annotations
@@ -16,12 +25,17 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import unquote, urlsplit
 
-from yeto_core.errors import NotFoundError, StoreError
+from yeto_core.errors import InvalidKeyError, NotFoundError, StoreError
 from yeto_core.ports import ObjectStore
 from yeto_core.stores.keys import check_key, check_prefix
 
 _TMP_MARK = ".tmp-"
+
+
+def _is_tmp_name(name: str) -> bool:
+    return name.startswith(".") and _TMP_MARK in name
 
 
 def _fsync_dir(path: Path) -> None:
@@ -32,6 +46,28 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _unlink_quietly(path: str | Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def path_from_file_url(url: str) -> str:
+    """The local path of ``file:///abs``, ``file://localhost/abs`` or a bare path."""
+    if not url.startswith("file:"):
+        return url
+    parts = urlsplit(url)
+    if parts.netloc not in ("", "localhost"):
+        raise StoreError(
+            f"file URL {url!r} names host {parts.netloc!r}; a dir store is local: "
+            "use file:///absolute/path or a plain path"
+        )
+    if parts.query or parts.fragment:
+        raise StoreError(f"file URL {url!r} has a query or fragment; give only a path")
+    return unquote(parts.path)
+
+
 class DirStore(ObjectStore):
     """Objects as files under a root directory (``/path``, ``file:///path``)."""
 
@@ -40,13 +76,19 @@ class DirStore(ObjectStore):
 
     def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
         self.root = Path(root).absolute()
-        self.fsync = fsync
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.fsync = bool(fsync)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise StoreError(
+                f"dir store root {self.root} exists and is not a directory; "
+                "choose another path for the store"
+            ) from None
         self._made_dirs: set[Path] = {self.root}
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> DirStore:
-        path = url[len("file://") :] if url.startswith("file://") else url
+        path = path_from_file_url(url)
         if not path:
             raise StoreError("empty directory store URL; give a path such as ./runs/demo")
         return cls(path, **options)
@@ -54,12 +96,22 @@ class DirStore(ObjectStore):
     def url(self) -> str:
         return str(self.root)
 
+    def __repr__(self) -> str:
+        return f"DirStore({str(self.root)!r})"
+
     # -- helpers -----------------------------------------------------------------------
 
     def _path(self, key: str) -> Path:
-        return self.root / check_key(key)
+        check_key(key)
+        name = key.rsplit("/", 1)[-1]
+        if _is_tmp_name(name):
+            raise InvalidKeyError(
+                f"object store key {key!r} has the shape of a dir store temporary file "
+                f"('.<name>{_TMP_MARK}…'); choose another name"
+            )
+        return self.root / key
 
-    def _ensure_parent(self, path: Path) -> None:
+    def _ensure_parent(self, key: str, path: Path) -> None:
         parent = path.parent
         if parent in self._made_dirs:
             return
@@ -68,15 +120,27 @@ class DirStore(ObjectStore):
         while not p.exists():
             missing.append(p)
             p = p.parent
-        parent.mkdir(parents=True, exist_ok=True)
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise StoreError(
+                f"cannot write {key!r} in {self.root}: a part of its path is an object, "
+                "not a prefix (a dir store cannot hold both 'a' and 'a/b')"
+            ) from None
         if self.fsync:
             # New directories must be durable in their parents before a file in them is.
             for d in reversed(missing):
                 _fsync_dir(d.parent)
         self._made_dirs.add(parent)
 
-    def _write_tmp(self, path: Path, data: bytes) -> str:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
+    def _write_tmp(self, key: str, path: Path, data: bytes) -> str:
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
+        except FileNotFoundError:
+            # The directory vanished behind our back (removed by hand): make it again.
+            self._made_dirs.discard(path.parent)
+            self._ensure_parent(key, path)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -84,12 +148,16 @@ class DirStore(ObjectStore):
                     f.flush()
                     os.fsync(f.fileno())
         except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
+            _unlink_quietly(tmp)
             raise
         return tmp
+
+    def _refuse_prefix_dir(self, key: str, path: Path) -> None:
+        if path.is_dir():
+            raise StoreError(
+                f"cannot write {key!r} in {self.root}: it is a prefix of other objects "
+                "(a dir store cannot hold both 'a' and 'a/b')"
+            )
 
     # -- port --------------------------------------------------------------------------
 
@@ -97,47 +165,50 @@ class DirStore(ObjectStore):
         path = self._path(key)
         try:
             return path.read_bytes()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             raise NotFoundError(f"no object {key!r} in {self.root}") from None
         except IsADirectoryError:
             raise NotFoundError(f"{key!r} in {self.root} is a prefix, not an object") from None
 
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
-        self._ensure_parent(path)
-        tmp = self._write_tmp(path, bytes(data))
+        payload = bytes(data)
+        self._ensure_parent(key, path)
+        self._refuse_prefix_dir(key, path)
+        tmp = self._write_tmp(key, path, payload)
         try:
             os.replace(tmp, path)
+        except IsADirectoryError:
+            _unlink_quietly(tmp)
+            self._refuse_prefix_dir(key, path)
+            raise
         except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
+            _unlink_quietly(tmp)
             raise
         if self.fsync:
             _fsync_dir(path.parent)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         path = self._path(key)
-        self._ensure_parent(path)
-        if path.exists():
+        payload = bytes(data)
+        self._ensure_parent(key, path)
+        self._refuse_prefix_dir(key, path)
+        if os.path.lexists(path):
             return False
-        tmp = self._write_tmp(path, bytes(data))
+        tmp = self._write_tmp(key, path, payload)
         try:
             os.link(tmp, path)
             created = True
         except FileExistsError:
+            self._refuse_prefix_dir(key, path)
             created = False
         except OSError as exc:
-            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
                 raise
             # File systems without hard links: exclusive create, then write in place.
-            created = self._create_exclusive(path, data)
+            created = self._create_exclusive(path, payload)
         finally:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
+            _unlink_quietly(tmp)
         if created and self.fsync:
             _fsync_dir(path.parent)
         return created
@@ -159,35 +230,67 @@ class DirStore(ObjectStore):
 
     def list(self, prefix: str = "", after: Optional[str] = None) -> Iterator[str]:
         check_prefix(prefix)
-        # Walk only the directory that can hold the prefix.
-        base_rel = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
-        base = self.root / base_rel if base_rel else self.root
-        if not base.is_dir():
-            return iter(())
-        keys = []
-        for dirpath, dirnames, filenames in os.walk(base):
-            rel_dir = os.path.relpath(dirpath, self.root)
-            rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
-            # Prune directories that cannot match the prefix or lie before `after`.
-            dirnames[:] = [
-                d
-                for d in dirnames
-                if (rel_dir + d + "/").startswith(prefix) or prefix.startswith(rel_dir + d + "/")
-            ]
-            for name in filenames:
-                if name.startswith(".") and _TMP_MARK in name:
+        if after is not None and not isinstance(after, str):
+            raise TypeError(f"list(after=...) takes a key string or None, got {after!r}")
+        # Start at the deepest directory that holds every key with this prefix.
+        base = prefix.rsplit("/", 1)[0] + "/" if "/" in prefix else ""
+        return self._walk(base, prefix, after)
+
+    def _walk(self, rel_dir: str, prefix: str, after: Optional[str]) -> Iterator[str]:
+        """Keys under ``rel_dir`` (``""`` or ending in ``/``), in key order.
+
+        Entries of one directory are sorted by ``name`` for files and ``name + "/"``
+        for directories: every key under directory ``d`` starts with ``d/``, and
+        no file name contains ``/``, so this order is the global key order.
+        """
+        path = self.root / rel_dir if rel_dir else self.root
+        try:
+            scan = os.scandir(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        entries: list[tuple[str, bool]] = []
+        with scan:
+            for entry in scan:
+                name = entry.name
+                if _is_tmp_name(name):
                     continue
-                key = rel_dir + name
-                if key.startswith(prefix) and (after is None or key > after):
-                    keys.append(key)
-        keys.sort()
-        return iter(keys)
+                try:
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                    if not is_dir and not entry.is_file():
+                        continue  # sockets, broken links, links to directories
+                except OSError:
+                    continue  # removed while we scanned
+                if is_dir:
+                    sub = rel_dir + name + "/"
+                    if not (sub.startswith(prefix) or prefix.startswith(sub)):
+                        continue
+                    # Every key under `sub` is <= after when sub < after and sub is
+                    # not a prefix of after: prune the whole directory.
+                    if after is not None and sub < after and not after.startswith(sub):
+                        continue
+                    entries.append((sub, True))
+                else:
+                    key = rel_dir + name
+                    if not key.startswith(prefix) or (after is not None and key <= after):
+                        continue
+                    entries.append((key, False))
+        entries.sort()
+        for key, is_dir in entries:
+            if is_dir:
+                yield from self._walk(key, prefix, after)
+            else:
+                yield key
 
     def delete(self, key: str) -> None:
         path = self._path(key)
         try:
             path.unlink()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return
+        except IsADirectoryError:
+            raise StoreError(
+                f"cannot delete {key!r} in {self.root}: it is a prefix of other objects, "
+                "not an object"
+            ) from None
         if self.fsync:
             _fsync_dir(path.parent)

@@ -1,0 +1,244 @@
+"""The `dir` store: the ObjectStore contract plus what only a directory can get wrong."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from yeto_core.errors import InvalidKeyError, StoreError
+from yeto_core.plugins import Plugins
+from yeto_core.stores.dir_store import DirStore
+from yeto_core.testing.store_contract import ObjectStoreContract
+
+
+class TestDirStoreContract(ObjectStoreContract):
+    @pytest.fixture
+    def store(self, tmp_path):
+        return DirStore(tmp_path / "store")
+
+
+class TestDirStoreContractNoFsync(ObjectStoreContract):
+    """fsync=False (tests, scratch runs) keeps every other guarantee."""
+
+    @pytest.fixture
+    def store(self, tmp_path):
+        return DirStore(tmp_path / "store", fsync=False)
+
+
+# -- temp files, names, conflicts ---------------------------------------------------------
+
+
+def test_temp_files_are_never_listed_and_their_names_are_refused(tmp_path):
+    store = DirStore(tmp_path)
+    store.put("buffer/index/000000000001.json", b"{}")
+    # A writer killed between mkstemp and rename leaves such a file behind.
+    (tmp_path / "buffer/index/.000000000002.json.tmp-abc123").write_bytes(b"partial")
+    (tmp_path / ".top.tmp-x").write_bytes(b"partial")
+    assert list(store.list()) == ["buffer/index/000000000001.json"]
+    assert list(store.list("buffer/index/", after="buffer/index/000000000001.json")) == []
+    with pytest.raises(InvalidKeyError, match="temporary file"):
+        store.put("buffer/.x.tmp-1", b"")
+    with pytest.raises(InvalidKeyError):
+        store.get(".top.tmp-x")
+    # Dot files that are not temp files are ordinary keys.
+    store.put("cuts/.hidden", b"h")
+    assert list(store.list("cuts/")) == ["cuts/.hidden"]
+
+
+def test_no_temp_file_left_after_puts(tmp_path):
+    store = DirStore(tmp_path)
+    for i in range(5):
+        store.put("a/k", str(i).encode())
+        store.put_if_absent(f"a/p{i}", b"x")
+        store.put_if_absent(f"a/p{i}", b"y")
+    names = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert names == ["k", "p0", "p1", "p2", "p3", "p4"]
+
+
+def test_object_and_prefix_conflicts_are_clear_errors(tmp_path):
+    store = DirStore(tmp_path)
+    store.put("a", b"object")
+    with pytest.raises(StoreError, match="cannot hold both"):
+        store.put("a/b", b"x")
+    store.put("d/e", b"x")
+    with pytest.raises(StoreError, match="prefix of other objects"):
+        store.put("d", b"x")
+    with pytest.raises(StoreError, match="prefix of other objects"):
+        store.put_if_absent("d", b"x")
+    with pytest.raises(StoreError, match="prefix"):
+        store.delete("d")
+    assert store.get("d/e") == b"x" and store.get("a") == b"object"
+
+
+def test_put_recreates_a_directory_removed_behind_its_back(tmp_path):
+    store = DirStore(tmp_path)
+    store.put("x/y/1", b"1")
+    for p in (tmp_path / "x/y").iterdir():
+        p.unlink()
+    (tmp_path / "x/y").rmdir()
+    store.put("x/y/2", b"2")
+    assert list(store.list("x/")) == ["x/y/2"]
+
+
+def test_root_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "f").write_bytes(b"")
+    with pytest.raises(StoreError, match="not a directory"):
+        DirStore(tmp_path / "f")
+
+
+# -- list walks only what it must -----------------------------------------------------
+
+
+def test_list_scans_only_directories_that_can_match(tmp_path, monkeypatch):
+    store = DirStore(tmp_path, fsync=False)
+    for d in ("a", "b", "c"):
+        for i in range(3):
+            store.put(f"{d}/{i}", b"")
+    store.put("buffer/index/000000000001.json", b"")
+    store.put("buffer/groups/g1.safetensors", b"")
+    scanned = []
+    real_scandir = os.scandir
+
+    def recording_scandir(path):
+        scanned.append(os.path.relpath(path, tmp_path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", recording_scandir)
+    assert list(store.list("", after="b/zzz")) == [
+        "buffer/groups/g1.safetensors",
+        "buffer/index/000000000001.json",
+        "c/0",
+        "c/1",
+        "c/2",
+    ]
+    assert "a" not in scanned  # pruned: every key under a/ sorts before b/zzz
+    scanned.clear()
+    assert list(store.list("buffer/index/0000", after="buffer/index/000000000000.json")) == [
+        "buffer/index/000000000001.json"
+    ]
+    assert scanned == ["buffer/index"]
+
+
+def test_list_many_entries_after_a_recent_key(tmp_path):
+    store = DirStore(tmp_path, fsync=False)
+    index = tmp_path / "buffer" / "index"
+    index.mkdir(parents=True)
+    n = 5000
+    names = [f"{i:012d}.json" for i in range(n)]
+    for name in reversed(names):  # directory order unrelated to key order
+        (index / name).write_bytes(b"{}")
+    after = f"buffer/index/{n - 4:012d}.json"
+    assert list(store.list("buffer/index/", after=after)) == [
+        f"buffer/index/{names[i]}" for i in range(n - 3, n)
+    ]
+    assert list(store.list("buffer/index/")) == [f"buffer/index/{x}" for x in names]
+
+
+def test_list_is_lazy(tmp_path):
+    store = DirStore(tmp_path, fsync=False)
+    for i in range(3):
+        store.put(f"p/{i}", b"")
+    it = store.list("p/")
+    store.put("p/10", b"")  # written after list() was called, before the first next()
+    assert list(it) == ["p/0", "p/1", "p/10", "p/2"]
+
+
+# -- URLs ------------------------------------------------------------------------------------
+
+
+def test_file_urls_open_a_dir_store(tmp_path):
+    pm = Plugins(entry_points=False)
+    s1 = pm.open_store(f"file://{tmp_path}/s1")
+    s2 = pm.open_store(f"file://localhost{tmp_path}/s2")
+    s3 = pm.open_store(str(tmp_path / "s3"))
+    s4 = pm.open_store(f"file://{tmp_path}/with%20space")
+    for s, sub in ((s1, "s1"), (s2, "s2"), (s3, "s3"), (s4, "with space")):
+        assert isinstance(s, DirStore)
+        assert s.root == tmp_path / sub
+        s.put("k", b"v")
+        assert (tmp_path / sub / "k").read_bytes() == b"v"
+        assert DirStore.from_url(s.url()).root == s.root
+    assert pm.open_store(f"file://{tmp_path}/s1", fsync=False).fsync is False
+    with pytest.raises(StoreError, match="names host"):
+        DirStore.from_url("file://otherhost/tmp/x")
+    with pytest.raises(StoreError, match="empty"):
+        DirStore.from_url("")
+    assert "DirStore(" in repr(s1)
+
+
+# -- crash safety with real processes and SIGKILL ----------------------------------------
+
+_WRITER = textwrap.dedent(
+    """
+    import hashlib, os, sys
+    from yeto_core.stores.dir_store import DirStore
+
+    root, start = sys.argv[1], int(sys.argv[2])
+    store = DirStore(root)
+    i = start
+    while True:
+        body = hashlib.sha256(str(i).encode()).digest() * (1 + (i % 5) * 40000)  # up to ~5 MB
+        data = hashlib.sha256(body).digest() + body
+        store.put(f"blob/obj-{i % 3}", data)
+        store.put_if_absent(f"idx/{i:06d}", data)
+        store.put_if_absent(f"idx/{i:06d}", b"never")
+        print(i, flush=True)
+        i += 1
+    """
+)
+
+
+def _verify(data: bytes) -> bool:
+    return len(data) >= 32 and hashlib.sha256(data[32:]).digest() == data[:32]
+
+
+def test_sigkill_during_puts_never_leaves_a_partial_object(tmp_path):
+    root = tmp_path / "store"
+    script = tmp_path / "writer.py"
+    script.write_text(_WRITER)
+    rng = random.Random(20240611)
+    store = DirStore(root)
+    start = 0
+    kills = 5
+    for _ in range(kills):
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(root), str(start)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            want = rng.randint(1, 4)
+            done = 0
+            deadline = time.monotonic() + 60
+            while done < want:
+                line = proc.stdout.readline()
+                assert line, f"writer exited early with {proc.wait()}"
+                start = int(line) + 1
+                done += 1
+                assert time.monotonic() < deadline, "writer too slow"
+            # Vary the kill point inside the next put (random, not a wait for a state).
+            spin_until = time.monotonic() + rng.uniform(0, 0.05)
+            while time.monotonic() < spin_until:
+                pass
+            proc.send_signal(signal.SIGKILL)
+        finally:
+            proc.kill()
+            proc.wait(timeout=30)
+            proc.stdout.close()
+        assert proc.returncode == -signal.SIGKILL
+        keys = list(store.list())
+        assert keys, "nothing was written"
+        for key in keys:
+            assert ".tmp-" not in key
+            assert _verify(store.get(key)), f"{key} is partial after SIGKILL"
+        idx = [k for k in keys if k.startswith("idx/")]
+        assert idx == [f"idx/{i:06d}" for i in range(len(idx))], "index has a hole"
+        # Leftover temp files may exist on disk (killed mid-write), never as keys.
