@@ -13,3 +13,17 @@ def yeto_register_object_stores(register):
     from yeto_core.stores.dir_store import DirStore
 
     register(DirStore)
+
+
+@hookimpl
+def yeto_register_island_providers(register):
+    from yeto_core.local_islands import LocalIslands
+
+    register(LocalIslands)
+
+
+@hookimpl
+def yeto_register_sample_buffers(register):
+    from yeto_core.sample_buffer import FileSampleBuffer
+
+    register(FileSampleBuffer)

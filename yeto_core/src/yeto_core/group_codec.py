@@ -1,0 +1,167 @@
+"""The payload of one rollout group: a safetensors file of flat arrays plus offsets.
+
+Layout (every array is flat; ``n`` samples, ``T`` tokens in all, ``R`` response
+tokens in all):
+
+=====================  ========  ======  ==============================================
+name                   dtype     shape   meaning
+=====================  ========  ======  ==============================================
+``tokens``             int32     (T,)    prompt + response ids, sample after sample
+``token_offsets``      int64     (n+1,)  sample ``i`` is ``tokens[off[i]:off[i+1]]``
+``prompt_lens``        int64     (n,)    prompt length per sample
+``logprobs``           float32   (R,)    behavior log-probs, response tokens only
+``loss_mask``          uint8     (R,)    loss mask, response tokens only
+``rewards``            float64   (n,)    rewards (NaN/inf are kept; readers count them)
+``weight_versions``    int64     (n,)    policy version each sample was drawn with
+``status``             uint8     (n,)    index into :data:`STATUS_CODES`
+``routed_experts``     int32     (E,)    optional: rows of ``layers*top_k`` per sample
+``routed_offsets``     int64     (n+1,)  optional: row offsets into ``routed_experts``
+=====================  ========  ======  ==============================================
+
+Response offsets follow from ``token_offsets`` and ``prompt_lens``. The
+safetensors metadata (strings) holds ``format``, ``group_id``, ``prompt_id``,
+``host``, ``incarnation``, ``task`` and, with routed experts,
+``routed_shape`` (``"layers,top_k"``) and ``routed_present`` (one ``0``/``1``
+per sample). No pickle: only arrays and strings.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from safetensors.numpy import load as _st_load
+from safetensors.numpy import save as _st_save
+
+from yeto_core.errors import SampleBufferError
+from yeto_core.records import Sample, SampleGroup, SampleStatus
+
+FORMAT = "yeto-group-v1"
+STATUS_CODES: tuple[SampleStatus, ...] = tuple(SampleStatus)
+_STATUS_INDEX = {s: i for i, s in enumerate(STATUS_CODES)}
+
+
+def _check_sample(group_id: str, i: int, s: Sample) -> None:
+    n_tok = len(s.tokens)
+    if not 0 <= s.prompt_len <= n_tok:
+        raise SampleBufferError(
+            f"group {group_id!r} sample {i}: prompt_len {s.prompt_len} is outside 0..{n_tok} "
+            "(the number of tokens); fix the sampler's output"
+        )
+    resp = n_tok - s.prompt_len
+    if len(s.logprobs) != resp or len(s.loss_mask) != resp:
+        raise SampleBufferError(
+            f"group {group_id!r} sample {i}: logprobs ({len(s.logprobs)}) and loss_mask "
+            f"({len(s.loss_mask)}) must cover the response only ({resp} tokens)"
+        )
+
+
+def encode_group(group: SampleGroup) -> bytes:
+    """Serialize ``group`` into safetensors bytes (see the module docstring)."""
+    samples = group.samples
+    if not samples:
+        raise SampleBufferError(f"group {group.group_id!r} has no samples; append whole groups")
+    for i, s in enumerate(samples):
+        _check_sample(group.group_id, i, s)
+    lens = np.fromiter((len(s.tokens) for s in samples), dtype=np.int64, count=len(samples))
+    offsets = np.zeros(len(samples) + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    arrays = {
+        "tokens": np.concatenate([np.asarray(s.tokens, dtype=np.int32) for s in samples]),
+        "token_offsets": offsets,
+        "prompt_lens": np.array([s.prompt_len for s in samples], dtype=np.int64),
+        "logprobs": np.concatenate([np.asarray(s.logprobs, dtype=np.float32) for s in samples]),
+        "loss_mask": np.concatenate([np.asarray(s.loss_mask, dtype=np.uint8) for s in samples]),
+        "rewards": np.array([float(s.reward) for s in samples], dtype=np.float64),
+        "weight_versions": np.array([s.weight_version for s in samples], dtype=np.int64),
+        "status": np.array([_STATUS_INDEX[SampleStatus(s.status)] for s in samples], np.uint8),
+    }
+    metadata = {
+        "format": FORMAT,
+        "group_id": group.group_id,
+        "prompt_id": group.prompt_id,
+        "host": group.sampler_host,
+        "incarnation": str(int(group.sampler_incarnation)),
+        "task": group.task,
+    }
+    routed = [s.routed_experts for s in samples]
+    if any(r is not None for r in routed):
+        shapes = {tuple(np.shape(r)[1:]) for r in routed if r is not None}
+        if len(shapes) != 1 or len(next(iter(shapes))) != 2:
+            raise SampleBufferError(
+                f"group {group.group_id!r}: routed_experts must all have shape "
+                f"(tokens-1, layers, top_k) with one (layers, top_k); got {sorted(shapes)}"
+            )
+        layers, top_k = next(iter(shapes))
+        rows = [0 if r is None else int(np.shape(r)[0]) for r in routed]
+        r_off = np.zeros(len(samples) + 1, dtype=np.int64)
+        np.cumsum(rows, out=r_off[1:])
+        parts = [np.asarray(r, dtype=np.int32).reshape(-1) for r in routed if r is not None]
+        arrays["routed_experts"] = np.concatenate(parts)
+        arrays["routed_offsets"] = r_off
+        metadata["routed_shape"] = f"{layers},{top_k}"
+        metadata["routed_present"] = "".join("0" if r is None else "1" for r in routed)
+    return _st_save(arrays, metadata=metadata)
+
+
+def _metadata(data: bytes) -> dict[str, str]:
+    import json
+    import struct
+
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    return dict(header.get("__metadata__") or {})
+
+
+def decode_group(data: bytes, *, where: str = "payload") -> SampleGroup:
+    """Rebuild the :class:`SampleGroup` that :func:`encode_group` wrote (numpy arrays)."""
+    try:
+        meta = _metadata(data)
+        arrays = _st_load(data)
+    except Exception as exc:  # safetensors raises its own error types
+        raise SampleBufferError(
+            f"{where} is not a readable safetensors group payload ({exc}); "
+            "the file is damaged or was not written by yeto"
+        ) from None
+    if meta.get("format") != FORMAT:
+        raise SampleBufferError(
+            f"{where}: unknown payload format {meta.get('format')!r} (expected {FORMAT!r}); "
+            "upgrade yeto-core"
+        )
+    off = arrays["token_offsets"]
+    plens = arrays["prompt_lens"]
+    tokens, logprobs, mask = arrays["tokens"], arrays["logprobs"], arrays["loss_mask"]
+    routed = arrays.get("routed_experts")
+    present = meta.get("routed_present", "")
+    if routed is not None:
+        layers, top_k = (int(x) for x in meta["routed_shape"].split(","))
+        r_off = arrays["routed_offsets"]
+    samples = []
+    r0 = 0
+    for i in range(len(plens)):
+        t0, t1 = int(off[i]), int(off[i + 1])
+        p = int(plens[i])
+        r1 = r0 + (t1 - t0 - p)
+        experts = None
+        if routed is not None and present[i] == "1":
+            a, b = int(r_off[i]), int(r_off[i + 1])
+            experts = routed[a * layers * top_k : b * layers * top_k].reshape(b - a, layers, top_k)
+        samples.append(
+            Sample(
+                tokens=tokens[t0:t1],
+                prompt_len=p,
+                logprobs=logprobs[r0:r1],
+                loss_mask=mask[r0:r1],
+                reward=float(arrays["rewards"][i]),
+                weight_version=int(arrays["weight_versions"][i]),
+                status=STATUS_CODES[int(arrays["status"][i])],
+                routed_experts=experts,
+            )
+        )
+        r0 = r1
+    return SampleGroup(
+        group_id=meta["group_id"],
+        prompt_id=meta["prompt_id"],
+        sampler_host=meta["host"],
+        sampler_incarnation=int(meta["incarnation"]),
+        samples=tuple(samples),
+        task=meta.get("task", ""),
+    )
