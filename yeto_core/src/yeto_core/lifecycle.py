@@ -1,0 +1,659 @@
+"""Trainer lifecycles: JOIN → restore the newest cut → rounds → drain with a cut → LEAVE.
+
+``DriverLifecycle`` runs the trainer in this process; ``RemoteTrainerLifecycle``
+drives one in another process or cloud through a command channel in the
+store, where an ``IslandTrainerAgent`` wraps a ``DriverLifecycle``.
+
+States and transitions (anything else raises :class:`IllegalTransitionError`)::
+
+    STOPPED  --start-->  STARTING --restored--> READY <--round--> TRAINING
+    READY    --drain-->  DRAINING --cut-->      LEFT  --release--> STOPPED
+    STARTING/READY/TRAINING/DRAINING --error--> FAILED --release--> STOPPED
+
+A drain is only taken at a round boundary (READY): a round is never cut in half.
+The stop reason picks the cut trigger (STOPPED → SCHEDULED, PREEMPTED → PREEMPT,
+FINISHED → FINAL) and the LEAVE code (:data:`LEAVE_CODES`).
+
+Remote channel (keys under the run's store), one object per line so that any
+object store can hold it (an object cannot be appended to)::
+
+    trainer/<incarnation>/commands/<seq:08d>.json   head → trainer (put_if_absent)
+    trainer/<incarnation>/events/<seq:08d>.json     trainer → head (put_if_absent)
+
+Reading ``commands/`` in key order gives the ``commands.jsonl`` of the design.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import attrs
+
+from yeto_core import serde
+from yeto_core.cut import ConsistentCut, CutStore
+from yeto_core.errors import IllegalTransitionError, NotFoundError, YetoError
+from yeto_core.ports import IslandProvider, ObjectStore, TrainerBackend, TrainerLifecycle
+from yeto_core.records import Batch, Event, LifecycleState, RoundSpec, StopReason
+from yeto_core.release import ReleaseStore
+
+S = LifecycleState
+
+#: LEAVE reason code per stop reason (and for a failed incarnation).
+LEAVE_CODES: dict[Optional[StopReason], str] = {
+    StopReason.STOPPED: "LEAVE_SCHEDULED",
+    StopReason.PREEMPTED: "LEAVE_PREEMPTED",
+    StopReason.FINISHED: "LEAVE_FINISHED",
+    None: "LEAVE_FAILED",
+}
+
+#: Legal transitions of a trainer incarnation.
+TRANSITIONS: dict[LifecycleState, frozenset[LifecycleState]] = {
+    S.STOPPED: frozenset({S.STARTING}),
+    S.STARTING: frozenset({S.READY, S.FAILED}),
+    S.READY: frozenset({S.TRAINING, S.DRAINING, S.FAILED}),
+    S.TRAINING: frozenset({S.READY, S.FAILED}),
+    S.DRAINING: frozenset({S.LEFT, S.FAILED}),
+    S.LEFT: frozenset({S.STOPPED}),
+    S.FAILED: frozenset({S.STOPPED}),
+}
+
+
+class TrainerFailedError(YetoError):
+    """A trainer incarnation failed (its state is FAILED; release it and start another)."""
+
+
+class StateMachine:
+    """The explicit state of one lifecycle; an illegal transition raises."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.state = S.STOPPED
+
+    def go(self, new: LifecycleState, action: str) -> None:
+        if new not in TRANSITIONS[self.state]:
+            allowed = sorted(s.value for s in TRANSITIONS[self.state])
+            raise IllegalTransitionError(
+                f"{self.what}: cannot {action} in state {self.state.value} "
+                f"(→ {new.value}); from {self.state.value} only {allowed} are allowed"
+            )
+        self.state = new
+
+    def require(self, states: set[LifecycleState], action: str) -> None:
+        if self.state not in states:
+            raise IllegalTransitionError(
+                f"{self.what}: cannot {action} in state {self.state.value}; "
+                f"it needs one of {sorted(s.value for s in states)}"
+            )
+
+
+def _take_round(
+    buffer: Any, spec: RoundSpec, *, partial: bool = False
+) -> Optional[tuple[Batch, Any]]:
+    """One round of whole groups from the buffer, or None when a full round is not there.
+
+    Kept in one place so that the BatchReader (padding, carry-over) replaces it.
+    ``partial`` allows a short last round (after the data ended).
+    """
+    rnd = buffer.select(spec)
+    if not rnd.entries or (len(rnd.entries) < spec.max_groups and not partial):
+        return None
+    groups = tuple(buffer.load(e) for e in rnd.entries)
+    batch = Batch(
+        groups=groups,
+        positions=tuple(e.position for e in rnd.entries),
+        policy_version=spec.current_version,
+        metrics={"stale_groups": float(len(rnd.stale))},
+    )
+    return batch, rnd
+
+
+@attrs.frozen
+class TrainerCounters:
+    """What the driver owns and puts into each cut."""
+
+    policy_version: int = 0
+    trained_rounds: int = 0
+    buffer_watermark: int = 0
+    stale_groups: int = 0
+    trained_groups: int = 0
+
+
+class DriverLifecycle(TrainerLifecycle):
+    """The trainer in this process (see the module docstring).
+
+    :param backend_factory: builds a fresh backend per incarnation (``factory(incarnation)``).
+    :param buffer: the sample buffer (``select``/``load``/``commit``/``reset_to``).
+    :param cuts: where cuts go and come from.
+    :param releases: where a release is published after every trained round (None: none).
+    :param groups_per_round: whole groups per round.
+    :param max_policy_age: the hard policy-age limit ``A_hard`` (older groups are stale).
+    :param emit: receives every lifecycle event.
+    :param clock: seconds (start time measurement, event stamps).
+    :param workdir: local scratch directory for cut and release files.
+    """
+
+    PLUGIN_NAME = "driver"
+
+    def __init__(
+        self,
+        backend_factory: Callable[[int], TrainerBackend],
+        buffer: Any,
+        cuts: CutStore,
+        releases: Optional[ReleaseStore] = None,
+        *,
+        groups_per_round: int = 4,
+        max_policy_age: int = 2,
+        emit: Optional[Callable[[Event], None]] = None,
+        clock: Callable[[], float] = time.time,
+        workdir: Optional[Union[str, os.PathLike[str]]] = None,
+        partial_last_round: bool = False,
+    ) -> None:
+        self.backend_factory = backend_factory
+        self.buffer = buffer
+        self.cuts = cuts
+        self.releases = releases
+        self.groups_per_round = groups_per_round
+        self.max_policy_age = max_policy_age
+        self._emit = emit or (lambda e: None)
+        self._clock = clock
+        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="yeto-trainer-"))
+        self.partial_last_round = partial_last_round
+        self.sm = StateMachine("trainer lifecycle 'driver'")
+        self.backend: Optional[TrainerBackend] = None
+        self.incarnation: Optional[int] = None
+        self.counters = TrainerCounters()
+        self.restored_cut: Optional[ConsistentCut] = None
+        self.last_cut: Optional[ConsistentCut] = None
+        self.start_seconds: Optional[float] = None
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _event(self, kind: str, **data: Any) -> None:
+        self._emit(
+            Event(kind=kind, time=self._clock(), source=f"trainer-{self.incarnation}", data=data)
+        )
+
+    def _fail(self, exc: BaseException, during: str) -> None:
+        if S.FAILED in TRANSITIONS[self.sm.state]:
+            self.sm.go(S.FAILED, "fail")
+        self._event(
+            "trainer_failed",
+            during=during,
+            error=f"{type(exc).__name__}: {exc}",
+            code=LEAVE_CODES[None],
+        )
+
+    def _scratch(self, name: str) -> Path:
+        d = self.workdir / name
+        if d.exists():
+            shutil.rmtree(d)
+        d.mkdir(parents=True)
+        return d
+
+    def _publish(self) -> None:
+        if self.releases is None:
+            return
+        assert self.backend is not None
+        out = self._scratch("release")
+        info = dict(self.backend.publish_release(out))
+        info["version"] = self.counters.policy_version
+        info.setdefault("buffer_watermark", self.counters.buffer_watermark)
+        rel = self.releases.publish(out, info)
+        self._event("trainer_published", release_id=rel.release_id, version=rel.version)
+
+    # -- port ---------------------------------------------------------------------------
+
+    def state(self) -> LifecycleState:
+        return self.sm.state
+
+    def start(self, incarnation: int, cut: Optional[Union[ConsistentCut, str]] = None) -> None:
+        """JOIN, build a fresh backend, restore the newest valid cut, reset the buffer.
+
+        :param cut: None restores the newest valid cut in the store (the base when there
+            is none); a cut or cut id restores exactly that one.
+        """
+        self.sm.go(S.STARTING, "start")
+        t0 = self._clock()
+        self.incarnation = incarnation
+        self._event("trainer_join", incarnation=incarnation)
+        try:
+            self.backend = self.backend_factory(incarnation)
+            found = self._find_cut(cut)
+            if found is None:
+                self.backend.restore(None)
+                self.counters = TrainerCounters()
+                self.restored_cut = None
+            else:
+                rec, path = found
+                self.backend.restore(path)
+                self.counters = TrainerCounters(
+                    policy_version=rec.policy_version,
+                    trained_rounds=rec.trained_rounds,
+                    buffer_watermark=rec.buffer_watermark,
+                    stale_groups=int(rec.counters.get("stale_groups", 0)),
+                    trained_groups=int(rec.counters.get("trained_groups", 0)),
+                )
+                self.restored_cut = rec
+            self.buffer.reset_to(self.counters.buffer_watermark)
+            # The samplers need the policy the trainer now holds: after a fresh start that
+            # is the base (the first release), after a restore a republish is a no-op, and
+            # after a rewind it is a new release.
+            self._publish()
+        except Exception as exc:
+            self._fail(exc, "start")
+            raise TrainerFailedError(
+                f"trainer incarnation {incarnation} failed to start: {exc}"
+            ) from exc
+        self.start_seconds = self._clock() - t0
+        self.sm.go(S.READY, "finish start")
+        self._event(
+            "trainer_start_summary",
+            incarnation=incarnation,
+            start_s=self.start_seconds,
+            cut_id=self.restored_cut.cut_id if self.restored_cut else None,
+            **attrs.asdict(self.counters),
+        )
+
+    def _find_cut(
+        self, cut: Optional[Union[ConsistentCut, str]]
+    ) -> Optional[tuple[ConsistentCut, Path]]:
+        dest = self._scratch("restore")
+        if cut is None:
+            return self.cuts.latest_valid(dest)
+        from yeto_core.manifest import download_verified
+
+        cut_id = cut if isinstance(cut, str) else cut.cut_id
+        rec = self.cuts.read_manifest(cut_id)
+        problems = download_verified(
+            self.cuts.store, f"{self.cuts.prefix}/{cut_id}", rec.files, dest / cut_id
+        )
+        if problems:
+            raise YetoError(f"cut {cut_id} fails its digest check: {'; '.join(problems)}")
+        return rec, dest / cut_id
+
+    def train(self, rounds: int) -> int:
+        """Train up to ``rounds`` whole rounds; stop early (holding) when no full round waits."""
+        self.sm.go(S.TRAINING, "train")
+        done = 0
+        try:
+            for _ in range(rounds):
+                if not self._train_one():
+                    break
+                done += 1
+        except Exception as exc:
+            self._fail(exc, "train")
+            raise TrainerFailedError(
+                f"trainer incarnation {self.incarnation} failed in a round: {exc}"
+            ) from exc
+        self.sm.go(S.READY, "hold")
+        return done
+
+    def _train_one(self) -> bool:
+        assert self.backend is not None
+        c = self.counters
+        spec = RoundSpec(self.groups_per_round, c.policy_version, self.max_policy_age)
+        partial = self.partial_last_round and bool(
+            getattr(self.buffer, "data_ended", lambda: False)()
+        )
+        taken = _take_round(self.buffer, spec, partial=partial)
+        if taken is None:
+            return False
+        batch, rnd = taken
+        metrics = self.backend.train_round(batch)
+        watermark = self.buffer.commit(rnd)
+        self.counters = TrainerCounters(
+            policy_version=c.policy_version + 1,
+            trained_rounds=c.trained_rounds + 1,
+            buffer_watermark=watermark,
+            stale_groups=c.stale_groups + len(rnd.stale),
+            trained_groups=c.trained_groups + len(batch.groups),
+        )
+        self._publish()
+        self._event(
+            "trainer_round",
+            positions=list(batch.positions),
+            stale_positions=[e.position for e in rnd.stale],
+            metrics={k: float(v) for k, v in metrics.items()},
+            **attrs.asdict(self.counters),
+        )
+        return True
+
+    def drain(self, reason: StopReason) -> ConsistentCut:
+        """At a round boundary: cut with ``reason.trigger``, commit it, LEAVE."""
+        self.sm.go(S.DRAINING, f"drain ({reason.value})")
+        assert self.backend is not None and self.incarnation is not None
+        try:
+            out = self._scratch("cut")
+            self.backend.save_cut(out, reason.trigger)
+            c = self.counters
+            record = ConsistentCut(
+                trigger=reason.trigger,
+                policy_version=c.policy_version,
+                trained_rounds=c.trained_rounds,
+                buffer_watermark=c.buffer_watermark,
+                incarnation=self.incarnation,
+                parent_cut=self.restored_cut.cut_id if self.restored_cut else None,
+                counters={"stale_groups": c.stale_groups, "trained_groups": c.trained_groups},
+            )
+            self.last_cut = self.cuts.commit(out, record)
+        except Exception as exc:
+            self._fail(exc, "drain")
+            raise TrainerFailedError(
+                f"trainer incarnation {self.incarnation} failed to cut: {exc}"
+            ) from exc
+        self.sm.go(S.LEFT, "leave")
+        self._event(
+            "trainer_leave",
+            code=LEAVE_CODES[reason],
+            reason=reason.value,
+            cut_id=self.last_cut.cut_id,
+        )
+        return self.last_cut
+
+    def release(self) -> None:
+        """Drop the backend (LEFT or FAILED → STOPPED)."""
+        self.sm.go(S.STOPPED, "release")
+        self.backend = None
+        shutil.rmtree(self.workdir / "restore", ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Remote: the command channel through the store
+
+
+class Channel:
+    """One direction of a trainer incarnation's channel: objects ``<seq:08d>.json``."""
+
+    def __init__(
+        self, store: ObjectStore, incarnation: int, name: str, prefix: str = "trainer"
+    ) -> None:
+        self.store = store
+        self.base = f"{prefix}/{incarnation}/{name}"
+        self._next_write = None
+        self._read_after: Optional[str] = None
+
+    def send(self, message: Mapping[str, Any]) -> int:
+        """Write the next message; return its sequence number."""
+        if self._next_write is None:
+            keys = list(self.store.list(f"{self.base}/"))
+            self._next_write = int(keys[-1].rsplit("/", 1)[1][:8]) + 1 if keys else 0
+        seq = self._next_write
+        body = dict(message, seq=seq)
+        if not self.store.put_if_absent(f"{self.base}/{seq:08d}.json", serde.dumps(body).encode()):
+            raise YetoError(
+                f"{self.base}/{seq:08d}.json exists: two writers on one trainer channel"
+            )
+        self._next_write = seq + 1
+        return seq
+
+    def receive(self) -> list[dict[str, Any]]:
+        """Messages written since the last call, in order."""
+        import json
+
+        out = []
+        for key in self.store.list(f"{self.base}/", after=self._read_after):
+            try:
+                out.append(json.loads(self.store.get(key)))
+            except NotFoundError:
+                continue
+            self._read_after = key
+        return out
+
+
+class RemoteTrainerLifecycle(TrainerLifecycle):
+    """Drives a trainer incarnation in another process through the store's channel.
+
+    :param store: the run's object store (the channel lives there).
+    :param provider: launches the trainer island (``launch``/``status``/``release``).
+    :param island: the island name given to the provider.
+    :param env: environment for every incarnation (the agent reads it).
+    :param timeout_s: how long ``train``/``drain`` wait for the trainer's answer.
+    :param sleep: waits between polls (injected).
+    """
+
+    PLUGIN_NAME = "remote"
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        provider: IslandProvider,
+        *,
+        island: str = "trainer",
+        env: Optional[Mapping[str, str]] = None,
+        timeout_s: float = 600.0,
+        poll_s: float = 0.05,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        emit: Optional[Callable[[Event], None]] = None,
+    ) -> None:
+        self.store, self.provider, self.island = store, provider, island
+        self.env = dict(env or {})
+        self.timeout_s, self.poll_s = timeout_s, poll_s
+        self._clock, self._sleep = clock, sleep
+        self._emit = emit or (lambda e: None)
+        self.sm = StateMachine("trainer lifecycle 'remote'")
+        self.handle: Optional[str] = None
+        self.incarnation: Optional[int] = None
+        self.last_report: dict[str, Any] = {}
+        self.start_summary: Optional[dict[str, Any]] = None
+        self._commands: Optional[Channel] = None
+        self._events: Optional[Channel] = None
+        self._answers: dict[int, dict[str, Any]] = {}
+
+    def start(self, incarnation: int, cut: Optional[Any] = None) -> None:
+        self.sm.go(S.STARTING, "start")
+        self.incarnation = incarnation
+        self._commands = Channel(self.store, incarnation, "commands")
+        self._events = Channel(self.store, incarnation, "events")
+        env = dict(self.env, YETO_TRAINER_INCARNATION=str(incarnation))
+        if cut is not None:
+            env["YETO_TRAINER_CUT"] = cut if isinstance(cut, str) else cut.cut_id
+        self.handle = self.provider.launch(self.island, incarnation, env)
+
+    def _pump(self) -> None:
+        assert self._events is not None
+        for msg in self._events.receive():
+            kind = msg.get("kind")
+            self._emit(
+                Event(
+                    kind=f"remote_{kind}",
+                    time=time.time(),
+                    source=f"trainer-{self.incarnation}",
+                    data=msg,
+                )
+            )
+            if "counters" in msg:
+                self.last_report = msg["counters"]
+            if kind == "ready":
+                self.start_summary = msg.get("summary")
+                self.sm.go(S.READY, "ready")
+            elif kind == "failed":
+                if S.FAILED in TRANSITIONS[self.sm.state]:
+                    self.sm.state = S.FAILED
+            if "cmd" in msg:
+                self._answers[int(msg["cmd"])] = msg
+
+    def state(self) -> LifecycleState:
+        if self.sm.state in (S.STOPPED, S.LEFT, S.FAILED):
+            return self.sm.state
+        self._pump()
+        if (
+            self.sm.state in (S.STARTING, S.READY, S.TRAINING, S.DRAINING)
+            and self.handle is not None
+        ):
+            if self.provider.status(self.handle) in ("exited", "gone"):
+                self._pump()  # a last answer may have landed before the exit
+                if self.sm.state not in (S.LEFT, S.FAILED):
+                    self.sm.state = S.FAILED
+        return self.sm.state
+
+    def _wait_answer(self, seq: int, what: str) -> dict[str, Any]:
+        deadline = self._clock() + self.timeout_s
+        while True:
+            self._pump()
+            if seq in self._answers:
+                return self._answers.pop(seq)
+            if self.sm.state == S.FAILED or (
+                self.handle is not None and self.provider.status(self.handle) in ("exited", "gone")
+            ):
+                self._pump()
+                if seq in self._answers:
+                    return self._answers.pop(seq)
+                self.sm.state = S.FAILED
+                raise TrainerFailedError(
+                    f"trainer incarnation {self.incarnation} died before answering {what}"
+                )
+            if self._clock() > deadline:
+                self.sm.state = S.FAILED
+                raise TrainerFailedError(
+                    f"trainer incarnation {self.incarnation} did not answer {what} within {self.timeout_s} s; "
+                    "release it and start another"
+                )
+            self._sleep(self.poll_s)
+
+    def wait_ready(self) -> LifecycleState:
+        """Block until the incarnation is READY (or FAILED / timed out)."""
+        deadline = self._clock() + self.timeout_s
+        while self.state() == S.STARTING:
+            if self._clock() > deadline:
+                self.sm.state = S.FAILED
+                break
+            self._sleep(self.poll_s)
+        return self.sm.state
+
+    def train(self, rounds: int) -> int:
+        self.sm.go(S.TRAINING, "train")
+        assert self._commands is not None
+        seq = self._commands.send({"op": "train", "rounds": rounds})
+        answer = self._wait_answer(seq, f"train({rounds})")
+        if answer.get("kind") == "failed":
+            self.sm.state = S.FAILED
+            raise TrainerFailedError(
+                f"trainer incarnation {self.incarnation} failed: {answer.get('error')}"
+            )
+        self.sm.go(S.READY, "hold")
+        return int(answer["rounds"])
+
+    def drain(self, reason: StopReason) -> ConsistentCut:
+        self.sm.go(S.DRAINING, f"drain ({reason.value})")
+        assert self._commands is not None
+        seq = self._commands.send({"op": "drain", "reason": reason.value})
+        answer = self._wait_answer(seq, f"drain({reason.value})")
+        if answer.get("kind") != "left":
+            self.sm.state = S.FAILED
+            raise TrainerFailedError(
+                f"trainer incarnation {self.incarnation} failed to drain: {answer.get('error')}"
+            )
+        self.sm.go(S.LEFT, "leave")
+        return serde.structure(answer["cut"], ConsistentCut, what="remote cut")
+
+    def release(self) -> None:
+        if self.handle is not None and not self.provider.release(self.handle):
+            raise YetoError(
+                f"island {self.island} incarnation {self.incarnation} (handle {self.handle}) could not be "
+                "verified gone; check the provider and release it by hand"
+            )
+        if self.sm.state not in (S.LEFT, S.FAILED):
+            self.sm.state = S.FAILED
+        self.sm.go(S.STOPPED, "release")
+        self.handle = None
+
+    def release_orphan(self, handle: str) -> bool:
+        """Release an island a previous head launched (found in its journal)."""
+        return self.provider.release(handle)
+
+
+class IslandTrainerAgent:
+    """The trainer side of the remote channel: wraps a :class:`DriverLifecycle`.
+
+    It starts the driver, reports ``ready`` with the start summary, then follows
+    commands in order: ``train`` (one round at a time, answering with the rounds
+    trained and the counters) and ``drain`` (answering ``left`` with the cut, then
+    exiting). Driver events are forwarded to the channel as ``event`` messages.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        driver: DriverLifecycle,
+        incarnation: int,
+        *,
+        poll_s: float = 0.02,
+        idle_timeout_s: float = 3600.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.driver = driver
+        self.incarnation = incarnation
+        self.commands = Channel(store, incarnation, "commands")
+        self.events = Channel(store, incarnation, "events")
+        self.poll_s, self.idle_timeout_s = poll_s, idle_timeout_s
+        self._clock, self._sleep = clock, sleep
+
+    def _counters(self) -> dict[str, Any]:
+        return attrs.asdict(self.driver.counters)
+
+    def run(self, cut: Optional[str] = None) -> Optional[ConsistentCut]:
+        try:
+            self.driver.start(self.incarnation, cut)
+        except TrainerFailedError as exc:
+            self.events.send({"kind": "failed", "error": str(exc)})
+            raise
+        summary = {
+            "start_s": self.driver.start_seconds,
+            "cut_id": self.driver.restored_cut.cut_id if self.driver.restored_cut else None,
+        }
+        self.events.send({"kind": "ready", "summary": summary, "counters": self._counters()})
+        idle_since = self._clock()
+        while True:
+            cmds = self.commands.receive()
+            if not cmds:
+                if self._clock() - idle_since > self.idle_timeout_s:
+                    self.events.send(
+                        {"kind": "failed", "error": "no command within idle_timeout_s"}
+                    )
+                    return None
+                self._sleep(self.poll_s)
+                continue
+            idle_since = self._clock()
+            for cmd in cmds:
+                op = cmd.get("op")
+                try:
+                    if op == "train":
+                        done = self.driver.train(int(cmd["rounds"]))
+                        self.events.send(
+                            {
+                                "kind": "trained",
+                                "cmd": cmd["seq"],
+                                "rounds": done,
+                                "counters": self._counters(),
+                            }
+                        )
+                    elif op == "drain":
+                        cut = self.driver.drain(StopReason(cmd["reason"]))
+                        self.events.send(
+                            {
+                                "kind": "left",
+                                "cmd": cmd["seq"],
+                                "cut": serde.unstructure(cut),
+                                "counters": self._counters(),
+                            }
+                        )
+                        return cut
+                    else:
+                        raise IllegalTransitionError(f"unknown trainer command {op!r}")
+                except Exception as exc:
+                    self.events.send(
+                        {
+                            "kind": "failed",
+                            "cmd": cmd.get("seq"),
+                            "error": f"{type(exc).__name__}: {exc}",
+                        }
+                    )
+                    raise

@@ -1,0 +1,187 @@
+"""A CPU fake :class:`~yeto_core.ports.TrainerBackend` and an in-memory sample buffer.
+
+``FakeBackend`` keeps a few float64 parameters and a numpy ``PCG64`` generator.
+Every round mixes each sample's reward with fresh random draws into the
+parameters in buffer order, so the final state depends on every group, on the
+order they were trained in, and on the RNG stream: two runs end bitwise equal
+only if they trained the same groups in the same order with the same RNG.
+The cut holds the parameters (safetensors), the RNG state and the list of
+trained group ids (JSON), so tests can check that no group was trained twice.
+
+``MemoryBuffer`` mirrors the part of ``FileSampleBuffer``'s API the trainer
+side calls (``select``/``load``/``commit``/``reset_to``/``backlog``/
+``data_ended``), for unit tests and the scheduler bench.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Optional
+
+import attrs
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from yeto_core.ports import TrainerBackend
+from yeto_core.records import Backlog, Batch, RoundSpec, Sample, SampleGroup, Trigger
+
+
+class FakeBackend(TrainerBackend):
+    """A deterministic trainer of ``n_params`` floats (see the module docstring)."""
+
+    PLUGIN_NAME = "fake"
+
+    def __init__(self, *, seed: int = 0, n_params: int = 4, lr: float = 0.01) -> None:
+        self.seed, self.n_params, self.lr = seed, n_params, lr
+        self.params = np.zeros(n_params, dtype=np.float64)
+        self.rng = np.random.Generator(np.random.PCG64(seed))
+        self.trained_groups: list[str] = []
+        self.rounds = 0
+
+    def restore(self, cut_dir: Optional[Any]) -> None:
+        if cut_dir is None:
+            return
+        d = Path(cut_dir)
+        self.params = load_file(str(d / "params.safetensors"))["params"]
+        state = json.loads((d / "state.json").read_text())
+        self.rng.bit_generator.state = state["rng"]
+        self.trained_groups = list(state["trained_groups"])
+        self.rounds = int(state["rounds"])
+
+    def train_round(self, batch: Batch) -> dict[str, float]:
+        for group in batch.groups:
+            rewards = np.array([s.reward for s in group.samples], dtype=np.float64)
+            adv = rewards - rewards.mean()
+            for a in adv:
+                self.params = self.params + self.lr * (a + 0.1) * self.rng.standard_normal(
+                    self.n_params
+                )
+            self.trained_groups.append(group.group_id)
+        self.rounds += 1
+        return {"loss": float(np.square(self.params).sum()), "groups": float(len(batch.groups))}
+
+    def save_cut(self, out_dir: Any, trigger: Trigger) -> None:
+        d = Path(out_dir)
+        save_file({"params": self.params}, str(d / "params.safetensors"))
+        state = {
+            "rng": self.rng.bit_generator.state,
+            "trained_groups": self.trained_groups,
+            "rounds": self.rounds,
+            "trigger": trigger.value,
+        }
+        (d / "state.json").write_text(json.dumps(state, sort_keys=True))
+
+    def weight_checksum(self) -> str:
+        return hashlib.sha256(self.params.tobytes()).hexdigest()
+
+    def publish_release(self, out_dir: Any) -> dict[str, Any]:
+        d = Path(out_dir)
+        save_file({"params": self.params}, str(d / "model.safetensors"))
+        (d / "config.json").write_text(json.dumps({"n_params": self.n_params}))
+        return {"kind": "full", "weight_checksum": self.weight_checksum()}
+
+
+def make_group(position: int, version: int, *, g: int = 4, seed: int = 0) -> SampleGroup:
+    """A small group whose rewards depend on ``position`` and ``seed`` (deterministic)."""
+    rng = np.random.default_rng([seed, position])
+    samples = tuple(
+        Sample(
+            tokens=np.array([1, 2, 3], dtype=np.int32),
+            prompt_len=1,
+            logprobs=np.zeros(2, dtype=np.float32),
+            loss_mask=np.ones(2, dtype=np.int8),
+            reward=float(rng.random()),
+            weight_version=version,
+        )
+        for _ in range(g)
+    )
+    return SampleGroup(
+        group_id=f"g{position:06d}",
+        prompt_id=f"p{position}",
+        sampler_host="test",
+        sampler_incarnation=0,
+        samples=samples,
+    )
+
+
+@attrs.frozen
+class MemEntry:
+    position: int
+    group_id: str
+    n_samples: int
+    min_version: int
+    max_version: int
+    appended_at: float
+
+
+@attrs.frozen
+class MemRound:
+    entries: tuple[MemEntry, ...]
+    stale: tuple[MemEntry, ...]
+    start: int
+    end: int
+
+
+class MemoryBuffer:
+    """In-memory stand-in for ``FileSampleBuffer`` (trainer-side verbs; not durable)."""
+
+    def __init__(self, clock: Callable[[], float] = lambda: 0.0) -> None:
+        self._clock = clock
+        self.groups: list[SampleGroup] = []
+        self.entries: list[MemEntry] = []
+        self.watermark = 0
+        self._ended = False
+
+    def append(self, group: SampleGroup) -> int:
+        vs = [s.weight_version for s in group.samples]
+        pos = len(self.groups)
+        self.groups.append(group)
+        self.entries.append(MemEntry(pos, group.group_id, len(vs), min(vs), max(vs), self._clock()))
+        return pos
+
+    def select(self, spec: RoundSpec) -> MemRound:
+        take, stale, pos = [], [], self.watermark
+        while pos < len(self.entries) and len(take) < spec.max_groups:
+            e = self.entries[pos]
+            (stale if spec.current_version - e.min_version > spec.max_policy_age else take).append(
+                e
+            )
+            pos += 1
+        return MemRound(tuple(take), tuple(stale), self.watermark, pos)
+
+    def load(self, entry: MemEntry) -> SampleGroup:
+        return self.groups[entry.position]
+
+    def commit(self, round: MemRound) -> int:
+        if round.start != self.watermark:
+            raise ValueError(f"round starts at {round.start}, the watermark is {self.watermark}")
+        self.watermark = round.end
+        return self.watermark
+
+    def reset_to(self, watermark: int) -> None:
+        self.watermark = watermark
+
+    def backlog(
+        self, current_version: Optional[int] = None, max_policy_age: Optional[int] = None
+    ) -> Backlog:
+        waiting = self.entries[self.watermark :]
+        if current_version is not None and max_policy_age is not None:
+            waiting = [e for e in waiting if current_version - e.min_version <= max_policy_age]
+        return Backlog(
+            groups=len(waiting),
+            samples=sum(e.n_samples for e in waiting),
+            watermark=self.watermark,
+            head_position=len(self.entries),
+            oldest_version=min((e.min_version for e in waiting), default=None),
+            oldest_appended_at=min((e.appended_at for e in waiting), default=None),
+            data_ended=self._ended,
+        )
+
+    def mark_data_end(self) -> None:
+        self._ended = True
+
+    def data_ended(self) -> bool:
+        return self._ended
