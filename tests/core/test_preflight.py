@@ -1,0 +1,181 @@
+"""Preflight: core checks, plugin checks, and the messages that say what to do."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+import attrs
+
+from yeto_core import hookimpl
+from yeto_core.config import parse_config
+from yeto_core.plugins import Plugins
+from yeto_core.ports import SamplerEngine, Task, TrainerBackend, TrainerScheduler
+from yeto_core.preflight import run_preflight
+
+
+class _Engine(SamplerEngine):
+    PLUGIN_NAME = "fake-engine"
+
+    def generate(self, prompts, n, sampling):
+        return []
+
+    def load_release(self, release):
+        pass
+
+    def served_checksum(self):
+        return "0"
+
+    def encode(self, text):
+        return []
+
+    def decode(self, ids):
+        return ""
+
+
+class _Backend(TrainerBackend):
+    PLUGIN_NAME = "fake-backend"
+
+    @classmethod
+    def prepare_base(cls, options, model_dir):
+        Path(model_dir).mkdir(parents=True)
+
+    def restore(self, cut_dir):
+        pass
+
+    def train_round(self, batch):
+        return {}
+
+    def save_cut(self, out_dir, trigger):
+        pass
+
+    def publish_release(self, out_dir):
+        return {}
+
+
+class _Task(Task):
+    PLUGIN_NAME = "fake-task"
+
+    def prompt(self, index):
+        return "", ""
+
+    def reward(self, answer, completion):
+        return 0.0
+
+
+class _S1(TrainerScheduler):
+    PLUGIN_NAME = "s1"
+
+    def decide(self, inputs):
+        return None
+
+
+def _plugins(*extra) -> Plugins:
+    pm = Plugins(entry_points=False)
+    pm.add(
+        types.SimpleNamespace(
+            yeto_register_sampler_engines=hookimpl(lambda register: register(_Engine)),
+            yeto_register_trainer_backends=hookimpl(lambda register: register(_Backend)),
+            yeto_register_tasks=hookimpl(lambda register: register(_Task)),
+            yeto_register_trainer_schedulers=hookimpl(lambda register: register(_S1)),
+        ),
+        "fakes",
+    )
+    for i, p in enumerate(extra):
+        pm.add(p, f"extra{i}")
+    return pm
+
+
+def _config(tmp_path: Path, **edits):
+    data = {
+        "run_dir": str(tmp_path / "run"),
+        "model": {"path": str(tmp_path / "base")},
+        "task": {"name": "fake-task"},
+        "samplers": [{"engine": "fake-engine", "group_size": 4, "backlog_cap": 8}],
+        "trainer": {"backend": "fake-backend", "groups_per_round": 2},
+        "backstops": {"wall_clock_s": 60},
+    }
+    for path, value in edits.items():
+        node = data
+        *head, last = path.split("__")
+        for k in head:
+            node = node[k] if not isinstance(node, list) else node[int(k)]
+        node[last] = value
+    return parse_config(data, source="test.toml")
+
+
+def _by_name(report):
+    return {c.name: c for c in report.checks}
+
+
+def test_a_consistent_config_passes(tmp_path: Path) -> None:
+    report = run_preflight(_config(tmp_path), _plugins())
+    assert report.passed, report.render()
+    checks = _by_name(report)
+    assert checks["store"].status == "ok"
+    assert "writable" in checks["store"].detail
+    assert list((tmp_path / "run" / "store").rglob("probe-*")) == []  # the probe is removed
+    assert checks["model.path"].status == "warn"  # missing, but the backend builds it
+    assert checks["islands"].status == "ok"
+
+
+def test_missing_plugins_say_what_to_install(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, samplers=[{"engine": "hf"}], trainer={"backend": "torch"})
+    report = run_preflight(cfg, _plugins())
+    checks = _by_name(report)
+    assert not report.passed
+    assert checks["samplers[0].engine"].detail == "Unknown sampler engine 'hf'. Install yeto-torch."
+    assert (
+        checks["trainer.backend"].detail == "Unknown trainer backend 'torch'. Install yeto-torch."
+    )
+
+
+def test_budget_zero_with_prices_fails(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, trainer={"backend": "fake-backend", "price_per_hour": 3.0})
+    check = _by_name(run_preflight(cfg, _plugins()))["backstops.budget_usd"]
+    assert check.status == "fail"
+    assert "trainer" in check.detail and "set backstops.budget_usd" in check.detail
+
+
+def test_batch_not_a_multiple_of_g_and_unfillable_rounds_fail(tmp_path: Path) -> None:
+    cfg = _config(
+        tmp_path,
+        trainer={"backend": "fake-backend", "options": {"batch_size": 6}, "groups_per_round": 9},
+    )
+    checks = _by_name(run_preflight(cfg, _plugins()))
+    assert checks["trainer.options.batch_size"].status == "fail"
+    assert "multiple of G" in checks["trainer.options.batch_size"].detail
+    assert checks["trainer.groups_per_round"].status == "fail"
+    assert "backlog_cap" in checks["trainer.groups_per_round"].detail
+
+
+def test_unwritable_store_fails(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    cfg = attrs.evolve(_config(tmp_path), store=str(blocker / "store"))
+    check = _by_name(run_preflight(cfg, _plugins()))["store"]
+    assert check.status == "fail"
+    assert str(blocker) in check.detail
+
+
+def test_plugin_preflight_hooks_add_checks_and_a_raising_one_fails(tmp_path: Path) -> None:
+    seen = []
+
+    def good(config, report):
+        seen.append(config.task.name)
+        report.warn("fake:gpu", "no GPU; sampling runs on CPU")
+
+    def bad(config, report):
+        raise RuntimeError("boom")
+
+    pm = _plugins(
+        types.SimpleNamespace(yeto_preflight=hookimpl(good)),
+        types.SimpleNamespace(yeto_preflight=hookimpl(bad)),
+    )
+    report = run_preflight(_config(tmp_path), pm)
+    checks = _by_name(report)
+    assert seen == ["fake-task"]
+    assert checks["fake:gpu"].status == "warn"
+    assert checks["preflight:extra1"].status == "fail"
+    assert "RuntimeError: boom" in checks["preflight:extra1"].detail
+    assert "[FAIL] preflight:extra1" in report.render()

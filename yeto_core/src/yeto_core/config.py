@@ -1,0 +1,345 @@
+"""The run config: one TOML file structured into attrs records.
+
+Every key is checked before anything starts: an unknown key names its TOML
+path and the keys allowed there; a bad value names its path and the allowed
+values. See ``docs/run-config.md`` for every field.
+
+Layout (all tables optional except ``model``, ``task``, ``samplers`` and ``trainer``)::
+
+    name = "quickstart"
+    run_dir = "runs/quickstart"        # the head's local state; --run-dir overrides
+    store = ""                         # store URL; empty: <run_dir>/store (the dir store)
+    seed = 0
+
+    [model]
+    path = "runs/base/tiny"            # a model dir; built by the backend when missing
+    base_options = {}                  # how the backend builds it (prepare_base)
+
+    [task]
+    name = "..."
+    options = {}
+
+    [[samplers]]                       # one table per sampler island group
+    name = "sampler"
+    engine = "hf"
+    count = 1                          # islands in this group (sampler-0, sampler-1, ...)
+    group_size = 8                     # G: samples per prompt
+    prompts_per_call = 1
+    min_round_s = 0.0                  # throttle: at least this long per generate call
+    backlog_cap = 64                   # wait while this many groups wait for the trainer
+    price_per_hour = 0.0
+    engine_options = {}
+    [samplers.sampling]
+    max_new_tokens = 8
+    temperature = 1.0
+
+    [trainer]
+    backend = "torch"
+    options = {}
+    groups_per_round = 4
+    max_policy_age = 2
+    total_rounds = 0                   # rounds before the run finishes; 0: no limit
+    price_per_hour = 0.0
+
+    [scheduler]
+    name = "s1"                        # or "always-on"
+    options = {}
+    tick_s = 0.5
+
+    [backstops]
+    budget_usd = 0.0                   # 0: no budget limit (then prices must be 0 too)
+    wall_clock_s = 0.0                 # 0: no limit
+    silence_s = 0.0                    # 0: no limit; else stop when no group arrives for this long
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import typing
+from pathlib import Path
+from typing import Any, Optional
+
+import attrs
+
+from yeto_core import serde
+from yeto_core.errors import ConfigError
+from yeto_core.records import SamplingParams
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
+
+#: Schedulers yeto-core ships; others may come from plugins (checked by preflight).
+SCHEDULERS = ("s1", "always-on")
+
+
+@attrs.frozen
+class ModelConfig:
+    """The model to train: a directory the backend and engines load."""
+
+    path: str
+    base_options: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class TaskConfig:
+    """The task samplers dispense (registered through ``yeto_register_tasks``)."""
+
+    name: str
+    options: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class SamplerIslandConfig:
+    """One group of identical sampler islands."""
+
+    engine: str
+    name: str = "sampler"
+    count: int = 1
+    group_size: int = 8
+    prompts_per_call: int = 1
+    min_round_s: float = 0.0
+    backlog_cap: int = 64
+    price_per_hour: float = 0.0
+    engine_options: dict[str, Any] = attrs.field(factory=dict)
+    sampling: SamplingParams = attrs.field(factory=SamplingParams)
+
+    def island_names(self) -> list[str]:
+        """The islands of this group: ``<name>-0``, ``<name>-1``, ..."""
+        return [f"{self.name}-{i}" for i in range(self.count)]
+
+
+@attrs.frozen
+class TrainerConfig:
+    """The trainer: backend, round size and the policy-age gate."""
+
+    backend: str
+    options: dict[str, Any] = attrs.field(factory=dict)
+    groups_per_round: int = 4
+    max_policy_age: int = 2
+    #: Rounds to train before the run finishes (0: until a backstop or ``yeto run down``).
+    total_rounds: int = 0
+    price_per_hour: float = 0.0
+    name: str = "trainer"
+
+
+@attrs.frozen
+class SchedulerConfig:
+    """Which rule starts and stops the trainer, and its knobs."""
+
+    name: str = "s1"
+    options: dict[str, Any] = attrs.field(factory=dict)
+    tick_s: float = 0.5
+
+
+@attrs.frozen
+class BackstopsConfig:
+    """Limits that stop the run cleanly (final cut, samplers stopped). 0 means no limit."""
+
+    budget_usd: float = 0.0
+    wall_clock_s: float = 0.0
+    silence_s: float = 0.0
+
+
+@attrs.frozen
+class RunConfig:
+    """A whole run."""
+
+    model: ModelConfig
+    task: TaskConfig
+    samplers: tuple[SamplerIslandConfig, ...]
+    trainer: TrainerConfig
+    name: str = "run"
+    run_dir: str = ""
+    store: str = ""
+    seed: int = 0
+    scheduler: SchedulerConfig = attrs.field(factory=SchedulerConfig)
+    backstops: BackstopsConfig = attrs.field(factory=BackstopsConfig)
+    #: Where the config was read from (set by :func:`load_config`; not a TOML key).
+    source: str = ""
+
+    # -- derived -------------------------------------------------------------------
+
+    def sampler_islands(self) -> list[tuple[str, SamplerIslandConfig]]:
+        """Every sampler island with the group it belongs to."""
+        return [(name, s) for s in self.samplers for name in s.island_names()]
+
+    def island_prices(self) -> dict[str, float]:
+        """Dollars per hour of each island (sampler islands and the trainer)."""
+        prices = {name: s.price_per_hour for name, s in self.sampler_islands()}
+        prices[self.trainer.name] = self.trainer.price_per_hour
+        return prices
+
+    def store_url(self) -> str:
+        """The store URL; the default is ``<run_dir>/store``."""
+        return self.store or str(Path(self.run_dir) / "store")
+
+
+#: Keys that are set by the loader, never by the TOML.
+_INTERNAL_KEYS = {"source"}
+
+
+def _field_type(cls: type, name: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    return hints[name]
+
+
+def _attrs_class_of(tp: Any) -> Optional[type]:
+    """The attrs class a field holds, directly or as the element of a tuple."""
+    if attrs.has(tp):
+        return tp
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        if len(args) == 1 and attrs.has(args[0]):
+            return args[0]
+    return None
+
+
+def _check_keys(data: Any, cls: type, path: str) -> list[str]:
+    """Unknown keys, each with its TOML path and the keys allowed there."""
+    if not isinstance(data, dict):
+        return []
+    errors = []
+    fields = {f.name: f for f in attrs.fields(cls) if f.name not in _INTERNAL_KEYS}
+    for key in data:
+        where = f"{path}.{key}" if path else key
+        if key not in fields:
+            errors.append(f"unknown key {where!r}; allowed keys here: {', '.join(sorted(fields))}")
+            continue
+        sub = _attrs_class_of(_field_type(cls, key))
+        if sub is None:
+            continue
+        value = data[key]
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                errors.extend(_check_keys(item, sub, f"{where}[{i}]"))
+        else:
+            errors.extend(_check_keys(value, sub, where))
+    return errors
+
+
+def _positive(errors: list[str], path: str, value: float, *, zero_ok: bool = False) -> None:
+    if value < 0 or (value == 0 and not zero_ok):
+        bound = ">= 0" if zero_ok else "> 0"
+        errors.append(f"{path} = {value!r}; it must be {bound}")
+
+
+def validate(config: RunConfig) -> list[str]:
+    """Value checks that types alone cannot express; each names its TOML path."""
+    errors: list[str] = []
+    if not _NAME_RE.match(config.name):
+        errors.append(f"name = {config.name!r}; use lower-case letters, digits and '-'")
+    if not config.run_dir:
+        errors.append("run_dir is empty; set run_dir in the config or pass --run-dir DIR")
+    if not config.model.path:
+        errors.append("model.path is empty; give the model directory")
+    if not config.task.name:
+        errors.append("task.name is empty; give a task name (`yeto plugins` lists tasks)")
+    if not config.samplers:
+        errors.append("samplers: at least one [[samplers]] table is needed")
+    seen: dict[str, str] = {}
+    for i, s in enumerate(config.samplers):
+        p = f"samplers[{i}]"
+        if not _NAME_RE.match(s.name):
+            errors.append(f"{p}.name = {s.name!r}; use lower-case letters, digits and '-'")
+        if s.name in seen:
+            errors.append(f"{p}.name = {s.name!r} is used by {seen[s.name]} too; names must differ")
+        seen[s.name] = p
+        if s.name == config.trainer.name:
+            errors.append(f"{p}.name = {s.name!r} is the trainer's name; pick another")
+        if not s.engine:
+            errors.append(f"{p}.engine is empty; give an engine name such as 'hf'")
+        _positive(errors, f"{p}.count", s.count)
+        _positive(errors, f"{p}.group_size", s.group_size)
+        if s.group_size == 1:
+            errors.append(f"{p}.group_size = 1; GRPO needs at least 2 samples per prompt")
+        _positive(errors, f"{p}.prompts_per_call", s.prompts_per_call)
+        _positive(errors, f"{p}.min_round_s", s.min_round_s, zero_ok=True)
+        _positive(errors, f"{p}.backlog_cap", s.backlog_cap)
+        _positive(errors, f"{p}.price_per_hour", s.price_per_hour, zero_ok=True)
+        sp = s.sampling
+        _positive(errors, f"{p}.sampling.max_new_tokens", sp.max_new_tokens)
+        _positive(errors, f"{p}.sampling.temperature", sp.temperature)
+        if not 0 < sp.top_p <= 1:
+            errors.append(f"{p}.sampling.top_p = {sp.top_p!r}; it must be in (0, 1]")
+        _positive(errors, f"{p}.sampling.top_k", sp.top_k, zero_ok=True)
+    t = config.trainer
+    if not _NAME_RE.match(t.name):
+        errors.append(f"trainer.name = {t.name!r}; use lower-case letters, digits and '-'")
+    if not t.backend:
+        errors.append("trainer.backend is empty; give a backend name such as 'torch'")
+    _positive(errors, "trainer.groups_per_round", t.groups_per_round)
+    _positive(errors, "trainer.max_policy_age", t.max_policy_age, zero_ok=True)
+    _positive(errors, "trainer.price_per_hour", t.price_per_hour, zero_ok=True)
+    _positive(errors, "trainer.total_rounds", t.total_rounds, zero_ok=True)
+    if not config.scheduler.name:
+        errors.append(f"scheduler.name is empty; allowed: {', '.join(SCHEDULERS)}")
+    _positive(errors, "scheduler.tick_s", config.scheduler.tick_s)
+    b = config.backstops
+    _positive(errors, "backstops.budget_usd", b.budget_usd, zero_ok=True)
+    _positive(errors, "backstops.wall_clock_s", b.wall_clock_s, zero_ok=True)
+    _positive(errors, "backstops.silence_s", b.silence_s, zero_ok=True)
+    return errors
+
+
+def parse_config(
+    data: dict[str, Any], *, source: str = "<config>", run_dir: Optional[str] = None
+) -> RunConfig:
+    """Structure a parsed TOML document into a :class:`RunConfig`.
+
+    :param data: the TOML document as plain data.
+    :param source: where it came from (shown in errors).
+    :param run_dir: overrides ``run_dir`` (``--run-dir``).
+    :raises ConfigError: naming every unknown key or bad value with its path.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a run config is a TOML table")
+    data = dict(data)
+    if run_dir is not None:
+        data["run_dir"] = str(run_dir)
+    errors = _check_keys(data, RunConfig, "")
+    if errors:
+        raise ConfigError(f"{source}: invalid run config:\n  " + "\n  ".join(errors))
+    try:
+        config = serde.structure(data, RunConfig, what=f"run config {source}", root="")
+    except ConfigError as exc:
+        # cattrs writes paths as ``.trainer.batch``; the TOML path is ``trainer.batch``.
+        raise ConfigError(str(exc).replace("@ .", "@ ")) from None
+    config = attrs.evolve(config, source=source)
+    errors = validate(config)
+    if errors:
+        raise ConfigError(f"{source}: invalid run config:\n  " + "\n  ".join(errors))
+    return config
+
+
+def load_config(path: str | Path, *, run_dir: Optional[str] = None) -> RunConfig:
+    """Read and check a TOML run config.
+
+    Relative ``run_dir``, ``store`` (a path) and ``model.path`` stay relative to
+    the working directory, as a user typing ``yeto run up`` expects.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read run config {str(path)!r}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse_config(data, source=str(path), run_dir=run_dir)
+
+
+def config_to_dict(config: RunConfig) -> dict[str, Any]:
+    """Plain data for ``config.json`` in the run dir (islands read it back)."""
+    return serde.unstructure(config)
+
+
+def config_from_dict(data: dict[str, Any]) -> RunConfig:
+    """The inverse of :func:`config_to_dict` (no TOML checks: the head already ran them)."""
+    return serde.structure(data, RunConfig, what="run config (config.json)")

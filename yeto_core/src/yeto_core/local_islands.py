@@ -1,0 +1,268 @@
+"""The ``local`` island provider: each island is an OS process group on this machine.
+
+Every sampler island and every trainer incarnation runs as its own process
+(``python -m yeto_core.island_main`` by default) in a new session, so it and
+everything it starts share one process group. The environment carries the
+island, the incarnation and whatever the head adds (run dir, store URL, the
+cut to restore). Output goes to ``<run_dir>/logs/<handle>.log``.
+
+Handles are recorded in ``<run_dir>/islands/<handle>.json`` (pid, process
+group, the leader's start time, the command) before ``launch`` returns, so a
+head that was killed and restarted finds the islands it started
+(:meth:`LocalIslands.orphans`) and releases them. A release sends SIGTERM to
+the group, waits up to ``term_timeout_s``, then SIGKILL, and returns True
+only once no process of the group is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+from yeto_core.errors import YetoError
+from yeto_core.ports import IslandProvider
+from yeto_core.records import Event
+
+ISLANDS_DIR = "islands"
+LOGS_DIR = "logs"
+
+#: Environment variables the provider sets for every island.
+ENV_ISLAND = "YETO_ISLAND"
+ENV_INCARNATION = "YETO_INCARNATION"
+ENV_HANDLE = "YETO_HANDLE"
+
+
+class IslandError(YetoError):
+    """An island could not be launched or released."""
+
+
+def default_command() -> list[str]:
+    """The island entry point with this interpreter."""
+    return [sys.executable, "-m", "yeto_core.island_main"]
+
+
+def _proc_stat(pid: int) -> Optional[list[str]]:
+    """Fields of ``/proc/<pid>/stat`` after the command name, or None."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) state ppid pgrp ..."; comm may hold spaces and parentheses.
+    return raw[raw.rfind(")") + 2 :].split()
+
+
+def _start_time(pid: int) -> Optional[str]:
+    fields = _proc_stat(pid)
+    return fields[19] if fields else None  # field 22 of stat: starttime
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is in group ``pgid``."""
+    proc = Path("/proc")
+    if proc.is_dir():
+        for entry in proc.iterdir():
+            if not entry.name.isdigit():
+                continue
+            fields = _proc_stat(int(entry.name))
+            if fields and fields[0] != "Z" and fields[2] == str(pgid):
+                return True
+        return False
+    try:  # pragma: no cover - non-Linux
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class LocalIslands(IslandProvider):
+    """Islands as process groups on this machine.
+
+    :param run_dir: where handles and logs are kept.
+    :param command: the argv of an island (default: ``python -m yeto_core.island_main``).
+    :param launcher: ``subprocess.Popen``-compatible (injected for tests).
+    :param clock: monotonic seconds (for release deadlines).
+    :param term_timeout_s: how long a group gets after SIGTERM before SIGKILL.
+    :param kill_timeout_s: how long to wait for the group to vanish after SIGKILL.
+    """
+
+    PLUGIN_NAME = "local"
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        *,
+        command: Optional[Sequence[str]] = None,
+        launcher: Callable[..., Any] = subprocess.Popen,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        term_timeout_s: float = 10.0,
+        kill_timeout_s: float = 10.0,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.command = list(command) if command is not None else default_command()
+        self.launcher = launcher
+        self.clock = clock
+        self.sleep = sleep
+        self.term_timeout_s = term_timeout_s
+        self.kill_timeout_s = kill_timeout_s
+        self._procs: dict[str, Any] = {}
+        self._log_offsets: dict[str, int] = {}
+        (self.run_dir / ISLANDS_DIR).mkdir(parents=True, exist_ok=True)
+        (self.run_dir / LOGS_DIR).mkdir(parents=True, exist_ok=True)
+
+    # -- records ---------------------------------------------------------------------
+
+    def _record_path(self, handle: str) -> Path:
+        return self.run_dir / ISLANDS_DIR / f"{handle}.json"
+
+    def record(self, handle: str) -> Optional[dict[str, Any]]:
+        """The launch record of ``handle`` (None if unknown or released)."""
+        try:
+            return json.loads(self._record_path(handle).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def handles(self) -> list[str]:
+        """Every handle recorded in the run dir and not yet released."""
+        return sorted(p.stem for p in (self.run_dir / ISLANDS_DIR).glob("*.json"))
+
+    def log_path(self, handle: str) -> Path:
+        return self.run_dir / LOGS_DIR / f"{handle}.log"
+
+    # -- the port ----------------------------------------------------------------------
+
+    def launch(self, island: str, incarnation: int, env: Mapping[str, str]) -> str:
+        """Start ``island``'s incarnation as a new process group; return its handle."""
+        handle = f"{island}-i{incarnation}"
+        if self.record(handle) is not None:
+            raise IslandError(
+                f"island handle {handle!r} is already recorded in "
+                f"{self._record_path(handle)}; release it before launching it again"
+            )
+        full_env = dict(os.environ)
+        full_env.update(env)
+        full_env[ENV_ISLAND] = island
+        full_env[ENV_INCARNATION] = str(incarnation)
+        full_env[ENV_HANDLE] = handle
+        log = open(self.log_path(handle), "ab")
+        try:
+            proc = self.launcher(
+                self.command,
+                env=full_env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise IslandError(f"cannot launch island {handle!r} ({self.command!r}): {exc}") from exc
+        finally:
+            log.close()
+        self._procs[handle] = proc
+        record = {
+            "handle": handle,
+            "island": island,
+            "incarnation": incarnation,
+            "pid": proc.pid,
+            "pgid": proc.pid,  # start_new_session: the leader's pid is the group id
+            "start_time": _start_time(proc.pid),
+            "command": self.command,
+            "launched_at": time.time(),
+        }
+        tmp = self._record_path(handle).with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, sort_keys=True))
+        os.replace(tmp, self._record_path(handle))
+        return handle
+
+    def _reap(self, handle: str) -> Optional[int]:
+        proc = self._procs.get(handle)
+        if proc is None:
+            return None
+        return proc.poll()
+
+    def _alive(self, handle: str, rec: dict[str, Any]) -> bool:
+        self._reap(handle)
+        return _group_alive(int(rec["pgid"]))
+
+    def status(self, handle: str) -> str:
+        """``running`` (the leader lives), ``exited`` (leader gone, record kept) or ``gone``."""
+        rec = self.record(handle)
+        if rec is None:
+            return "gone"
+        code = self._reap(handle)
+        pid = int(rec["pid"])
+        if handle in self._procs:
+            leader = code is None
+        else:
+            st = _proc_stat(pid)
+            leader = st is not None and st[0] != "Z" and _start_time(pid) == rec["start_time"]
+        if leader:
+            return "running"
+        return "exited" if not _group_alive(int(rec["pgid"])) else "running"
+
+    def returncode(self, handle: str) -> Optional[int]:
+        """The leader's exit code, when this provider launched it and it exited."""
+        return self._reap(handle)
+
+    def events(self, handle: str) -> Iterator[Event]:
+        """New lines of the island's log since the last call, as ``log`` events."""
+        path = self.log_path(handle)
+        offset = self._log_offsets.get(handle, 0)
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except OSError:
+            return iter(())
+        end = data.rfind(b"\n") + 1
+        self._log_offsets[handle] = offset + end
+        now = time.time()
+        return iter(
+            Event(kind="log", time=now, source=handle, data={"line": line})
+            for line in data[:end].decode(errors="replace").splitlines()
+        )
+
+    def _signal(self, pgid: int, sig: int) -> None:
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _wait_gone(self, handle: str, rec: dict[str, Any], timeout_s: float) -> bool:
+        deadline = self.clock() + timeout_s
+        while True:
+            if not self._alive(handle, rec):
+                return True
+            if self.clock() >= deadline:
+                return False
+            self.sleep(0.05)
+
+    def release(self, handle: str) -> bool:
+        """SIGTERM the group, then SIGKILL after ``term_timeout_s``; True once it is gone."""
+        rec = self.record(handle)
+        if rec is None:
+            return True
+        pgid = int(rec["pgid"])
+        if self._alive(handle, rec):
+            self._signal(pgid, signal.SIGTERM)
+            if not self._wait_gone(handle, rec, self.term_timeout_s):
+                self._signal(pgid, signal.SIGKILL)
+                if not self._wait_gone(handle, rec, self.kill_timeout_s):
+                    return False
+        self._procs.pop(handle, None)
+        self._record_path(handle).unlink(missing_ok=True)
+        return True
+
+    def orphans(self) -> list[str]:
+        """Recorded handles that this provider did not launch (a previous head's)."""
+        return [h for h in self.handles() if h not in self._procs]

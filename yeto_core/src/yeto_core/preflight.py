@@ -1,0 +1,216 @@
+"""Preflight: checks a run config before anything starts.
+
+A :class:`Report` collects named checks, each ``ok``, ``warn`` or ``fail``.
+yeto-core adds the checks every run needs (the store is reachable and
+writable, every named implementation resolves through the plugin manager,
+the config is consistent); then every plugin's ``yeto_preflight`` hook adds
+its own. One failure stops ``yeto run up``; ``--dry-run`` prints them all.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any, Optional
+
+import attrs
+
+from yeto_core import ports
+from yeto_core.config import RunConfig
+from yeto_core.errors import YetoError
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+
+
+@attrs.frozen
+class Check:
+    """One check: its name, ``ok``/``warn``/``fail``, and what it found."""
+
+    name: str
+    status: str
+    detail: str
+
+
+class Report:
+    """The checks of one preflight, in the order they were added."""
+
+    def __init__(self) -> None:
+        self.checks: list[Check] = []
+
+    def ok(self, name: str, detail: str = "") -> None:
+        self.checks.append(Check(name, OK, detail))
+
+    def warn(self, name: str, detail: str) -> None:
+        self.checks.append(Check(name, WARN, detail))
+
+    def fail(self, name: str, detail: str) -> None:
+        self.checks.append(Check(name, FAIL, detail))
+
+    @property
+    def passed(self) -> bool:
+        """No check failed (warnings do not stop a run)."""
+        return not self.failures()
+
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if c.status == FAIL]
+
+    def warnings(self) -> list[Check]:
+        return [c for c in self.checks if c.status == WARN]
+
+    def to_json(self) -> list[dict[str, str]]:
+        return [attrs.asdict(c) for c in self.checks]
+
+    def render(self) -> str:
+        """Plain text, one line per check."""
+        mark = {OK: "ok  ", WARN: "WARN", FAIL: "FAIL"}
+        lines = [f"  [{mark[c.status]}] {c.name}: {c.detail}".rstrip(": ") for c in self.checks]
+        return "\n".join(lines)
+
+
+def check_store(config: RunConfig, plugins: Any, report: Report) -> None:
+    """The store opens, and a probe object can be written, read back and deleted."""
+    url = config.store_url()
+    try:
+        store = plugins.open_store(url)
+    except YetoError as exc:
+        report.fail("store", f"cannot open {url!r}: {exc}")
+        return
+    except OSError as exc:
+        report.fail("store", f"cannot open {url!r}: {exc}")
+        return
+    key = f"preflight/probe-{uuid.uuid4().hex}"
+    data = b"yeto preflight probe"
+    try:
+        store.put(key, data)
+        back = store.get(key)
+        store.delete(key)
+    except (YetoError, OSError) as exc:
+        report.fail("store", f"{url!r} is not writable: {exc}")
+        return
+    if back != data:
+        report.fail("store", f"{url!r} returned other bytes than were written")
+        return
+    report.ok("store", f"{url} is reachable and writable ({type(store).PLUGIN_NAME})")
+
+
+def check_run_dir(config: RunConfig, report: Report) -> None:
+    """The run dir exists or can be created, and is writable."""
+    path = Path(config.run_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        report.fail("run_dir", f"cannot create {str(path)!r}: {exc.strerror}")
+        return
+    if not os.access(path, os.W_OK):
+        report.fail("run_dir", f"{str(path)!r} is not writable")
+        return
+    report.ok("run_dir", str(path))
+
+
+def _resolve(plugins: Any, report: Report, check: str, port: str, name: str) -> Optional[type]:
+    try:
+        cls = plugins.resolve(port, name)
+    except YetoError as exc:
+        report.fail(check, str(exc))
+        return None
+    report.ok(check, f"{name!r} ({cls.__module__}.{cls.__qualname__})")
+    return cls
+
+
+def check_plugins(config: RunConfig, plugins: Any, report: Report) -> None:
+    """Every engine, the backend, the task and the scheduler resolve."""
+    for i, s in enumerate(config.samplers):
+        _resolve(plugins, report, f"samplers[{i}].engine", ports.SamplerEngine.PORT, s.engine)
+    backend = _resolve(
+        plugins, report, "trainer.backend", ports.TrainerBackend.PORT, config.trainer.backend
+    )
+    _resolve(plugins, report, "task.name", ports.Task.PORT, config.task.name)
+    _resolve(plugins, report, "scheduler.name", ports.TrainerScheduler.PORT, config.scheduler.name)
+    _resolve(plugins, report, "islands", ports.IslandProvider.PORT, "local")
+    model = Path(config.model.path)
+    if model.is_dir():
+        report.ok("model.path", f"{model} exists")
+    elif backend is not None and hasattr(backend, "prepare_base"):
+        report.warn(
+            "model.path",
+            f"{model} does not exist; the {config.trainer.backend!r} backend will build it",
+        )
+    elif backend is not None:
+        report.fail(
+            "model.path",
+            f"{model} does not exist and the {config.trainer.backend!r} backend cannot build "
+            "one; point model.path at a model directory",
+        )
+
+
+def check_consistency(config: RunConfig, report: Report) -> None:
+    """Settings that are each valid but do not fit together."""
+    b = config.backstops
+    priced = {k: v for k, v in config.island_prices().items() if v > 0}
+    if b.budget_usd == 0 and priced:
+        names = ", ".join(sorted(priced))
+        report.fail(
+            "backstops.budget_usd",
+            f"the budget is 0 (no limit) but {names} have a price per hour; set "
+            "backstops.budget_usd to the most this run may spend, or set the prices to 0",
+        )
+    elif b.budget_usd > 0 and not priced:
+        report.warn(
+            "backstops.budget_usd",
+            f"a budget of ${b.budget_usd:g} is set but every price_per_hour is 0, so it "
+            "can never be reached; set the islands' prices",
+        )
+    elif b.budget_usd > 0:
+        report.ok("backstops.budget_usd", f"${b.budget_usd:g}")
+    if b.budget_usd == 0 and b.wall_clock_s == 0 and b.silence_s == 0:
+        report.warn(
+            "backstops", "no budget, wall-clock or silence limit: the run stops only on request"
+        )
+    sizes = {s.group_size for s in config.samplers}
+    batch = config.trainer.options.get("batch_size")
+    if batch is not None:
+        bad = sorted(g for g in sizes if not isinstance(batch, int) or batch % g)
+        if bad:
+            report.fail(
+                "trainer.options.batch_size",
+                f"{batch!r} samples is not a whole number of groups of G={bad[0]} "
+                "(samplers[].group_size); make it a multiple of G",
+            )
+        else:
+            report.ok("trainer.options.batch_size", f"{batch} samples")
+    if len(sizes) > 1:
+        report.warn(
+            "samplers.group_size",
+            f"sampler groups use different G ({sorted(sizes)}); rounds mix group sizes",
+        )
+    cap = sum(s.backlog_cap * s.count for s in config.samplers)
+    if cap < config.trainer.groups_per_round:
+        report.fail(
+            "trainer.groups_per_round",
+            f"{config.trainer.groups_per_round} groups per round but the samplers stop at a "
+            f"backlog of {cap} groups (samplers[].backlog_cap), so no round can fill; raise "
+            "backlog_cap or lower groups_per_round",
+        )
+    else:
+        report.ok(
+            "trainer.groups_per_round",
+            f"{config.trainer.groups_per_round} groups per round, backlog cap {cap}",
+        )
+
+
+def run_preflight(config: RunConfig, plugins: Any, *, store: bool = True) -> Report:
+    """All core checks, then every plugin's ``yeto_preflight``.
+
+    :param config: the run config.
+    :param plugins: a :class:`~yeto_core.plugins.Plugins`.
+    :param store: probe the store (off for ``yeto run status``).
+    """
+    report = Report()
+    check_run_dir(config, report)
+    if store:
+        check_store(config, plugins, report)
+    check_plugins(config, plugins, report)
+    check_consistency(config, report)
+    plugins.preflight(config, report)
+    return report
