@@ -1,0 +1,383 @@
+"""The batch reader: skip reasons with positions, carry-over, padding, waits, refusals."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import attrs
+import numpy as np
+import pytest
+
+from yeto_core.batch_reader import (
+    BatchReader,
+    EndOfData,
+    ReaderBatch,
+    SamplerWaitTimeout,
+    UnconvertibleRoundError,
+    check_group,
+    padding_template,
+)
+from yeto_core.errors import ConfigError, SampleBufferError
+from yeto_core.records import RoundSpec, Sample, SampleGroup
+
+G = 4
+
+
+@attrs.frozen
+class Entry:
+    position: int
+    group_id: str
+    prompt_id: str
+    host: str
+    incarnation: int
+    n_samples: int
+    min_version: int
+    max_version: int
+
+
+@attrs.frozen
+class Round:
+    entries: tuple[Entry, ...]
+    stale: tuple[Entry, ...]
+    start: int
+    end: int
+
+
+class CursorBuffer:
+    """The trainer-side verbs of FileSampleBuffer, in memory, with a selection cursor."""
+
+    def __init__(self) -> None:
+        self.groups: list[SampleGroup] = []
+        self.entries: list[Entry] = []
+        self.watermark = 0
+        self.cursor = 0
+        self.ended = False
+        self.broken: set[int] = set()
+        self.on_empty_select = None
+
+    def append(self, group: SampleGroup) -> int:
+        vs = [s.weight_version for s in group.samples]
+        pos = len(self.entries)
+        self.groups.append(group)
+        self.entries.append(
+            Entry(
+                pos,
+                group.group_id,
+                group.prompt_id,
+                group.sampler_host,
+                group.sampler_incarnation,
+                len(vs),
+                min(vs),
+                max(vs),
+            )
+        )
+        return pos
+
+    def select(self, spec: RoundSpec) -> Round:
+        take, stale, pos = [], [], self.cursor
+        start = pos
+        while pos < len(self.entries) and len(take) < spec.max_groups:
+            e = self.entries[pos]
+            old = spec.current_version - e.min_version > spec.max_policy_age
+            (stale if old else take).append(e)
+            pos += 1
+        self.cursor = pos
+        if pos == start and self.on_empty_select is not None:
+            self.on_empty_select()
+        return Round(tuple(take), tuple(stale), start, pos)
+
+    def load(self, entry: Entry) -> SampleGroup:
+        if entry.position in self.broken:
+            raise SampleBufferError(f"payload of position {entry.position} is damaged")
+        return self.groups[entry.position]
+
+    def commit(self, rnd: Round) -> int:
+        assert rnd.end >= self.watermark
+        self.watermark = rnd.end
+        return self.watermark
+
+    def reset_to(self, watermark: int) -> None:
+        self.watermark = self.cursor = watermark
+
+    def data_ended(self) -> bool:
+        return self.ended
+
+
+def sample(
+    n_prompt: int = 2,
+    n_resp: int = 3,
+    *,
+    reward: float = 0.5,
+    version: int = 0,
+    token: int = 5,
+    routed: Optional[np.ndarray] = None,
+) -> Sample:
+    return Sample(
+        tokens=np.full(n_prompt + n_resp, token, dtype=np.int32),
+        prompt_len=n_prompt,
+        logprobs=np.full(n_resp, -0.5, dtype=np.float32),
+        loss_mask=np.ones(n_resp, dtype=np.uint8),
+        reward=reward,
+        weight_version=version,
+        routed_experts=routed,
+    )
+
+
+def group(i: int, *, n: int = G, host: str = "h", inc: int = 0, **kw: Any) -> SampleGroup:
+    rewards = kw.pop("rewards", None)
+    samples = tuple(sample(reward=(rewards[j] if rewards else 0.1 * j), **kw) for j in range(n))
+    return SampleGroup(f"g{i}", f"p{i}", host, inc, samples)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.sleeps = 0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.sleeps += 1
+        self.t += s
+
+
+def reader(buf: CursorBuffer, clock: Optional[Clock] = None, **kw: Any) -> BatchReader:
+    clock = clock or Clock()
+    opts: dict[str, Any] = dict(
+        group_size=G, groups_per_round=2, max_policy_age=2, wait_s=10.0, poll_s=1.0
+    )
+    opts.update(kw)
+    return BatchReader(buf, clock=clock, sleep=clock.sleep, **opts)
+
+
+def test_whole_round_trains_groups_in_position_order_and_commits() -> None:
+    buf = CursorBuffer()
+    for i in range(3):
+        buf.append(group(i))
+    r = reader(buf)
+    b = r.take(0)
+    assert isinstance(b, ReaderBatch)
+    assert b.positions == (0, 1) and b.n_real_samples == 2 * G and b.padding == ()
+    assert b.metrics["padded_samples"] == 0 and b.metrics["padded_fraction"] == 0
+    assert r.commit(b) == 2 == buf.watermark
+    b2 = r.take(0, short_ok=True)
+    assert b2.positions == (2,)
+
+
+def test_every_skip_reason_is_counted_with_its_position() -> None:
+    buf = CursorBuffer()
+    buf.append(group(0, version=0))  # stale at version 5 with age 2
+    buf.append(group(1, version=5, host="bad", inc=3))  # fenced
+    buf.append(group(2, version=5, host="q"))  # quarantined host
+    buf.append(group(3, version=5, n=G - 1))  # too small
+    buf.append(group(4, version=5, token=999))  # past the vocabulary
+    buf.append(group(5, version=5, rewards=[0.0, math.nan, 1.0, 0.0]))  # non-finite
+    buf.append(group(6, version=5))
+    buf.append(group(7, version=5, rewards=[0.0, math.inf, 1.0, 0.0]))
+    buf.append(group(8, version=5))
+    r = reader(buf, vocab_size=100, fenced_incarnations={("bad", 3)}, quarantined={"q"})
+    b = r.take(5)
+    assert b.positions == (6, 8)
+    assert b.skipped == {
+        "stale": (0,),
+        "fenced_incarnation": (1,),
+        "quarantined": (2,),
+        "too_small": (3,),
+        "unconvertible": (4,),
+        "nonfinite_reward": (5, 7),
+    }
+    assert b.metrics["skipped_nonfinite_reward"] == 2
+    r.commit(b)
+    assert r.skipped["unconvertible"] == [4] and buf.watermark == 9
+    assert "vocabulary" in r.last_skip_detail[4]
+
+
+def test_unconvertible_shapes_and_routed_experts() -> None:
+    ok = group(0).samples[0]
+    bad_lp = attrs.evolve(ok, logprobs=np.zeros(2, np.float32))
+    assert check_group(SampleGroup("a", "p", "h", 0, (bad_lp,) * G), group_size=G)[0] == (
+        "unconvertible"
+    )
+    routed = np.zeros((4, 2, 1), dtype=np.int32)  # 5 tokens -> 4 rows, 2 layers, top-1
+    good = sample(routed=routed)
+    kw = dict(group_size=G, expected_layers=2, top_k=1, num_experts=8)
+    assert check_group(SampleGroup("a", "p", "h", 0, (good,) * G), **kw) is None
+    wrong_layers = sample(routed=np.zeros((4, 3, 1), dtype=np.int32))
+    why = check_group(SampleGroup("a", "p", "h", 0, (wrong_layers,) * G), **kw)
+    assert why is not None and why[0] == "unconvertible" and "3 layers" in why[1]
+    out_of_range = sample(routed=np.full((4, 2, 1), 8, dtype=np.int32))
+    why = check_group(SampleGroup("a", "p", "h", 0, (out_of_range,) * G), **kw)
+    assert why is not None and "outside 0..7" in why[1]
+    missing = sample()
+    why = check_group(SampleGroup("a", "p", "h", 0, (missing,) * G), **kw)
+    assert why is not None and "missing" in why[1]
+
+
+def test_damaged_payload_is_unconvertible_not_fatal() -> None:
+    buf = CursorBuffer()
+    for i in range(3):
+        buf.append(group(i))
+    buf.broken.add(1)
+    r = reader(buf)
+    b = r.take(0)
+    assert b.positions == (0, 2) and b.skipped == {"unconvertible": (1,)}
+
+
+def test_short_round_is_padded_from_shortest_sample_with_a_response() -> None:
+    buf = CursorBuffer()
+    samples = (
+        sample(2, 0),  # empty response: never padding
+        sample(2, 1, reward=0.2),  # shortest with a response
+        sample(2, 4),
+        sample(2, 3),
+    )
+    buf.append(SampleGroup("g0", "p0", "h", 0, samples))
+    buf.ended = True
+    r = reader(buf, groups_per_round=3)
+    b = r.take(0)
+    assert b.positions == (0,)
+    assert len(b.padding) == 2 * G and b.metrics["padded_samples"] == 2 * G
+    assert b.metrics["padded_fraction"] == pytest.approx(2 / 3)
+    assert b.padding_from == (0, 1)
+    for p in b.padding:
+        assert p.response_len == 1 and not np.asarray(p.loss_mask).any()
+    # padding never aliases the trained sample's arrays
+    assert np.asarray(samples[1].loss_mask).all()
+    assert padding_template([(0, SampleGroup("x", "p", "h", 0, (sample(2, 0),)))]) is None
+
+
+def test_end_of_data_with_nothing_usable() -> None:
+    buf = CursorBuffer()
+    buf.ended = True
+    with pytest.raises(EndOfData):
+        reader(buf).take(0)
+
+
+def test_carry_over_when_batch_shrinks_and_watermark_stops_at_carried_group() -> None:
+    buf = CursorBuffer()
+    for i in range(3):
+        buf.append(group(i))
+    r = reader(buf, groups_per_round=4)
+    with pytest.raises(SamplerWaitTimeout):
+        r.take(0)  # 0, 1, 2 gathered, then samplers stall: nothing lost
+    assert r.carried_positions == (0, 1, 2) and buf.watermark == 0
+    r.set_batch_size(groups_per_round=1)
+    b = r.take(0)
+    assert b.positions == (0,) and r.carried_positions == (1, 2)
+    assert r.commit(b) == 1  # never past a carried group
+    buf.append(group(3))
+    r.set_batch_size(batch_size=3 * G)
+    b = r.take(0)
+    assert b.positions == (1, 2, 3) and r.carried_positions == ()
+    assert r.commit(b) == 4
+    assert r.trained_positions == [0, 1, 2, 3]
+
+
+def test_carried_group_that_ages_out_is_stale() -> None:
+    buf = CursorBuffer()
+    buf.append(group(0, version=0))
+    buf.append(group(1, version=0))
+    r = reader(buf, groups_per_round=3)
+    with pytest.raises(SamplerWaitTimeout):
+        r.take(0)
+    assert r.carried_positions == (0, 1)
+    buf.append(group(2, version=3))
+    buf.append(group(3, version=3))
+    buf.append(group(4, version=3))
+    b = r.take(3)  # age 3 > max_policy_age 2
+    assert b.positions == (2, 3, 4) and b.skipped == {"stale": (0, 1)}
+    assert r.commit(b) == 5
+
+
+def test_wait_restarts_at_every_group_selected() -> None:
+    buf = CursorBuffer()
+    clock = Clock()
+    arrivals = iter(range(1, 100))
+
+    def trickle() -> None:  # one group every 8 s of a 10 s wait
+        if clock.t % 8 == 0 and clock.t > 0:
+            i = next(arrivals)
+            buf.append(group(i))
+
+    buf.on_empty_select = trickle
+    r = reader(buf, clock, groups_per_round=4, wait_s=10.0, poll_s=1.0)
+    b = r.take(0)
+    assert len(b.positions) == 4 and clock.t >= 30  # waited 32 s in all, never 10 s idle
+    buf.on_empty_select = None
+    before = clock.t
+    with pytest.raises(SamplerWaitTimeout, match="no group arrived"):
+        r.take(0)
+    assert clock.t - before == pytest.approx(10.0)
+
+
+def test_pad_after_s_returns_a_short_round() -> None:
+    buf = CursorBuffer()
+    buf.append(group(0))
+    clock = Clock()
+    r = reader(buf, clock, groups_per_round=2, pad_after_s=3.0)
+    b = r.take(0)
+    assert b.positions == (0,) and len(b.padding) == G and 3.0 <= clock.t < 10.0
+
+
+def test_all_unconvertible_takes_are_retried_then_fail_after_k() -> None:
+    buf = CursorBuffer()
+    for i in range(4):
+        buf.append(group(i, token=500))
+    buf.append(group(4))
+    buf.append(group(5))
+    r = reader(buf, groups_per_round=2, vocab_size=100, max_unconvertible_takes=3)
+    b = r.take(0)  # takes [0,1], [2,3] all unconvertible -> retaken; then [4,5]
+    assert b.positions == (4, 5)
+    assert b.skipped == {"unconvertible": (0, 1, 2, 3)}
+    r.commit(b)
+    for i in range(6, 12):
+        buf.append(group(i, token=500))
+    with pytest.raises(UnconvertibleRoundError, match=r"3 takes in a row.*vocabulary"):
+        r.take(0)
+    # nothing was committed past what was trained
+    assert buf.watermark == 6
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        (dict(batch_size=10), "not divisible by reader.group_size"),
+        (dict(groups_per_round=0), "groups_per_round must be an integer >= 1"),
+        (dict(groups_per_round=2, batch_size=12), "disagrees"),
+        (dict(groups_per_round=2, max_policy_age=-1), "max_policy_age"),
+        (dict(groups_per_round=2, wait_s=0), "wait_s"),
+        (dict(groups_per_round=2, pad_after_s=20.0), "pad_after_s"),
+        (dict(groups_per_round=2, top_k=2), "expected_layers"),
+        (dict(groups_per_round=2, expected_layers=2, top_k=4, num_experts=2), "exceeds"),
+        (dict(groups_per_round=2, max_unconvertible_takes=0), "max_unconvertible_takes"),
+        (dict(groups_per_round=2, fenced_incarnations="h"), "fenced_incarnations"),
+    ],
+)
+def test_config_refused_when_the_reader_is_built(kw: dict, match: str) -> None:
+    opts: dict[str, Any] = dict(group_size=G, max_policy_age=2, wait_s=10.0)
+    opts.update(kw)
+    with pytest.raises(ConfigError, match=match):
+        BatchReader(CursorBuffer(), **opts)
+
+
+def test_oversized_group_trains_its_first_g_samples() -> None:
+    buf = CursorBuffer()
+    buf.append(group(0, n=G + 2))
+    buf.append(group(1))
+    r = reader(buf)
+    b = r.take(0)
+    assert [len(g.samples) for g in b.groups] == [G, G]
+
+
+def test_reset_gives_held_groups_back_to_the_buffer() -> None:
+    buf = CursorBuffer()
+    for i in range(3):
+        buf.append(group(i))
+    r = reader(buf, groups_per_round=3)
+    r.take(0)  # taken ahead, not committed
+    r.reset()
+    assert r.carried_positions == () and buf.cursor == 0
+    b = r.take(0)
+    assert b.positions == (0, 1, 2)

@@ -1,0 +1,667 @@
+"""The batch reader: turns buffer rounds into trainable batches, whatever samplers wrote.
+
+A trainer must never die because one sampler wrote something odd, and must
+never train a sample twice or skip one without saying why. The reader sits
+between :class:`~yeto_core.sample_buffer.FileSampleBuffer` and a
+:class:`~yeto_core.ports.TrainerBackend`:
+
+- it asks the buffer for whole groups (``select``) until the round has
+  ``groups_per_round`` usable groups, waiting while samplers make progress;
+- it leaves out groups that cannot be trained and counts each by reason with
+  its position: ``stale``, ``fenced_incarnation``, ``quarantined``,
+  ``nonfinite_reward``, ``unconvertible``, ``too_small``;
+- groups the round cannot use (the batch size shrank, the take failed) are
+  carried to the next round, never lost; a carried group that ages out is
+  counted ``stale``;
+- a short round (data ended, or ``pad_after_s`` without progress) is filled
+  with loss-free padding copied from the shortest sample that has a response.
+
+The committed watermark never passes a carried group, so a cut taken at any
+round boundary holds exactly the positions trained or skipped with a reason.
+See ``docs/reader.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Any, Optional, Union
+
+import attrs
+import numpy as np
+
+from yeto_core.errors import ConfigError, SampleBufferError, YetoError
+from yeto_core.records import Batch, RoundSpec, Sample, SampleGroup
+
+#: Every reason a group can be left out of training, in the order they are checked.
+SKIP_REASONS: tuple[str, ...] = (
+    "stale",
+    "fenced_incarnation",
+    "quarantined",
+    "too_small",
+    "unconvertible",
+    "nonfinite_reward",
+)
+
+
+class ReaderError(YetoError):
+    """The batch reader could not build a round."""
+
+
+class SamplerWaitTimeout(ReaderError):
+    """No group arrived for ``wait_s`` seconds while a round waited for samples."""
+
+
+class UnconvertibleRoundError(ReaderError):
+    """``max_unconvertible_takes`` takes in a row held only unconvertible groups."""
+
+
+class EndOfData(ReaderError):
+    """The buffer's data ended and no usable group is left for another round."""
+
+
+@attrs.frozen(eq=False)
+class ReaderBatch(Batch):
+    """A :class:`~yeto_core.records.Batch` plus what the reader needs to commit it.
+
+    ``skipped`` maps each reason to the positions this batch's commit consumes
+    without training; ``watermark_before``/``watermark`` bound the commit;
+    ``padding_from`` is ``(position, sample index)`` of the padding template
+    (the ledger records it so a replay rebuilds the same padding).
+    """
+
+    skipped: Mapping[str, tuple[int, ...]] = attrs.field(factory=dict)
+    watermark_before: int = 0
+    watermark: int = 0
+    padding_from: Optional[tuple[int, int]] = None
+    groups_per_round: int = 0
+    group_size: int = 0
+    rounds: tuple[Any, ...] = ()
+
+
+# -- pure checks ---------------------------------------------------------------------------
+
+
+def check_group(
+    group: SampleGroup,
+    *,
+    group_size: int,
+    vocab_size: Optional[int] = None,
+    expected_layers: Optional[int] = None,
+    top_k: Optional[int] = None,
+    num_experts: Optional[int] = None,
+) -> Optional[tuple[str, str]]:
+    """Why ``group`` cannot be trained, as ``(reason, detail)``; None when it can.
+
+    Pure: looks only at the loaded group. ``too_small`` is a group with fewer
+    than ``group_size`` samples; ``unconvertible`` is a malformed sample
+    (arrays of the wrong length, token ids outside the vocabulary, a routed
+    expert row with the wrong layer count or out-of-range expert ids);
+    ``nonfinite_reward`` is any NaN/inf reward.
+    """
+    if len(group.samples) < group_size:
+        return "too_small", f"{len(group.samples)} samples, the round needs {group_size}"
+    for i, s in enumerate(group.samples):
+        detail = _sample_problem(
+            s,
+            vocab_size=vocab_size,
+            expected_layers=expected_layers,
+            top_k=top_k,
+            num_experts=num_experts,
+        )
+        if detail is not None:
+            return "unconvertible", f"sample {i}: {detail}"
+    for i, s in enumerate(group.samples):
+        try:
+            reward = float(s.reward)
+        except (TypeError, ValueError):
+            return "unconvertible", f"sample {i}: reward {s.reward!r} is not a number"
+        if not math.isfinite(reward):
+            return "nonfinite_reward", f"sample {i}: reward is {reward}"
+    return None
+
+
+def _sample_problem(
+    s: Sample,
+    *,
+    vocab_size: Optional[int],
+    expected_layers: Optional[int],
+    top_k: Optional[int],
+    num_experts: Optional[int],
+) -> Optional[str]:
+    tokens = np.asarray(s.tokens)
+    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+        return f"tokens must be a 1-D integer array, got shape {tokens.shape} {tokens.dtype}"
+    n = int(tokens.shape[0])
+    if not isinstance(s.prompt_len, (int, np.integer)) or not 0 < int(s.prompt_len) <= n:
+        return f"prompt_len {s.prompt_len!r} is outside 1..{n} (the token count)"
+    resp = n - int(s.prompt_len)
+    for name in ("logprobs", "loss_mask"):
+        arr = np.asarray(getattr(s, name))
+        if arr.ndim != 1 or arr.shape[0] != resp:
+            return f"{name} has shape {arr.shape} for a response of {resp} tokens"
+    if not np.all(np.isfinite(np.asarray(s.logprobs, dtype=np.float64))):
+        return "logprobs hold NaN or inf"
+    if n and (
+        int(tokens.min()) < 0 or (vocab_size is not None and int(tokens.max()) >= vocab_size)
+    ):
+        return (
+            f"token ids {int(tokens.min())}..{int(tokens.max())} are outside the vocabulary "
+            f"0..{(vocab_size or 0) - 1}"
+        )
+    re = s.routed_experts
+    if re is None:
+        if expected_layers is not None:
+            return "routed_experts missing (this model routes experts)"
+        return None
+    re = np.asarray(re)
+    if re.ndim != 3 or re.shape[0] != n - 1:
+        return f"routed_experts has shape {re.shape}, expected ({n - 1}, layers, top_k)"
+    if expected_layers is not None and re.shape[1] != expected_layers:
+        return f"routed_experts has {re.shape[1]} layers, the model has {expected_layers}"
+    if top_k is not None and re.shape[2] != top_k:
+        return f"routed_experts has top_k {re.shape[2]}, the model routes {top_k}"
+    if re.size and not np.issubdtype(re.dtype, np.integer):
+        return f"routed_experts must hold integer expert ids, got {re.dtype}"
+    if re.size and (
+        int(re.min()) < 0 or (num_experts is not None and int(re.max()) >= num_experts)
+    ):
+        return (
+            f"routed expert ids {int(re.min())}..{int(re.max())} are outside "
+            f"0..{(num_experts or 0) - 1}"
+        )
+    return None
+
+
+def padding_template(groups: Iterable[tuple[int, SampleGroup]]) -> Optional[tuple[int, int]]:
+    """``(position, sample index)`` of the shortest sample that has a response.
+
+    Ties go to the lowest position, then the lowest index. None when every
+    sample has an empty response (nothing can serve as padding).
+    """
+    best: Optional[tuple[int, int, int]] = None
+    for pos, g in groups:
+        for i, s in enumerate(g.samples):
+            if s.response_len <= 0:
+                continue
+            key = (len(s.tokens), pos, i)
+            if best is None or key < best:
+                best = key
+    return None if best is None else (best[1], best[2])
+
+
+def make_padding(template: Sample, count: int) -> tuple[Sample, ...]:
+    """``count`` loss-free copies of ``template`` (``loss_mask`` all zero, reward 0)."""
+    if count <= 0:
+        return ()
+    pad = attrs.evolve(
+        template,
+        tokens=np.array(template.tokens, copy=True),
+        logprobs=np.array(template.logprobs, copy=True),
+        loss_mask=np.zeros_like(np.asarray(template.loss_mask)),
+        reward=0.0,
+        routed_experts=None
+        if template.routed_experts is None
+        else np.array(template.routed_experts, copy=True),
+    )
+    return (pad,) * count
+
+
+# -- the reader ------------------------------------------------------------------------------
+
+
+@attrs.define
+class _Held:
+    """A usable group the reader holds between takes (carry-over)."""
+
+    entry: Any
+    group: SampleGroup
+
+
+class BatchReader:
+    """Builds :class:`ReaderBatch` rounds of whole groups from a sample buffer.
+
+    :param buffer: a :class:`~yeto_core.sample_buffer.FileSampleBuffer` (or
+        anything with ``select``, ``load``, ``commit``, ``watermark``,
+        ``reset_to`` and ``data_ended``).
+    :param group_size: G, samples per group the trainer computes advantages over.
+    :param groups_per_round: whole groups per round (or give ``batch_size``).
+    :param batch_size: samples per round; must be a multiple of ``group_size``.
+    :param max_policy_age: groups older than this many versions are ``stale``.
+    :param vocab_size: token ids must be below it (None: not checked).
+    :param expected_layers, top_k, num_experts: routed-expert checks (MoE).
+    :param fenced_incarnations: ``(host, incarnation)`` pairs, or a callable
+        ``(host, incarnation) -> bool``, of fenced sampler incarnations.
+    :param quarantined: host names or group ids, or a callable ``entry -> bool``.
+    :param wait_s: fail a take when no group arrived for this long.
+    :param pad_after_s: return a short, padded round once this long passed
+        without a new group and at least one group is usable (None: only when
+        the buffer's data ended).
+    :param poll_s: how long to wait between empty selects.
+    :param max_unconvertible_takes: K; that many all-unconvertible takes in a
+        row fail the round.
+    :param clock, sleep: injected time (monotonic seconds) and wait.
+    """
+
+    def __init__(
+        self,
+        buffer: Any,
+        *,
+        group_size: int,
+        groups_per_round: Optional[int] = None,
+        batch_size: Optional[int] = None,
+        max_policy_age: int,
+        vocab_size: Optional[int] = None,
+        expected_layers: Optional[int] = None,
+        top_k: Optional[int] = None,
+        num_experts: Optional[int] = None,
+        fenced_incarnations: Union[Callable[[str, int], bool], Collection[Any], None] = None,
+        quarantined: Union[Callable[[Any], bool], Collection[str], None] = None,
+        wait_s: float = 600.0,
+        pad_after_s: Optional[float] = None,
+        poll_s: float = 0.5,
+        max_unconvertible_takes: int = 3,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.buffer = buffer
+        self.group_size = _positive_int(group_size, "group_size")
+        self.groups_per_round = self._groups_from(groups_per_round, batch_size)
+        if not isinstance(max_policy_age, int) or max_policy_age < 0:
+            raise ConfigError(
+                f"reader.max_policy_age must be an integer >= 0, got {max_policy_age!r}"
+            )
+        self.max_policy_age = max_policy_age
+        for name, v in (
+            ("vocab_size", vocab_size),
+            ("expected_layers", expected_layers),
+            ("top_k", top_k),
+            ("num_experts", num_experts),
+        ):
+            if v is not None:
+                _positive_int(v, name)
+        if (top_k is not None or num_experts is not None) and expected_layers is None:
+            raise ConfigError(
+                "reader.top_k/num_experts are set but reader.expected_layers is not; "
+                "set all three for a model that routes experts, or none"
+            )
+        if top_k is not None and num_experts is not None and top_k > num_experts:
+            raise ConfigError(
+                f"reader.top_k ({top_k}) exceeds reader.num_experts ({num_experts}); "
+                "a token cannot be routed to more experts than exist"
+            )
+        self.vocab_size = vocab_size
+        self.expected_layers = expected_layers
+        self.top_k = top_k
+        self.num_experts = num_experts
+        for name, v in (("wait_s", wait_s), ("poll_s", poll_s)):
+            if not isinstance(v, (int, float)) or not v > 0 or not math.isfinite(v):
+                raise ConfigError(f"reader.{name} must be a finite number > 0, got {v!r}")
+        if pad_after_s is not None and not (0 <= pad_after_s < wait_s):
+            raise ConfigError(
+                f"reader.pad_after_s ({pad_after_s!r}) must be >= 0 and below reader.wait_s "
+                f"({wait_s}); otherwise the wait always times out before padding"
+            )
+        self.wait_s = float(wait_s)
+        self.pad_after_s = pad_after_s
+        self.poll_s = float(poll_s)
+        self.max_unconvertible_takes = _positive_int(
+            max_unconvertible_takes, "max_unconvertible_takes"
+        )
+        self._fenced = _fence_predicate(fenced_incarnations)
+        self._quarantined = _quarantine_predicate(quarantined)
+        self.clock = clock
+        self.sleep = sleep
+        # carry-over: usable groups selected but not trained yet, in position order
+        self._carry: list[_Held] = []
+        # skips found but not yet committed: (position, reason, detail)
+        self._pending_skips: list[tuple[int, str, str]] = []
+        self._selected_end: Optional[int] = None
+        self._rounds: list[Any] = []
+        #: committed skips by reason: reason -> positions (in commit order)
+        self.skipped: dict[str, list[int]] = {r: [] for r in SKIP_REASONS}
+        self.trained_positions: list[int] = []
+        self.last_skip_detail: dict[int, str] = {}
+
+    # -- configuration ------------------------------------------------------------------
+
+    def _groups_from(self, groups_per_round: Optional[int], batch_size: Optional[int]) -> int:
+        if groups_per_round is None and batch_size is None:
+            raise ConfigError("reader: set groups_per_round or batch_size (samples per round)")
+        if batch_size is not None:
+            batch_size = _positive_int(batch_size, "batch_size")
+            if batch_size % self.group_size:
+                raise ConfigError(
+                    f"reader.batch_size ({batch_size}) is not divisible by reader.group_size "
+                    f"({self.group_size}); rounds hold whole groups, so use a multiple of "
+                    f"{self.group_size} (e.g. {batch_size - batch_size % self.group_size or self.group_size})"
+                )
+            n = batch_size // self.group_size
+            if groups_per_round is not None and groups_per_round != n:
+                raise ConfigError(
+                    f"reader.groups_per_round ({groups_per_round}) disagrees with "
+                    f"reader.batch_size / group_size ({n}); set only one"
+                )
+            return n
+        return _positive_int(groups_per_round, "groups_per_round")
+
+    def set_batch_size(
+        self, *, groups_per_round: Optional[int] = None, batch_size: Optional[int] = None
+    ) -> None:
+        """Change the round size between rounds; extra held groups carry over."""
+        self.groups_per_round = self._groups_from(groups_per_round, batch_size)
+
+    @property
+    def carried_positions(self) -> tuple[int, ...]:
+        """Positions of the usable groups held for the next round."""
+        return tuple(h.entry.position for h in self._carry)
+
+    def counts(self) -> dict[str, int]:
+        """Committed skip counts by reason."""
+        return {r: len(p) for r, p in self.skipped.items()}
+
+    # -- taking a round -----------------------------------------------------------------
+
+    def _is_stale(self, entry: Any, current_version: int) -> bool:
+        return current_version - int(entry.min_version) > self.max_policy_age
+
+    def _skip(self, position: int, reason: str, detail: str) -> None:
+        self._pending_skips.append((int(position), reason, detail))
+
+    def _classify_entry(self, entry: Any) -> Optional[tuple[str, str]]:
+        if self._fenced(entry.host, int(entry.incarnation)):
+            return "fenced_incarnation", f"host {entry.host} incarnation {entry.incarnation}"
+        if self._quarantined(entry):
+            return "quarantined", f"host {entry.host} group {entry.group_id}"
+        if int(entry.n_samples) < self.group_size:
+            return "too_small", f"{entry.n_samples} samples, the round needs {self.group_size}"
+        return None
+
+    def _admit(self, entry: Any) -> tuple[Optional[_Held], Optional[tuple[str, str]]]:
+        why = self._classify_entry(entry)
+        if why is not None:
+            return None, why
+        try:
+            group = self.buffer.load(entry)
+        except (SampleBufferError, ValueError, KeyError, OSError) as exc:
+            return None, ("unconvertible", f"payload does not load: {exc}")
+        if len(group.samples) != int(entry.n_samples):
+            return None, (
+                "unconvertible",
+                f"payload has {len(group.samples)} samples, its index entry says {entry.n_samples}",
+            )
+        why = check_group(
+            group,
+            group_size=self.group_size,
+            vocab_size=self.vocab_size,
+            expected_layers=self.expected_layers,
+            top_k=self.top_k,
+            num_experts=self.num_experts,
+        )
+        if why is not None:
+            return None, why
+        if len(group.samples) > self.group_size:
+            # oversized: GRPO advantages need exactly G; the first G samples are trained
+            group = attrs.evolve(group, samples=tuple(group.samples[: self.group_size]))
+        return _Held(entry, group), None
+
+    def take(self, current_version: int, *, short_ok: bool = False) -> ReaderBatch:
+        """Build the next round for a trainer at policy ``current_version``.
+
+        Waits while samplers make progress; the wait restarts at every group
+        the buffer selects. Raises :class:`SamplerWaitTimeout` after ``wait_s``
+        without a new group, :class:`UnconvertibleRoundError` after
+        ``max_unconvertible_takes`` all-unconvertible takes in a row, and
+        :class:`EndOfData` when the data ended and nothing usable is left.
+        Groups gathered by a failed take are carried to the next one.
+        ``short_ok`` pads and returns as soon as the buffer has nothing more.
+        """
+        n = self.groups_per_round
+        kept: list[_Held] = []
+        for held in self._carry:
+            if self._is_stale(held.entry, current_version):
+                self._skip(
+                    held.entry.position,
+                    "stale",
+                    f"carried group aged out: version {held.entry.min_version}, "
+                    f"trainer at {current_version}",
+                )
+            else:
+                kept.append(held)
+        self._carry = kept
+        last_progress = self.clock()
+        bad_takes: list[str] = []
+        while len(self._carry) < n:
+            spec = RoundSpec(
+                max_groups=n - len(self._carry),
+                current_version=int(current_version),
+                max_policy_age=self.max_policy_age,
+            )
+            rnd = self.buffer.select(spec)
+            entries = tuple(getattr(rnd, "entries", ()))
+            stale = tuple(getattr(rnd, "stale", ()))
+            if entries or stale:
+                self._rounds.append(rnd)
+                self._selected_end = int(rnd.end)
+                last_progress = self.clock()
+            for e in stale:
+                self._skip(
+                    e.position, "stale", f"version {e.min_version}, trainer at {current_version}"
+                )
+            admitted = 0
+            causes: list[str] = []
+            for e in entries:
+                held, why = self._admit(e)
+                if held is None:
+                    assert why is not None
+                    self._skip(e.position, why[0], why[1])
+                    if why[0] == "unconvertible":
+                        causes.append(f"position {e.position}: {why[1]}")
+                    continue
+                self._carry.append(held)
+                admitted += 1
+            if entries and len(causes) == len(entries):
+                bad_takes.append("; ".join(causes))
+                if len(bad_takes) >= self.max_unconvertible_takes:
+                    raise UnconvertibleRoundError(
+                        f"{len(bad_takes)} takes in a row from the sample buffer held only "
+                        f"unconvertible groups (max_unconvertible_takes="
+                        f"{self.max_unconvertible_takes}); last cause: {bad_takes[-1]}. "
+                        "Check the samplers' engine and model settings (vocab_size, "
+                        "routed experts) against the trainer's."
+                    )
+                continue  # taken again at once
+            if entries and admitted:
+                bad_takes.clear()
+            if entries or stale:
+                continue
+            # nothing selected: the round is short for now
+            waited = self.clock() - last_progress
+            if self._carry and (
+                short_ok
+                or self._data_ended()
+                or (self.pad_after_s is not None and waited >= self.pad_after_s)
+            ):
+                break
+            if not self._carry and self._data_ended():
+                raise EndOfData(
+                    "the sample buffer's data ended and no usable group is left "
+                    f"(watermark {self._watermark()}); the run is finished"
+                )
+            if waited >= self.wait_s:
+                raise SamplerWaitTimeout(
+                    f"no group arrived in the sample buffer for {waited:.1f}s "
+                    f"(wait_s={self.wait_s}) while a round of {n} groups had "
+                    f"{len(self._carry)}; check that sampler islands are running and "
+                    "appending (yeto run status), or raise reader.wait_s"
+                )
+            self.sleep(self.poll_s)
+        return self._build(current_version)
+
+    def _data_ended(self) -> bool:
+        fn = getattr(self.buffer, "data_ended", None)
+        return bool(fn()) if callable(fn) else False
+
+    def _watermark(self) -> int:
+        return int(self.buffer.watermark)
+
+    def _build(self, current_version: int) -> ReaderBatch:
+        n = self.groups_per_round
+        used, self._carry = self._carry[:n], self._carry[n:]
+        wm_before = self._watermark()
+        if self._carry:
+            watermark = self._carry[0].entry.position
+        else:
+            watermark = max(
+                wm_before, self._selected_end if self._selected_end is not None else wm_before
+            )
+        skips = [s for s in self._pending_skips if s[0] < watermark]
+        skipped: dict[str, list[int]] = {}
+        for pos, reason, _detail in skips:
+            skipped.setdefault(reason, []).append(pos)
+        groups = tuple(h.group for h in used)
+        positions = tuple(int(h.entry.position) for h in used)
+        short = n - len(used)
+        tmpl = padding_template(zip(positions, groups, strict=True)) if short else None
+        padding: tuple[Sample, ...] = ()
+        if tmpl is not None:
+            g = groups[positions.index(tmpl[0])]
+            padding = make_padding(g.samples[tmpl[1]], short * self.group_size)
+        real = sum(len(g.samples) for g in groups)
+        metrics: dict[str, float] = {
+            "groups": float(len(groups)),
+            "real_samples": float(real),
+            "padded_samples": float(len(padding)),
+            "padded_fraction": float(len(padding)) / float(real + len(padding))
+            if real + len(padding)
+            else 0.0,
+            "carried_groups": float(len(self._carry)),
+        }
+        for r in SKIP_REASONS:
+            metrics[f"skipped_{r}"] = float(len(skipped.get(r, ())))
+        return ReaderBatch(
+            groups=groups,
+            positions=positions,
+            policy_version=int(current_version),
+            padding=padding,
+            metrics=metrics,
+            skipped={r: tuple(p) for r, p in skipped.items()},
+            watermark_before=wm_before,
+            watermark=watermark,
+            padding_from=tmpl,
+            groups_per_round=n,
+            group_size=self.group_size,
+            rounds=tuple(self._rounds),
+        )
+
+    # -- commit and reset -----------------------------------------------------------------
+
+    def commit(self, batch: ReaderBatch) -> int:
+        """Commit ``batch``: advance the buffer's watermark to ``batch.watermark``.
+
+        The watermark stops at the first carried group, so positions below it
+        are exactly those trained or skipped with a reason. Returns the new
+        watermark.
+        """
+        if not isinstance(batch, ReaderBatch):
+            raise ReaderError(
+                "BatchReader.commit needs the ReaderBatch that take() returned, got "
+                f"{type(batch).__name__}"
+            )
+        wm = commit_watermark(self.buffer, batch)
+        committed = {p for ps in batch.skipped.values() for p in ps}
+        for pos, reason, detail in self._pending_skips:
+            if pos in committed:
+                self.skipped[reason].append(pos)
+                self.last_skip_detail[pos] = detail
+        self._pending_skips = [s for s in self._pending_skips if s[0] not in committed]
+        self.trained_positions.extend(batch.positions)
+        self._rounds = [r for r in self._rounds if int(r.end) > wm]
+        return wm
+
+    def reset(self) -> None:
+        """Forget held groups and uncommitted skips; the buffer re-offers them.
+
+        Call after a restore (the buffer was ``reset_to`` the cut's watermark)
+        or to drop a round taken ahead. The buffer is reset to its committed
+        watermark, so nothing held is lost.
+        """
+        self._carry.clear()
+        self._pending_skips.clear()
+        self._rounds.clear()
+        self._selected_end = None
+        self.buffer.reset_to(self._watermark())
+
+
+def commit_watermark(buffer: Any, batch: ReaderBatch) -> int:
+    """Advance ``buffer``'s committed watermark to ``batch.watermark`` (never backwards)."""
+    target = int(batch.watermark)
+    if target <= int(buffer.watermark):
+        return int(buffer.watermark)
+    rounds = [r for r in batch.rounds if int(r.start) < target]
+    if not rounds:
+        raise ReaderError(
+            f"cannot commit watermark {target}: no selected round covers it "
+            f"(buffer watermark {buffer.watermark})"
+        )
+    last = rounds[-1]
+    if int(last.end) != target:
+        last = attrs.evolve(last, end=target)
+    return int(buffer.commit(last))
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ConfigError(f"reader.{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _fence_predicate(value: Any) -> Callable[[str, int], bool]:
+    if value is None:
+        return lambda host, inc: False
+    if callable(value):
+        return value
+    if isinstance(value, Collection) and not isinstance(value, (str, bytes)):
+        pairs = value
+
+        def fenced(host: str, inc: int) -> bool:
+            return (host, inc) in pairs
+
+        return fenced
+    raise ConfigError(
+        "reader.fenced_incarnations must be a set of (host, incarnation) pairs or a "
+        f"callable, got {type(value).__name__}"
+    )
+
+
+def _quarantine_predicate(value: Any) -> Callable[[Any], bool]:
+    if value is None:
+        return lambda entry: False
+    if callable(value):
+        return value
+    if isinstance(value, Collection) and not isinstance(value, (str, bytes)):
+        names = value
+
+        def quarantined(entry: Any) -> bool:
+            return entry.host in names or entry.group_id in names
+
+        return quarantined
+    raise ConfigError(
+        "reader.quarantined must be a set of host names / group ids or a callable, "
+        f"got {type(value).__name__}"
+    )
+
+
+__all__ = [
+    "SKIP_REASONS",
+    "BatchReader",
+    "EndOfData",
+    "ReaderBatch",
+    "ReaderError",
+    "SamplerWaitTimeout",
+    "UnconvertibleRoundError",
+    "check_group",
+    "make_padding",
+    "padding_template",
+]
