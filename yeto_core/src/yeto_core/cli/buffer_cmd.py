@@ -1,0 +1,51 @@
+"""``yeto buffer …``: inspect a run's durable sample buffer."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.group()
+def buffer() -> None:
+    """Inspect the durable sample buffer of a run's store."""
+
+
+@buffer.command()
+@click.argument("store_url")
+@click.option("--prefix", default="buffer", show_default=True, help="Key prefix of the buffer.")
+@click.option(
+    "--layout",
+    type=click.Choice(["auto", "jsonl", "objects", "shards"]),
+    default="auto",
+    show_default=True,
+    help="Index layout the run uses.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+def stats(store_url: str, prefix: str, layout: str, as_json: bool) -> None:
+    """Backlog, watermark, head position, stale counts and data end of STORE_URL's buffer."""
+    from yeto_core.sample_buffer import open_buffer
+
+    buf = open_buffer(store_url, prefix=prefix, layout=layout, read_only=True)
+    try:
+        info = buf.stats()
+    finally:
+        buf.close()
+    info = {"store": store_url, **info}
+    if as_json:
+        click.echo(json.dumps(info, sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"buffer of {store_url}")
+    table.add_column("field")
+    table.add_column("value", justify="right")
+    for key, value in info.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}: {v}" for k, v in value.items()) or "-"
+        elif isinstance(value, list):
+            value = ", ".join(str(v) for v in value) or "-"
+        table.add_row(key.replace("_", " "), "-" if value is None else str(value))
+    Console().print(table)
