@@ -12,7 +12,9 @@ from collections.abc import Sequence
 import torch
 
 
-def process_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+def process_logits(
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float
+) -> torch.Tensor:
     """Log-probs of the sampling distribution (``logits``: ``[B, V]``)."""
     if temperature <= 0:
         raise ValueError(f"temperature={temperature}: yeto samples need a positive temperature")
@@ -78,7 +80,5 @@ def sample(
         for row in range(b):
             k = int(lengths[row])
             reason = "stop" if bool(done[row]) else "length"
-            out[idxs[row // n]].append(
-                (toks[row, :k].tolist(), lps[row, :k].tolist(), reason)
-            )
+            out[idxs[row // n]].append((toks[row, :k].tolist(), lps[row, :k].tolist(), reason))
     return out

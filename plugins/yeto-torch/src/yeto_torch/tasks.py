@@ -24,7 +24,7 @@ def score(answer: str, completion: str, *, partial: bool = False) -> float:
         return 1.0
     if not partial or len(got) != len(answer):
         return 0.0
-    return sum(a == b for a, b in zip(answer, got)) / len(answer)
+    return sum(a == b for a, b in zip(answer, got, strict=True)) / len(answer)
 
 
 class _DigitTask(Task):

@@ -41,7 +41,7 @@ def _batch(task, tokenizer, start: int, size: int):
     ids = torch.full((size, width), tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros((size, width), dtype=torch.float32)
     attn = torch.zeros((size, width), dtype=torch.long)
-    for r, (s, m) in enumerate(zip(seqs, masks)):
+    for r, (s, m) in enumerate(zip(seqs, masks, strict=True)):
         ids[r, : len(s)] = torch.tensor(s)
         mask[r, : len(m)] = torch.tensor(m, dtype=torch.float32)
         attn[r, : len(s)] = 1
@@ -58,11 +58,16 @@ def sampled_reward(model, tokenizer, task, *, start: int, n: int, seed: int) -> 
     gen = torch.Generator().manual_seed(seed)
     model.eval()
     outs = sample(
-        model, prompts, 1, max_new_tokens=8, temperature=1.0,
-        eos_ids=[tokenizer.eos_token_id], generator=gen,
+        model,
+        prompts,
+        1,
+        max_new_tokens=8,
+        temperature=1.0,
+        eos_ids=[tokenizer.eos_token_id],
+        generator=gen,
     )
     total = 0.0
-    for ans, group in zip(answers, outs):
+    for ans, group in zip(answers, outs, strict=True):
         ids, _lp, _r = group[0]
         total += task.reward(ans, tokenizer.decode(ids, skip_special_tokens=True))
     return total / n
@@ -115,9 +120,15 @@ def warm_up(
                     break
     model.eval()
     info = {
-        "task": task_name, "seed": seed, "hidden": hidden, "layers": layers,
-        "target_reward": target_reward, "lr": lr, "batch": batch,
-        "steps": step, "sampled_reward": reward,
+        "task": task_name,
+        "seed": seed,
+        "hidden": hidden,
+        "layers": layers,
+        "target_reward": target_reward,
+        "lr": lr,
+        "batch": batch,
+        "steps": step,
+        "sampled_reward": reward,
     }
     return model, tokenizer, info
 

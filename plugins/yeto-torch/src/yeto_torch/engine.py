@@ -1,0 +1,160 @@
+"""The ``hf`` sampler engine: a transformers model in this process.
+
+``generate`` draws ``n`` responses per prompt with per-token behavior
+log-probs at the sampling temperature and stamps the loaded weight version on
+each. ``load_release`` hot-swaps a release's weights in place (a full export
+or a LoRA adapter merged into the base); ``served_checksum`` reads the weights
+back from the model's tensors. The previous weights are kept so that a
+refused release can be rolled back (:meth:`HFEngine.rollback`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from yeto_core.errors import ReleaseError
+from yeto_core.ports import SamplerEngine
+from yeto_core.records import Completion, SamplingParams
+from yeto_torch import lora as lora_mod
+from yeto_torch import model as tiny
+from yeto_torch.checksum import model_checksum
+from yeto_torch.export import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from yeto_torch.sampling import sample
+
+
+class HFEngine(SamplerEngine):
+    """Options: ``model_dir`` (the base checkpoint), ``seed``, ``threads``."""
+
+    PLUGIN_NAME = "hf"
+
+    def __init__(
+        self, model_dir: str, seed: int = 0, threads: Optional[int] = None, **options: Any
+    ):
+        if options:
+            raise TypeError(
+                f"hf engine: unknown options {sorted(options)}; allowed: model_dir, seed, threads"
+            )
+        if threads:
+            torch.set_num_threads(int(threads))
+        self.model_dir = Path(model_dir)
+        self.model = tiny.load_model(self.model_dir).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.tokenizer = tiny.load_tokenizer(self.model_dir)
+        self._base = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        self._previous: Optional[tuple[int, dict[str, torch.Tensor]]] = None
+        self.version = 0
+        self.seed = int(seed)
+        self._calls = 0
+
+    # -- sampling ---------------------------------------------------------------------
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], n: int, sampling: Optional[SamplingParams] = None
+    ) -> list[list[Completion]]:
+        sp = sampling or SamplingParams()
+        seed = sp.seed if sp.seed is not None else self.seed * 1_000_003 + self._calls
+        self._calls += 1
+        gen = torch.Generator().manual_seed(int(seed))
+        eos = [tiny.eos_id(self.tokenizer), *sp.stop_token_ids]
+        raw = sample(
+            self.model,
+            prompts,
+            n,
+            max_new_tokens=sp.max_new_tokens,
+            temperature=sp.temperature,
+            eos_ids=eos,
+            generator=gen,
+            top_k=sp.top_k,
+            top_p=sp.top_p,
+        )
+        return [
+            [
+                Completion(
+                    tokens=np.asarray(ids, dtype=np.int64),
+                    logprobs=np.asarray(lps, dtype=np.float32),
+                    finish_reason=reason,
+                    weight_version=self.version,
+                )
+                for ids, lps, reason in group
+            ]
+            for group in raw
+        ]
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    # -- releases ---------------------------------------------------------------------
+
+    def _weights_of(self, path: Path) -> dict[str, torch.Tensor]:
+        if (path / ADAPTER_CONFIG).is_file():
+            cfg = json.loads((path / ADAPTER_CONFIG).read_text())
+            adapter = load_file(str(path / ADAPTER_WEIGHTS))
+            scale = float(cfg["lora_alpha"]) / int(cfg["r"])
+            weights = dict(self._base)
+            for key in adapter:
+                if not key.endswith(".lora_A.weight"):
+                    continue
+                mod = key[len("base_model.model.") : -len(".lora_A.weight")]
+                b = adapter[key.replace(".lora_A.", ".lora_B.")]
+                weights[f"{mod}.weight"] = lora_mod.merge(
+                    self._base[f"{mod}.weight"], adapter[key], b, scale
+                )
+            return weights
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise ReleaseError(
+                f"release at {path} has neither {ADAPTER_CONFIG} nor *.safetensors; "
+                "was it published by a trainer backend?"
+            )
+        weights: dict[str, torch.Tensor] = {}
+        for f in files:
+            weights.update(load_file(str(f)))
+        return weights
+
+    @torch.no_grad()
+    def _install(self, weights: dict[str, torch.Tensor]) -> None:
+        params = dict(self.model.named_parameters())
+        missing = sorted(set(params) - set(weights))
+        if missing:
+            raise ReleaseError(f"release lacks {len(missing)} weights, e.g. {missing[:3]}")
+        for name, p in params.items():
+            w = weights[name]
+            if tuple(w.shape) != tuple(p.shape):
+                raise ReleaseError(
+                    f"release weight {name} has shape {tuple(w.shape)}, the served model "
+                    f"{tuple(p.shape)}; the release was made for another base"
+                )
+        for name, p in params.items():
+            p.copy_(weights[name].to(p.dtype))
+
+    def load_release(self, release: Any) -> None:
+        """Load ``release`` (``.version`` and ``.path``, a local directory) in place."""
+        path = Path(release.path)
+        weights = self._weights_of(path)
+        snapshot = (self.version, {n: p.detach().clone() for n, p in self.model.named_parameters()})
+        self._install(weights)
+        self._previous = snapshot
+        self.version = int(release.version)
+
+    def rollback(self) -> None:
+        """Serve the weights (and version) from before the last ``load_release`` again."""
+        if self._previous is None:
+            raise ReleaseError("rollback: no release was loaded since the engine started")
+        version, weights = self._previous
+        self._install(weights)
+        self.version = version
+        self._previous = None
+
+    def served_checksum(self) -> str:
+        return model_checksum(self.model)

@@ -1,0 +1,130 @@
+"""Policy release export: a full HF checkpoint or a LoRA adapter, with a weight checksum.
+
+A full export is what ``transformers.AutoModelForCausalLM.from_pretrained``
+loads: ``config.json`` (every top-level key of the base ``config.json`` that
+the export dropped is put back, never ``quantization_config``),
+``model.safetensors`` and the base's tokenizer files. A LoRA export is a
+PEFT-layout adapter (``adapter_config.json``, ``adapter_model.safetensors``).
+The ``weight_checksum`` is :func:`yeto_torch.checksum.weight_checksum` of the
+weights an engine serves after loading the release (for LoRA: the base with
+the adapter merged by :func:`yeto_torch.lora.merge`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from yeto_torch import lora as lora_mod
+from yeto_torch.checksum import weight_checksum
+
+#: Never copied back from a base config: a release holds full-precision weights.
+NEVER_RESTORE = ("quantization_config",)
+#: Files of the tokenizer that a release copies from the base checkpoint.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def restore_dropped_keys(base: dict[str, Any], exported: dict[str, Any]) -> dict[str, Any]:
+    """``exported`` plus every top-level key of ``base`` it lacks (never ``quantization_config``)."""
+    out = dict(exported)
+    for key, value in base.items():
+        if key not in out and key not in NEVER_RESTORE:
+            out[key] = value
+    for key in NEVER_RESTORE:
+        out.pop(key, None)
+    return out
+
+
+def copy_tokenizer_files(base_dir: Path, out_dir: Path) -> list[str]:
+    copied = []
+    for name in TOKENIZER_FILES:
+        src = Path(base_dir) / name
+        if src.is_file():
+            shutil.copyfile(src, Path(out_dir) / name)
+            copied.append(name)
+    if not copied:
+        raise FileNotFoundError(
+            f"no tokenizer file ({', '.join(TOKENIZER_FILES[:2])}, ...) in the base checkpoint "
+            f"{base_dir}; a release must carry the base's tokenizer"
+        )
+    return copied
+
+
+def export_full(model: torch.nn.Module, base_dir: Path, out_dir: Path) -> dict[str, Any]:
+    """Write a full HF checkpoint of ``model`` (LoRA merged in, if any) into ``out_dir``."""
+    from transformers.utils import logging as hf_logging
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    named = lora_mod.merged_named_parameters(model)
+    tensors = {n: t.detach().to("cpu").contiguous().clone() for n, t in named}
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    hf_logging.disable_progress_bar()
+    model.config.save_pretrained(out_dir)
+    gen = getattr(model, "generation_config", None)
+    if gen is not None:
+        gen.save_pretrained(out_dir)
+    base_cfg = json.loads((Path(base_dir) / "config.json").read_text())
+    exported = json.loads((out_dir / "config.json").read_text())
+    merged = restore_dropped_keys(base_cfg, exported)
+    (out_dir / "config.json").write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
+    copy_tokenizer_files(Path(base_dir), out_dir)
+    return {
+        "kind": "full",
+        "weight_checksum": weight_checksum(tensors.items()),
+        "files": sorted(p.name for p in out_dir.iterdir() if p.is_file()),
+    }
+
+
+def export_lora(
+    model: torch.nn.Module, base_dir: Path, out_dir: Path, *, base_checksum: str
+) -> dict[str, Any]:
+    """Write the LoRA adapter of ``model`` (PEFT layout) into ``out_dir``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mods = lora_mod.lora_modules(model)
+    if not mods:
+        raise ValueError("export_lora: the model has no LoRA modules (tuning is 'full'?)")
+    tensors = {}
+    for name, m in mods.items():
+        tensors[f"base_model.model.{name}.lora_A.weight"] = m.lora_A.detach().contiguous().clone()
+        tensors[f"base_model.model.{name}.lora_B.weight"] = m.lora_B.detach().contiguous().clone()
+    save_file(tensors, str(out_dir / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    first = next(iter(mods.values()))
+    cfg = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": first.rank,
+        "lora_alpha": first.alpha,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "target_modules": sorted({n.rsplit(".", 1)[-1] for n in mods}),
+        "base_model_name_or_path": str(base_dir),
+        "yeto_base_checksum": base_checksum,
+    }
+    (out_dir / ADAPTER_CONFIG).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return {
+        "kind": "lora",
+        "weight_checksum": weight_checksum(lora_mod.merged_named_parameters(model)),
+        "base_checksum": base_checksum,
+        "files": sorted(p.name for p in out_dir.iterdir() if p.is_file()),
+    }
