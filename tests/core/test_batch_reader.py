@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Optional
 
 import attrs
@@ -18,90 +20,28 @@ from yeto_core.batch_reader import (
     check_group,
     padding_template,
 )
-from yeto_core.errors import ConfigError, SampleBufferError
+from yeto_core.errors import ConfigError
 from yeto_core.records import RoundSpec, Sample, SampleGroup
+from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.stores.dir_store import DirStore
 
 G = 4
 
 
-@attrs.frozen
-class Entry:
-    position: int
-    group_id: str
-    prompt_id: str
-    host: str
-    incarnation: int
-    n_samples: int
-    min_version: int
-    max_version: int
+class HookBuffer(FileSampleBuffer):
+    """The real buffer, with a hook run before every select (samplers appending meanwhile)."""
+
+    hook: Optional[Callable[[], None]] = None
+
+    def select(self, spec: RoundSpec) -> Any:
+        if self.hook is not None:
+            self.hook()
+        return super().select(spec)
 
 
-@attrs.frozen
-class Round:
-    entries: tuple[Entry, ...]
-    stale: tuple[Entry, ...]
-    start: int
-    end: int
-
-
-class CursorBuffer:
-    """The trainer-side verbs of FileSampleBuffer, in memory, with a selection cursor."""
-
-    def __init__(self) -> None:
-        self.groups: list[SampleGroup] = []
-        self.entries: list[Entry] = []
-        self.watermark = 0
-        self.cursor = 0
-        self.ended = False
-        self.broken: set[int] = set()
-        self.on_empty_select = None
-
-    def append(self, group: SampleGroup) -> int:
-        vs = [s.weight_version for s in group.samples]
-        pos = len(self.entries)
-        self.groups.append(group)
-        self.entries.append(
-            Entry(
-                pos,
-                group.group_id,
-                group.prompt_id,
-                group.sampler_host,
-                group.sampler_incarnation,
-                len(vs),
-                min(vs),
-                max(vs),
-            )
-        )
-        return pos
-
-    def select(self, spec: RoundSpec) -> Round:
-        take, stale, pos = [], [], self.cursor
-        start = pos
-        while pos < len(self.entries) and len(take) < spec.max_groups:
-            e = self.entries[pos]
-            old = spec.current_version - e.min_version > spec.max_policy_age
-            (stale if old else take).append(e)
-            pos += 1
-        self.cursor = pos
-        if pos == start and self.on_empty_select is not None:
-            self.on_empty_select()
-        return Round(tuple(take), tuple(stale), start, pos)
-
-    def load(self, entry: Entry) -> SampleGroup:
-        if entry.position in self.broken:
-            raise SampleBufferError(f"payload of position {entry.position} is damaged")
-        return self.groups[entry.position]
-
-    def commit(self, rnd: Round) -> int:
-        assert rnd.end >= self.watermark
-        self.watermark = rnd.end
-        return self.watermark
-
-    def reset_to(self, watermark: int) -> None:
-        self.watermark = self.cursor = watermark
-
-    def data_ended(self) -> bool:
-        return self.ended
+@pytest.fixture
+def buf(tmp_path: Path) -> HookBuffer:
+    return HookBuffer(DirStore(tmp_path / "store", fsync=False), clock=lambda: 0.0)
 
 
 def sample(
@@ -143,7 +83,7 @@ class Clock:
         self.t += s
 
 
-def reader(buf: CursorBuffer, clock: Optional[Clock] = None, **kw: Any) -> BatchReader:
+def reader(buf: HookBuffer, clock: Optional[Clock] = None, **kw: Any) -> BatchReader:
     clock = clock or Clock()
     opts: dict[str, Any] = dict(
         group_size=G, groups_per_round=2, max_policy_age=2, wait_s=10.0, poll_s=1.0
@@ -152,8 +92,7 @@ def reader(buf: CursorBuffer, clock: Optional[Clock] = None, **kw: Any) -> Batch
     return BatchReader(buf, clock=clock, sleep=clock.sleep, **opts)
 
 
-def test_whole_round_trains_groups_in_position_order_and_commits() -> None:
-    buf = CursorBuffer()
+def test_whole_round_trains_groups_in_position_order_and_commits(buf: HookBuffer) -> None:
     for i in range(3):
         buf.append(group(i))
     r = reader(buf)
@@ -166,8 +105,7 @@ def test_whole_round_trains_groups_in_position_order_and_commits() -> None:
     assert b2.positions == (2,)
 
 
-def test_every_skip_reason_is_counted_with_its_position() -> None:
-    buf = CursorBuffer()
+def test_every_skip_reason_is_counted_with_its_position(buf: HookBuffer) -> None:
     buf.append(group(0, version=0))  # stale at version 5 with age 2
     buf.append(group(1, version=5, host="bad", inc=3))  # fenced
     buf.append(group(2, version=5, host="q"))  # quarantined host
@@ -194,7 +132,7 @@ def test_every_skip_reason_is_counted_with_its_position() -> None:
     assert "vocabulary" in r.last_skip_detail[4]
 
 
-def test_unconvertible_shapes_and_routed_experts() -> None:
+def test_unconvertible_shapes_and_routed_experts(buf: HookBuffer) -> None:
     ok = group(0).samples[0]
     bad_lp = attrs.evolve(ok, logprobs=np.zeros(2, np.float32))
     assert check_group(SampleGroup("a", "p", "h", 0, (bad_lp,) * G), group_size=G)[0] == (
@@ -215,18 +153,16 @@ def test_unconvertible_shapes_and_routed_experts() -> None:
     assert why is not None and "missing" in why[1]
 
 
-def test_damaged_payload_is_unconvertible_not_fatal() -> None:
-    buf = CursorBuffer()
+def test_damaged_payload_is_unconvertible_not_fatal(buf: HookBuffer) -> None:
     for i in range(3):
         buf.append(group(i))
-    buf.broken.add(1)
+    buf.store.delete(buf.payload_key("g1"))
     r = reader(buf)
     b = r.take(0)
     assert b.positions == (0, 2) and b.skipped == {"unconvertible": (1,)}
 
 
-def test_short_round_is_padded_from_shortest_sample_with_a_response() -> None:
-    buf = CursorBuffer()
+def test_short_round_is_padded_from_shortest_sample_with_a_response(buf: HookBuffer) -> None:
     samples = (
         sample(2, 0),  # empty response: never padding
         sample(2, 1, reward=0.2),  # shortest with a response
@@ -234,7 +170,7 @@ def test_short_round_is_padded_from_shortest_sample_with_a_response() -> None:
         sample(2, 3),
     )
     buf.append(SampleGroup("g0", "p0", "h", 0, samples))
-    buf.ended = True
+    buf.mark_data_end()
     r = reader(buf, groups_per_round=3)
     b = r.take(0)
     assert b.positions == (0,)
@@ -248,15 +184,15 @@ def test_short_round_is_padded_from_shortest_sample_with_a_response() -> None:
     assert padding_template([(0, SampleGroup("x", "p", "h", 0, (sample(2, 0),)))]) is None
 
 
-def test_end_of_data_with_nothing_usable() -> None:
-    buf = CursorBuffer()
-    buf.ended = True
+def test_end_of_data_with_nothing_usable(buf: HookBuffer) -> None:
+    buf.mark_data_end()
     with pytest.raises(EndOfData):
         reader(buf).take(0)
 
 
-def test_carry_over_when_batch_shrinks_and_watermark_stops_at_carried_group() -> None:
-    buf = CursorBuffer()
+def test_carry_over_when_batch_shrinks_and_watermark_stops_at_carried_group(
+    buf: HookBuffer,
+) -> None:
     for i in range(3):
         buf.append(group(i))
     r = reader(buf, groups_per_round=4)
@@ -275,8 +211,7 @@ def test_carry_over_when_batch_shrinks_and_watermark_stops_at_carried_group() ->
     assert r.trained_positions == [0, 1, 2, 3]
 
 
-def test_carried_group_that_ages_out_is_stale() -> None:
-    buf = CursorBuffer()
+def test_carried_group_that_ages_out_is_stale(buf: HookBuffer) -> None:
     buf.append(group(0, version=0))
     buf.append(group(1, version=0))
     r = reader(buf, groups_per_round=3)
@@ -291,29 +226,29 @@ def test_carried_group_that_ages_out_is_stale() -> None:
     assert r.commit(b) == 5
 
 
-def test_wait_restarts_at_every_group_selected() -> None:
-    buf = CursorBuffer()
+def test_wait_restarts_at_every_group_selected(buf: HookBuffer) -> None:
     clock = Clock()
     arrivals = iter(range(1, 100))
 
-    def trickle() -> None:  # one group every 8 s of a 10 s wait
-        if clock.t % 8 == 0 and clock.t > 0:
-            i = next(arrivals)
-            buf.append(group(i))
+    last = [0.0]
 
-    buf.on_empty_select = trickle
+    def trickle() -> None:  # one group every 8 s of a 10 s wait
+        if clock.t - last[0] >= 8:
+            last[0] = clock.t
+            buf.append(group(next(arrivals)))
+
+    buf.hook = trickle
     r = reader(buf, clock, groups_per_round=4, wait_s=10.0, poll_s=1.0)
     b = r.take(0)
     assert len(b.positions) == 4 and clock.t >= 30  # waited 32 s in all, never 10 s idle
-    buf.on_empty_select = None
+    buf.hook = None
     before = clock.t
     with pytest.raises(SamplerWaitTimeout, match="no group arrived"):
         r.take(0)
     assert clock.t - before == pytest.approx(10.0)
 
 
-def test_pad_after_s_returns_a_short_round() -> None:
-    buf = CursorBuffer()
+def test_pad_after_s_returns_a_short_round(buf: HookBuffer) -> None:
     buf.append(group(0))
     clock = Clock()
     r = reader(buf, clock, groups_per_round=2, pad_after_s=3.0)
@@ -321,8 +256,7 @@ def test_pad_after_s_returns_a_short_round() -> None:
     assert b.positions == (0,) and len(b.padding) == G and 3.0 <= clock.t < 10.0
 
 
-def test_all_unconvertible_takes_are_retried_then_fail_after_k() -> None:
-    buf = CursorBuffer()
+def test_all_unconvertible_takes_are_retried_then_fail_after_k(buf: HookBuffer) -> None:
     for i in range(4):
         buf.append(group(i, token=500))
     buf.append(group(4))
@@ -355,15 +289,14 @@ def test_all_unconvertible_takes_are_retried_then_fail_after_k() -> None:
         (dict(groups_per_round=2, fenced_incarnations="h"), "fenced_incarnations"),
     ],
 )
-def test_config_refused_when_the_reader_is_built(kw: dict, match: str) -> None:
+def test_config_refused_when_the_reader_is_built(buf: HookBuffer, kw: dict, match: str) -> None:
     opts: dict[str, Any] = dict(group_size=G, max_policy_age=2, wait_s=10.0)
     opts.update(kw)
     with pytest.raises(ConfigError, match=match):
-        BatchReader(CursorBuffer(), **opts)
+        BatchReader(buf, **opts)
 
 
-def test_oversized_group_trains_its_first_g_samples() -> None:
-    buf = CursorBuffer()
+def test_oversized_group_trains_its_first_g_samples(buf: HookBuffer) -> None:
     buf.append(group(0, n=G + 2))
     buf.append(group(1))
     r = reader(buf)
@@ -371,13 +304,33 @@ def test_oversized_group_trains_its_first_g_samples() -> None:
     assert [len(g.samples) for g in b.groups] == [G, G]
 
 
-def test_reset_gives_held_groups_back_to_the_buffer() -> None:
-    buf = CursorBuffer()
+def test_reset_gives_held_groups_back_to_the_buffer(buf: HookBuffer) -> None:
     for i in range(3):
         buf.append(group(i))
     r = reader(buf, groups_per_round=3)
     r.take(0)  # taken ahead, not committed
     r.reset()
-    assert r.carried_positions == () and buf.cursor == 0
+    assert r.carried_positions == () and buf.watermark == 0
     b = r.take(0)
     assert b.positions == (0, 1, 2)
+
+
+def test_duplicate_group_ids_are_counted_and_rounds_taken_ahead_commit_in_order(
+    buf: HookBuffer,
+) -> None:
+    for i in range(5):
+        buf.append(group(i))
+    r = reader(buf, groups_per_round=2)
+    first = r.take(0)
+    ahead = r.take(0)  # taken ahead of the first's commit
+    assert first.positions == (0, 1) and ahead.positions == (2, 3)
+    with pytest.raises(Exception, match="order they were taken"):
+        r.commit(ahead)
+    assert r.commit(first) == 2 and r.commit(ahead) == 4
+    assert r.try_take(0) is None  # one group waits: no full round, nothing lost
+    assert r.carried_positions == (4,)
+    b = r.take(0, short_ok=True)
+    assert b.positions == (4,) and len(b.padding) == G
+    r.commit(b)
+    assert r.trained_positions == [0, 1, 2, 3, 4] and buf.watermark == 5
+    assert r.counts()["duplicate"] == 0

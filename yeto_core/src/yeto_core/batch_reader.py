@@ -33,10 +33,12 @@ import numpy as np
 
 from yeto_core.errors import ConfigError, SampleBufferError, YetoError
 from yeto_core.records import Batch, RoundSpec, Sample, SampleGroup
+from yeto_core.sample_buffer import BufferRound
 
 #: Every reason a group can be left out of training, in the order they are checked.
 SKIP_REASONS: tuple[str, ...] = (
     "stale",
+    "duplicate",
     "fenced_incarnation",
     "quarantined",
     "too_small",
@@ -315,10 +317,13 @@ class BatchReader:
         self.sleep = sleep
         # carry-over: usable groups selected but not trained yet, in position order
         self._carry: list[_Held] = []
-        # skips found but not yet committed: (position, reason, detail)
+        # skips found but not yet in a batch: (position, reason, detail)
         self._pending_skips: list[tuple[int, str, str]] = []
-        self._selected_end: Optional[int] = None
-        self._rounds: list[Any] = []
+        # what the reader examined after the committed watermark (select always
+        # starts there): position -> entry (None for a duplicate), up to _seen_end
+        self._seen: dict[int, Any] = {}
+        self._seen_end: Optional[int] = None
+        self._built_wm: Optional[int] = None  # watermark of the last batch built
         #: committed skips by reason: reason -> positions (in commit order)
         self.skipped: dict[str, list[int]] = {r: [] for r in SKIP_REASONS}
         self.trained_positions: list[int] = []
@@ -417,6 +422,18 @@ class BatchReader:
         Groups gathered by a failed take are carried to the next one.
         ``short_ok`` pads and returns as soon as the buffer has nothing more.
         """
+        batch = self._take(current_version, short_ok=short_ok, block=True)
+        assert batch is not None
+        return batch
+
+    def try_take(self, current_version: int, *, short_ok: bool = False) -> Optional[ReaderBatch]:
+        """Like :meth:`take` without waiting: None when no full round is there now.
+
+        What it gathered is carried to the next call; skips stay counted.
+        """
+        return self._take(current_version, short_ok=short_ok, block=False)
+
+    def _take(self, current_version: int, *, short_ok: bool, block: bool) -> Optional[ReaderBatch]:
         n = self.groups_per_round
         kept: list[_Held] = []
         for held in self._carry:
@@ -433,25 +450,48 @@ class BatchReader:
         last_progress = self.clock()
         bad_takes: list[str] = []
         while len(self._carry) < n:
+            wm = self._watermark()
+            if self._seen_end is None or self._seen_end < wm:
+                self._seen_end = wm
+            # select always starts at the committed watermark: ask for the groups
+            # already examined there (that the buffer still offers) plus the ones missing
+            offered = sum(
+                1
+                for p, e in self._seen.items()
+                if wm <= p < self._seen_end
+                and e is not None
+                and not self._is_stale(e, current_version)
+            )
             spec = RoundSpec(
-                max_groups=n - len(self._carry),
+                max_groups=offered + n - len(self._carry),
                 current_version=int(current_version),
                 max_policy_age=self.max_policy_age,
             )
             rnd = self.buffer.select(spec)
-            entries = tuple(getattr(rnd, "entries", ()))
-            stale = tuple(getattr(rnd, "stale", ()))
-            if entries or stale:
-                self._rounds.append(rnd)
-                self._selected_end = int(rnd.end)
+            if int(rnd.start) != wm:
+                raise ReaderError(
+                    f"the buffer selected from position {rnd.start} but its watermark is {wm}; "
+                    "another trainer is committing to this buffer"
+                )
+            seen_end = self._seen_end
+            entries = [e for e in getattr(rnd, "entries", ()) if e.position >= seen_end]
+            stale = [e for e in getattr(rnd, "stale", ()) if e.position >= seen_end]
+            dups = [int(p) for p in getattr(rnd, "duplicates", ()) if p >= seen_end]
+            self._seen_end = max(seen_end, int(rnd.end))
+            if entries or stale or dups:
                 last_progress = self.clock()
             for e in stale:
+                self._seen[int(e.position)] = e
                 self._skip(
                     e.position, "stale", f"version {e.min_version}, trainer at {current_version}"
                 )
+            for p in dups:
+                self._seen[p] = None
+                self._skip(p, "duplicate", "a group id appended again (same group twice)")
             admitted = 0
             causes: list[str] = []
             for e in entries:
+                self._seen[int(e.position)] = e
                 held, why = self._admit(e)
                 if held is None:
                     assert why is not None
@@ -474,9 +514,9 @@ class BatchReader:
                 continue  # taken again at once
             if entries and admitted:
                 bad_takes.clear()
-            if entries or stale:
+            if entries or stale or dups:
                 continue
-            # nothing selected: the round is short for now
+            # nothing new selected: the round is short for now
             waited = self.clock() - last_progress
             if self._carry and (
                 short_ok
@@ -487,8 +527,10 @@ class BatchReader:
             if not self._carry and self._data_ended():
                 raise EndOfData(
                     "the sample buffer's data ended and no usable group is left "
-                    f"(watermark {self._watermark()}); the run is finished"
+                    f"(watermark {wm}); the run is finished"
                 )
+            if not block:
+                return None
             if waited >= self.wait_s:
                 raise SamplerWaitTimeout(
                     f"no group arrived in the sample buffer for {waited:.1f}s "
@@ -510,16 +552,18 @@ class BatchReader:
         n = self.groups_per_round
         used, self._carry = self._carry[:n], self._carry[n:]
         wm_before = self._watermark()
-        if self._carry:
-            watermark = self._carry[0].entry.position
-        else:
-            watermark = max(
-                wm_before, self._selected_end if self._selected_end is not None else wm_before
-            )
+        if self._built_wm is not None and self._built_wm > wm_before:
+            wm_before = self._built_wm  # a round taken ahead of an uncommitted one
+        seen_end = self._seen_end if self._seen_end is not None else wm_before
+        watermark = self._carry[0].entry.position if self._carry else max(wm_before, seen_end)
         skips = [s for s in self._pending_skips if s[0] < watermark]
+        self._pending_skips = [s for s in self._pending_skips if s[0] >= watermark]
+        self._built_wm = watermark
         skipped: dict[str, list[int]] = {}
-        for pos, reason, _detail in skips:
+        details: dict[int, str] = {}
+        for pos, reason, detail in sorted(skips):
             skipped.setdefault(reason, []).append(pos)
+            details[pos] = detail
         groups = tuple(h.group for h in used)
         positions = tuple(int(h.entry.position) for h in used)
         short = n - len(used)
@@ -540,6 +584,9 @@ class BatchReader:
         }
         for r in SKIP_REASONS:
             metrics[f"skipped_{r}"] = float(len(skipped.get(r, ())))
+        stale_entries = tuple(
+            self._seen[p] for p in skipped.get("stale", ()) if self._seen.get(p) is not None
+        )
         return ReaderBatch(
             groups=groups,
             positions=positions,
@@ -552,7 +599,14 @@ class BatchReader:
             padding_from=tmpl,
             groups_per_round=n,
             group_size=self.group_size,
-            rounds=tuple(self._rounds),
+            rounds=(
+                {
+                    "entries": tuple(h.entry for h in used),
+                    "stale": stale_entries,
+                    "duplicates": tuple(skipped.get("duplicate", ())),
+                    "details": details,
+                },
+            ),
         )
 
     # -- commit and reset -----------------------------------------------------------------
@@ -561,8 +615,8 @@ class BatchReader:
         """Commit ``batch``: advance the buffer's watermark to ``batch.watermark``.
 
         The watermark stops at the first carried group, so positions below it
-        are exactly those trained or skipped with a reason. Returns the new
-        watermark.
+        are exactly those trained or skipped with a reason. Batches taken ahead
+        commit in the order they were taken. Returns the new watermark.
         """
         if not isinstance(batch, ReaderBatch):
             raise ReaderError(
@@ -570,45 +624,47 @@ class BatchReader:
                 f"{type(batch).__name__}"
             )
         wm = commit_watermark(self.buffer, batch)
-        committed = {p for ps in batch.skipped.values() for p in ps}
-        for pos, reason, detail in self._pending_skips:
-            if pos in committed:
-                self.skipped[reason].append(pos)
-                self.last_skip_detail[pos] = detail
-        self._pending_skips = [s for s in self._pending_skips if s[0] not in committed]
+        info = batch.rounds[0] if batch.rounds else {}
+        details = info.get("details", {}) if isinstance(info, Mapping) else {}
+        for reason, ps in batch.skipped.items():
+            self.skipped.setdefault(reason, []).extend(ps)
+            for p in ps:
+                self.last_skip_detail[p] = details.get(p, reason)
         self.trained_positions.extend(batch.positions)
-        self._rounds = [r for r in self._rounds if int(r.end) > wm]
+        self._seen = {p: e for p, e in self._seen.items() if p >= wm}
         return wm
 
     def reset(self) -> None:
         """Forget held groups and uncommitted skips; the buffer re-offers them.
 
-        Call after a restore (the buffer was ``reset_to`` the cut's watermark)
-        or to drop a round taken ahead. The buffer is reset to its committed
-        watermark, so nothing held is lost.
+        Call after a restore (``buffer.reset_to`` the cut's watermark) or to
+        drop a round taken ahead: select starts at the committed watermark,
+        so nothing held is lost.
         """
         self._carry.clear()
         self._pending_skips.clear()
-        self._rounds.clear()
-        self._selected_end = None
-        self.buffer.reset_to(self._watermark())
+        self._seen.clear()
+        self._seen_end = None
+        self._built_wm = None
 
 
 def commit_watermark(buffer: Any, batch: ReaderBatch) -> int:
-    """Advance ``buffer``'s committed watermark to ``batch.watermark`` (never backwards)."""
-    target = int(batch.watermark)
-    if target <= int(buffer.watermark):
-        return int(buffer.watermark)
-    rounds = [r for r in batch.rounds if int(r.start) < target]
-    if not rounds:
+    """Advance ``buffer``'s committed watermark from ``batch.watermark_before`` to ``batch.watermark``."""
+    wm = int(buffer.watermark)
+    if wm != int(batch.watermark_before):
         raise ReaderError(
-            f"cannot commit watermark {target}: no selected round covers it "
-            f"(buffer watermark {buffer.watermark})"
+            f"this batch starts at watermark {batch.watermark_before} but the buffer's is {wm}: "
+            "commit batches in the order they were taken, and take again after a restore"
         )
-    last = rounds[-1]
-    if int(last.end) != target:
-        last = attrs.evolve(last, end=target)
-    return int(buffer.commit(last))
+    info = batch.rounds[0] if batch.rounds else {}
+    rnd = BufferRound(
+        start=wm,
+        end=int(batch.watermark),
+        entries=tuple(info.get("entries", ())),
+        stale=tuple(info.get("stale", ())),
+        duplicates=tuple(info.get("duplicates", ())),
+    )
+    return int(buffer.commit(rnd))
 
 
 def _positive_int(value: Any, name: str) -> int:
