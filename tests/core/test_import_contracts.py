@@ -1,0 +1,61 @@
+"""The import-linter contracts hold, and they catch a bad import (not only the happy path)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+LINT = pathlib.Path(sys.executable).with_name("lint-imports")
+
+pytestmark = pytest.mark.skipif(not LINT.exists(), reason="import-linter is not installed")
+
+
+def _lint(pythonpath: pathlib.Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    return subprocess.run(
+        [str(LINT), "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _scratch_copy(tmp_path: pathlib.Path, package: str, src: pathlib.Path, bad: str) -> None:
+    dest = tmp_path / package
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    (dest / "_scratch_bad_import.py").write_text(f"{bad}\n")
+
+
+def test_contracts_hold_on_the_tree():
+    result = _lint()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+@pytest.mark.parametrize("bad", ["import boto3", "import torch", "from yeto_s3 import plugin"])
+def test_core_importing_an_sdk_or_adapter_is_caught(tmp_path, bad):
+    _scratch_copy(tmp_path, "yeto_core", ROOT / "yeto_core/src/yeto_core", bad)
+    result = _lint(tmp_path)
+    assert result.returncode != 0, result.stdout
+    assert "yeto_core imports no adapter distribution" in result.stdout
+    assert "BROKEN" in result.stdout and "_scratch_bad_import" in result.stdout
+
+
+def test_adapter_importing_another_adapter_is_caught(tmp_path):
+    _scratch_copy(
+        tmp_path, "yeto_s3", ROOT / "plugins/yeto-s3/src/yeto_s3", "import yeto_torch.plugin"
+    )
+    result = _lint(tmp_path)
+    assert result.returncode != 0, result.stdout
+    assert "adapter distributions never import each other" in result.stdout
+    assert "BROKEN" in result.stdout
