@@ -493,6 +493,11 @@ class RemoteTrainerLifecycle(TrainerLifecycle):
                     self.sm.state = S.FAILED
         return self.sm.state
 
+    @property
+    def start_seconds(self) -> Optional[float]:
+        """The start seconds the trainer reported in its ``ready`` summary."""
+        return (self.start_summary or {}).get("start_s")
+
     def _wait_answer(self, seq: int, what: str) -> dict[str, Any]:
         deadline = self._clock() + self.timeout_s
         while True:

@@ -1,0 +1,321 @@
+"""The head: ticks a scheduler on the buffer backlog and the lifecycle state.
+
+Every start, stop, release, failure and every decision that differs from the
+previous one goes to the journal (``head/journal/<seq:010d>.json``, one object per
+line: the ``head/journal.jsonl`` of the design, in key order, writable on any object
+store). A head killed and restarted reads it back: it numbers the next
+incarnation after the last one, keeps the idle clock and the failure count, and
+releases an incarnation the journal shows started but never stopped (an orphan).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any, Optional
+
+import attrs
+
+from yeto_core import serde
+from yeto_core.errors import NotFoundError, YetoError
+from yeto_core.ports import ObjectStore
+from yeto_core.records import Action, Event, LifecycleState, StopReason
+from yeto_core.s1 import Decision, SchedulerInputs, resolve_start_seconds
+
+S = LifecycleState
+
+
+class TrainerLoopGaveUp(YetoError):
+    """``max_failures`` trainer incarnations in a row failed without training a round."""
+
+
+class Journal:
+    """Append-only records under ``<prefix>/<seq:010d>.json`` (None store: in memory)."""
+
+    def __init__(self, store: Optional[ObjectStore], prefix: str = "head/journal") -> None:
+        self.store, self.prefix = store, prefix
+        self.memory: list[dict[str, Any]] = []
+        self._next: Optional[int] = None
+
+    def read(self) -> list[dict[str, Any]]:
+        if self.store is None:
+            return list(self.memory)
+        out = []
+        for key in self.store.list(f"{self.prefix}/"):
+            try:
+                out.append(json.loads(self.store.get(key)))
+            except (NotFoundError, json.JSONDecodeError):
+                continue
+        return out
+
+    def append(self, record: dict[str, Any]) -> None:
+        if self.store is None:
+            self.memory.append(dict(record, seq=len(self.memory)))
+            return
+        if self._next is None:
+            keys = list(self.store.list(f"{self.prefix}/"))
+            self._next = int(keys[-1].rsplit("/", 1)[1].split(".")[0]) + 1 if keys else 0
+        while True:
+            body = json.dumps(dict(record, seq=self._next), sort_keys=True, allow_nan=False)
+            created = self.store.put_if_absent(
+                f"{self.prefix}/{self._next:010d}.json", body.encode()
+            )
+            self._next += 1
+            if created:
+                return
+
+
+@attrs.frozen
+class LoopConfig:
+    groups_per_round: int = 8
+    a_hard: int = 2
+    alpha: Optional[float] = None
+    round_s: Optional[float] = None
+    start_seconds_fallback: float = 300.0
+    start_seconds_fixed: Optional[float] = None
+    max_failures: int = 3
+    drain_limit_s: float = 3600.0
+    rounds_per_tick: int = 1
+
+
+class TrainerLoop:
+    """The head (module docstring).
+
+    :param scheduler: a :class:`~yeto_core.ports.TrainerScheduler` (``s1``, ``always-on``).
+    :param lifecycle: a :class:`~yeto_core.ports.TrainerLifecycle`.
+    :param backlog: returns the buffer's :class:`~yeto_core.records.Backlog`.
+    :param has_release: whether a policy release exists (``ReleaseStore.latest() is not None``).
+    :param journal: where decisions go.
+    :param clock: seconds (simulated in tests and the bench).
+    :param start_seconds: returns the trainer's last measured start seconds, or None.
+    """
+
+    def __init__(
+        self,
+        scheduler: Any,
+        lifecycle: Any,
+        backlog: Callable[[], Any],
+        has_release: Callable[[], bool],
+        journal: Journal,
+        config: LoopConfig = LoopConfig(),
+        *,
+        clock: Callable[[], float] = time.time,
+        start_seconds: Optional[Callable[[], Optional[float]]] = None,
+        emit: Optional[Callable[[Event], None]] = None,
+    ) -> None:
+        self.scheduler, self.lifecycle = scheduler, lifecycle
+        self._backlog, self._has_release = backlog, has_release
+        self.journal, self.config, self._clock = journal, config, clock
+        self._start_seconds = start_seconds or (lambda: getattr(lifecycle, "start_seconds", None))
+        self._emit = emit or (lambda e: None)
+        self.incarnation = -1
+        self.idle_since: Optional[float] = None
+        self.failures = 0
+        self.measured_start_s: Optional[float] = None
+        self.first_policy = False
+        self.rounds_this_incarnation = 0
+        self.data_end_at: Optional[float] = None
+        self.finished: Optional[str] = None
+        self._last_decision: Optional[tuple[str, str]] = None
+        self._resume()
+
+    # -- journal ------------------------------------------------------------------------
+
+    def _log(self, kind: str, **data: Any) -> None:
+        rec = {"kind": kind, "time": self._clock(), **data}
+        self.journal.append(rec)
+        self._emit(Event(kind=f"head_{kind}", time=rec["time"], source="head", data=data))
+
+    def _resume(self) -> None:
+        open_start: Optional[dict[str, Any]] = None
+        for rec in self.journal.read():
+            kind = rec["kind"]
+            if kind == "start":
+                self.incarnation = max(self.incarnation, int(rec["incarnation"]))
+                self.first_policy = bool(rec.get("first_policy"))
+                self.rounds_this_incarnation = 0
+                open_start = rec
+            elif kind in ("stop", "release", "orphan_released"):
+                open_start = None
+            if "failures" in rec:
+                self.failures = int(rec["failures"])
+            if "idle_since" in rec:
+                self.idle_since = rec["idle_since"]
+            if kind == "started" and rec.get("start_s") is not None:
+                self.measured_start_s = float(rec["start_s"])
+            if kind == "trained":
+                self.rounds_this_incarnation += int(rec.get("rounds", 0))
+            if "data_end_at" in rec:
+                self.data_end_at = rec["data_end_at"]
+            if kind in ("finish", "gave_up"):
+                self.finished = rec.get("reason", kind)
+        if open_start is not None:
+            handle = open_start.get("handle")
+            released = True
+            if handle and hasattr(self.lifecycle, "release_orphan"):
+                released = bool(self.lifecycle.release_orphan(handle))
+            self._log(
+                "orphan_released",
+                incarnation=open_start["incarnation"],
+                handle=handle,
+                verified=released,
+            )
+            self.idle_since = None
+            self.rounds_this_incarnation = 0
+
+    # -- tick ---------------------------------------------------------------------------
+
+    def inputs(self, state: LifecycleState, backlog: Any, now: float) -> SchedulerInputs:
+        c = self.config
+        return SchedulerInputs(
+            now=now,
+            state=state,
+            backlog_groups=backlog.groups,
+            backlog_samples=backlog.samples,
+            groups_per_round=c.groups_per_round,
+            a_hard=c.a_hard,
+            start_s=resolve_start_seconds(
+                self.measured_start_s, c.start_seconds_fallback, c.start_seconds_fixed
+            ),
+            idle_since=self.idle_since,
+            data_ended=bool(backlog.data_ended),
+            failures=self.failures,
+            max_failures=c.max_failures,
+            has_release=self._has_release(),
+            first_policy_incarnation=self.first_policy,
+            rounds_this_incarnation=self.rounds_this_incarnation,
+            alpha=c.alpha,
+            round_s=c.round_s,
+        )
+
+    def tick(self) -> Decision:
+        """Observe, decide, act once. Raises :class:`TrainerLoopGaveUp` when giving up."""
+        now = self._clock()
+        state = self.lifecycle.state()
+        if state in (S.FAILED, S.LEFT):
+            self._release(failed=state == S.FAILED)
+            state = self.lifecycle.state()
+        backlog = self._backlog()
+        if backlog.data_ended and self.data_end_at is None:
+            self.data_end_at = now
+            self._log("data_end", data_end_at=now)
+        rounds = backlog.groups // max(1, self.config.groups_per_round)
+        if state == S.READY and rounds < 1:
+            if self.idle_since is None:
+                self.idle_since = now
+                self._log("idle", idle_since=now, incarnation=self.incarnation)
+        elif self.idle_since is not None and (state != S.READY or rounds >= 1):
+            self.idle_since = None
+            self._log("busy", idle_since=None, incarnation=self.incarnation)
+        decision = self.scheduler.decide(self.inputs(state, backlog, now))
+        if (
+            decision.action == Action.HOLD
+            and self.data_end_at is not None
+            and now - self.data_end_at > self.config.drain_limit_s
+        ):
+            decision = attrs.evolve(decision, action=Action.FINISH, reason="drain_limit")
+        key = (decision.action.value, decision.reason)
+        if decision.action != Action.HOLD or key != self._last_decision:
+            self._log(
+                "decision",
+                action=decision.action.value,
+                reason=decision.reason,
+                q_on=decision.q_on,
+                inputs=serde.unstructure(decision.inputs),
+            )
+            self._last_decision = key
+        self._act(decision, state)
+        return decision
+
+    def _act(self, d: Decision, state: LifecycleState) -> None:
+        if d.action == Action.START:
+            self.incarnation += 1
+            self.first_policy = d.reason == "first_policy"
+            self.rounds_this_incarnation = 0
+            self._log(
+                "start",
+                incarnation=self.incarnation,
+                first_policy=self.first_policy,
+                reason=d.reason,
+            )
+            try:
+                self.lifecycle.start(self.incarnation, None)
+            except Exception as exc:  # the lifecycle is FAILED; the next tick releases it
+                self._log("start_failed", incarnation=self.incarnation, error=str(exc))
+                return
+            handle = getattr(self.lifecycle, "handle", None)
+            if handle is not None:
+                self._log("launched", incarnation=self.incarnation, handle=handle)
+            if self.lifecycle.state() == S.READY:
+                self._started()
+        elif d.action == Action.STOP:
+            self._drain(StopReason.STOPPED)
+        elif d.action == Action.FINISH:
+            if state == S.READY:
+                self._drain(StopReason.FINISHED)
+            elif state != S.STOPPED:
+                self._release(failed=False)
+            if d.reason == "gave_up":
+                self.finished = "gave_up"
+                self._log("gave_up", reason="gave_up", failures=self.failures)
+                raise TrainerLoopGaveUp(
+                    f"{self.failures} trainer incarnations in a row failed without training a round "
+                    f"(max_failures={self.config.max_failures}); see head/journal for their errors"
+                )
+            self.finished = d.reason
+            self._log("finish", reason=d.reason)
+        elif state == S.STARTING:
+            if self.lifecycle.state() == S.READY:
+                self._started()
+        elif state == S.READY and d.reason == "train":
+            try:
+                n = self.lifecycle.train(self.config.rounds_per_tick)
+            except Exception as exc:
+                self._log("train_failed", incarnation=self.incarnation, error=str(exc))
+                return
+            if n:
+                self.rounds_this_incarnation += n
+                self.failures = 0
+                self._log("trained", incarnation=self.incarnation, rounds=n, failures=0)
+
+    def _started(self) -> None:
+        self.measured_start_s = self._start_seconds()
+        self._log("started", incarnation=self.incarnation, start_s=self.measured_start_s)
+
+    def _drain(self, reason: StopReason) -> None:
+        try:
+            cut = self.lifecycle.drain(reason)
+        except Exception as exc:
+            self._log("drain_failed", incarnation=self.incarnation, error=str(exc))
+            return
+        self.lifecycle.release()
+        self.idle_since = None
+        self._log(
+            "stop",
+            incarnation=self.incarnation,
+            reason=reason.value,
+            cut_id=getattr(cut, "cut_id", None),
+            idle_since=None,
+        )
+
+    def _release(self, *, failed: bool) -> None:
+        if failed and self.rounds_this_incarnation == 0:
+            self.failures += 1
+        self.lifecycle.release()
+        self.idle_since = None
+        self._log(
+            "release",
+            incarnation=self.incarnation,
+            failed=failed,
+            failures=self.failures,
+            idle_since=None,
+        )
+
+    def run(self, *, sleep: Callable[[float], None] = time.sleep, tick_s: float = 1.0) -> str:
+        """Tick until the loop finishes; return the finish reason."""
+        while self.finished is None:
+            self.tick()
+            if self.finished is None:
+                sleep(tick_s)
+        return self.finished
