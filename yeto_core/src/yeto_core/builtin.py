@@ -27,3 +27,19 @@ def yeto_register_sample_buffers(register):
     from yeto_core.sample_buffer import FileSampleBuffer
 
     register(FileSampleBuffer)
+
+
+@hookimpl
+def yeto_register_trainer_schedulers(register):
+    from yeto_core.s1 import AlwaysOnScheduler, S1Scheduler
+
+    register(S1Scheduler)
+    register(AlwaysOnScheduler)
+
+
+@hookimpl
+def yeto_register_trainer_lifecycles(register):
+    from yeto_core.lifecycle import DriverLifecycle, RemoteTrainerLifecycle
+
+    register(DriverLifecycle)
+    register(RemoteTrainerLifecycle)
