@@ -1,0 +1,273 @@
+"""The PolicyFollower: keeps a sampler engine on the newest verified policy release.
+
+It watches ``releases/LATEST.json`` (through :meth:`ReleaseStore.latest`),
+fetches a new release into a local directory (every file verified against its
+manifest; a mismatch raises :class:`~yeto_core.errors.ReleaseError`), loads it
+into the engine under the **update lock**, stamps the version, and reads the
+engine's served checksum back. A digest or checksum mismatch is **refused**:
+an event, the refusal counted, and the engine keeps serving the previous
+version (rolled back if the bad weights had been installed).
+
+The sampler holds the update lock for the length of a round
+(``with follower.round(): ...``). A load that finds a round in progress waits
+for it (a **deferral**), but never longer than ``reload_max_defer_s`` from the
+moment the release was first seen; then the load is **forced** while the round
+runs, and the event says so. Counters: ``loads``, ``deferrals``,
+``forced_loads``, ``refusals``.
+
+Engine contract used here: ``load_release(local)`` with a :class:`LocalRelease`
+(``version``, ``path``, ...), ``served_checksum()``, and optionally
+``rollback()`` (serve the weights from before the last load again); without
+``rollback`` the previous release is loaded again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+import attrs
+
+from yeto_core.errors import ReleaseError
+from yeto_core.records import Event
+
+
+@attrs.frozen
+class LocalRelease:
+    """A fetched and verified release, as an engine loads it."""
+
+    version: int
+    release_id: str
+    path: str
+    kind: str
+    weight_checksum: str
+
+
+@attrs.define
+class FollowerCounters:
+    loads: int = 0
+    deferrals: int = 0
+    forced_loads: int = 0
+    refusals: int = 0
+
+
+class PolicyFollower:
+    """Follow the newest release of ``releases`` with ``engine``.
+
+    :param releases: a :class:`~yeto_core.release.ReleaseStore` (``latest()``, ``fetch()``).
+    :param engine: a :class:`~yeto_core.ports.SamplerEngine`.
+    :param work_dir: where releases are fetched (the current and previous are kept).
+    :param reload_max_defer_s: the longest a round in progress may delay a load.
+    :param initial_version: the version the engine serves before the first load (the base: 0).
+    :param clock: seconds (monotonic) for the deferral budget and event times.
+    :param emit: called with every :class:`~yeto_core.records.Event`.
+    :param source: the event source (the sampler island's name).
+    """
+
+    def __init__(
+        self,
+        releases: Any,
+        engine: Any,
+        *,
+        work_dir: str | Path,
+        reload_max_defer_s: float = 30.0,
+        initial_version: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+        emit: Optional[Callable[[Event], None]] = None,
+        source: str = "sampler",
+    ) -> None:
+        if reload_max_defer_s < 0:
+            raise ValueError(f"reload_max_defer_s={reload_max_defer_s}: must be >= 0 seconds")
+        self.releases = releases
+        self.engine = engine
+        self.work_dir = Path(work_dir)
+        self.reload_max_defer_s = float(reload_max_defer_s)
+        self.clock = clock
+        self._emit = emit or (lambda e: None)
+        self.source = source
+        self.counters = FollowerCounters()
+        self.version = int(initial_version)
+        self.release_id: Optional[str] = None
+        self.served_checksum = engine.served_checksum()
+        self._current: Optional[LocalRelease] = None
+        self._refused: set[str] = set()
+        self._pending: Optional[tuple[str, float]] = None  # (release_id, first seen)
+        self._deferred_ids: set[str] = set()
+        self._update_lock = threading.Lock()  # held by a round; taken by a load
+        self._load_mutex = threading.Lock()  # one load at a time
+        self._thread: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+
+    # -- the sampler side -----------------------------------------------------------
+
+    @contextlib.contextmanager
+    def round(self) -> Iterator[int]:
+        """Hold the update lock for one round; yields the version served at its start."""
+        with self._update_lock:
+            yield self.version
+
+    # -- following ------------------------------------------------------------------
+
+    def poll(self) -> Optional[str]:
+        """Look at ``LATEST.json`` once and load a new release if there is one.
+
+        Blocks while a round holds the update lock, at most until the release's
+        deferral budget is spent. :returns: ``"loaded"``, ``"forced"``,
+        ``"refused"`` or None (nothing new).
+        """
+        with self._load_mutex:
+            rel = self.releases.latest()
+            if rel is None or rel.release_id == self.release_id or rel.release_id in self._refused:
+                return None
+            now = self.clock()
+            if self._pending is None or self._pending[0] != rel.release_id:
+                self._pending = (rel.release_id, now)
+            first_seen = self._pending[1]
+            if self._update_lock.acquire(blocking=False):
+                try:
+                    return self._load(rel, forced=False, waited=now - first_seen)
+                finally:
+                    self._update_lock.release()
+            if rel.release_id not in self._deferred_ids:
+                self._deferred_ids.add(rel.release_id)
+                self.counters.deferrals += 1
+                self._event("release_deferred", rel, reason="round in progress")
+            budget = max(0.0, self.reload_max_defer_s - (now - first_seen))
+            if self._update_lock.acquire(timeout=budget):
+                try:
+                    return self._load(rel, forced=False, waited=self.clock() - first_seen)
+                finally:
+                    self._update_lock.release()
+            self.counters.forced_loads += 1
+            return self._load(rel, forced=True, waited=self.clock() - first_seen)
+
+    def _load(self, rel: Any, *, forced: bool, waited: float) -> str:
+        self._pending = None
+        self._deferred_ids.discard(rel.release_id)
+        dest = self.work_dir / rel.release_id
+        if dest.exists():
+            shutil.rmtree(dest)
+        try:
+            self.releases.fetch(rel, dest)
+        except ReleaseError as exc:
+            shutil.rmtree(dest, ignore_errors=True)
+            return self._refuse(rel, "digest_mismatch", str(exc))
+        local = LocalRelease(
+            version=int(rel.version),
+            release_id=rel.release_id,
+            path=str(dest),
+            kind=rel.kind,
+            weight_checksum=rel.weight_checksum,
+        )
+        try:
+            self.engine.load_release(local)
+        except Exception as exc:  # the engine refused the files: it keeps its weights
+            shutil.rmtree(dest, ignore_errors=True)
+            return self._refuse(rel, "engine_refused", f"{type(exc).__name__}: {exc}")
+        served = self.engine.served_checksum()
+        if served != rel.weight_checksum:
+            self._roll_back()
+            shutil.rmtree(dest, ignore_errors=True)
+            return self._refuse(
+                rel,
+                "checksum_mismatch",
+                f"engine serves {served} after loading, the release says {rel.weight_checksum}",
+            )
+        previous = self._current
+        self._current, self.version, self.release_id = local, local.version, rel.release_id
+        self.served_checksum = served
+        self.counters.loads += 1
+        if forced:
+            self._event(
+                "release_loaded",
+                rel,
+                forced=True,
+                waited_s=waited,
+                reason=f"round still in progress after reload_max_defer_s={self.reload_max_defer_s}",
+            )
+        else:
+            self._event("release_loaded", rel, forced=False, waited_s=waited)
+        if previous is not None and previous.path != local.path:
+            self._prune(keep={local.path, previous.path})
+        return "forced" if forced else "loaded"
+
+    def _roll_back(self) -> None:
+        if hasattr(self.engine, "rollback"):
+            self.engine.rollback()
+        elif self._current is not None:
+            self.engine.load_release(self._current)
+        else:
+            raise ReleaseError(
+                "a release failed its checksum after loading, and the engine has no rollback() "
+                "and no previous release to load again; restart the sampler"
+            )
+        back = self.engine.served_checksum()
+        if back != self.served_checksum:
+            raise ReleaseError(
+                f"after refusing a release the engine serves {back}, not the previous "
+                f"{self.served_checksum}; restart the sampler"
+            )
+
+    def _refuse(self, rel: Any, reason: str, detail: str) -> str:
+        self._refused.add(rel.release_id)
+        self.counters.refusals += 1
+        self._event("release_refused", rel, reason=reason, detail=detail, kept_version=self.version)
+        return "refused"
+
+    def _prune(self, keep: set[str]) -> None:
+        for child in self.work_dir.iterdir() if self.work_dir.exists() else ():
+            if child.is_dir() and str(child) not in keep:
+                shutil.rmtree(child, ignore_errors=True)
+
+    def _event(self, kind: str, rel: Any, **data: Any) -> None:
+        self._emit(
+            Event(
+                kind=kind,
+                time=self.clock(),
+                source=self.source,
+                data={
+                    "release_id": rel.release_id,
+                    "version": int(rel.version),
+                    "served_version": self.version,
+                    **data,
+                    "counters": attrs.asdict(self.counters),
+                },
+            )
+        )
+
+    # -- a watcher thread -----------------------------------------------------------
+
+    def start(self, poll_s: float = 1.0) -> None:
+        """Poll in a daemon thread every ``poll_s`` seconds until :meth:`stop`."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+
+        def run() -> None:
+            while not self._stop.is_set():
+                try:
+                    self.poll()
+                except Exception as exc:  # keep following; the next poll retries
+                    self._emit(
+                        Event(
+                            kind="follower_error",
+                            time=self.clock(),
+                            source=self.source,
+                            data={"error": f"{type(exc).__name__}: {exc}"},
+                        )
+                    )
+                self._stop.wait(poll_s)
+
+        self._thread = threading.Thread(target=run, name="policy-follower", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None

@@ -1,0 +1,202 @@
+"""The SamplerLoop: dispense prompts, generate groups, score them, append them to the buffer.
+
+Framework-neutral: it talks to a :class:`~yeto_core.ports.SamplerEngine`, a
+:class:`~yeto_core.ports.Task`, a :class:`~yeto_core.ports.DurableSampleBuffer`
+and (optionally) a :class:`~yeto_core.policy_follower.PolicyFollower`, whose
+update lock it holds for each round.
+
+Prompts are dispensed by index: incarnation ``k`` of host ``h`` takes indices
+``offset(seed, h, k) + n`` for ``n = 0, 1, ...``, so a replay with the same
+seed dispenses the same prompts, and other hosts or incarnations dispense
+others. Group ids are ``f"{host}-i{incarnation}-p{index}"`` (the buffer's
+dedup key). While the buffer's backlog is at ``backlog_cap`` groups the loop
+waits on its stop event, re-reading the backlog every ``backlog_poll_s``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Optional
+
+import numpy as np
+
+from yeto_core.records import Event, Sample, SampleGroup, SampleStatus, SamplingParams
+
+#: Dispense indices of different (seed, host, incarnation) start this far apart.
+STRIDE = 1 << 32
+
+
+def dispense_offset(seed: int, host: str, incarnation: int) -> int:
+    """The first prompt index of ``host``'s incarnation ``incarnation`` (pure)."""
+    digest = hashlib.sha256(f"{seed}\x00{host}\x00{incarnation}".encode()).digest()
+    return (int.from_bytes(digest[:3], "big") + 1) * STRIDE
+
+
+def group_id(host: str, incarnation: int, index: int) -> str:
+    return f"{host}-i{incarnation}-p{index}"
+
+
+class SamplerLoop:
+    """Produce ``prompts_per_round`` groups of ``group_size`` samples per round.
+
+    :param min_round_s: a round takes at least this long (throttle; 0: none).
+    :param backlog_cap: wait while the buffer holds at least this many groups (None: never).
+    :param stop: set it to end :meth:`run` (also ends a backlog wait or a throttle at once).
+    """
+
+    def __init__(
+        self,
+        buffer: Any,
+        engine: Any,
+        task: Any,
+        follower: Any = None,
+        *,
+        host: str,
+        incarnation: int,
+        task_name: str = "",
+        group_size: int = 8,
+        prompts_per_round: int = 16,
+        sampling: SamplingParams = SamplingParams(),
+        seed: int = 0,
+        backlog_cap: Optional[int] = None,
+        backlog_poll_s: float = 0.5,
+        min_round_s: float = 0.0,
+        stop: Optional[threading.Event] = None,
+        clock: Callable[[], float] = time.monotonic,
+        emit: Optional[Callable[[Event], None]] = None,
+    ) -> None:
+        if group_size < 2:
+            raise ValueError(f"group_size={group_size}: GRPO needs at least 2 samples per group")
+        if prompts_per_round < 1:
+            raise ValueError(f"prompts_per_round={prompts_per_round}: must be >= 1")
+        self.buffer, self.engine, self.task, self.follower = buffer, engine, task, follower
+        self.host, self.incarnation = host, int(incarnation)
+        self.task_name = task_name or getattr(task, "PLUGIN_NAME", "")
+        self.group_size, self.prompts_per_round = int(group_size), int(prompts_per_round)
+        self.sampling = sampling
+        self.seed = int(seed)
+        self.backlog_cap = backlog_cap
+        self.backlog_poll_s = float(backlog_poll_s)
+        self.min_round_s = float(min_round_s)
+        self.stop = stop or threading.Event()
+        self.clock = clock
+        self._emit = emit or (lambda e: None)
+        self.offset = dispense_offset(self.seed, host, self.incarnation)
+        self.next_index = 0
+        self.rounds = 0
+        self.groups_appended = 0
+
+    def _event(self, kind: str, **data: Any) -> None:
+        self._emit(Event(kind=kind, time=self.clock(), source=self.host, data=data))
+
+    def wait_for_room(self) -> bool:
+        """Wait while the backlog is at the cap. :returns: False if stopped while waiting."""
+        if self.backlog_cap is None:
+            return not self.stop.is_set()
+        announced = False
+        while True:
+            backlog = self.buffer.backlog()
+            if backlog.groups < self.backlog_cap:
+                if announced:
+                    self._event("sampler_backlog_resumed", backlog_groups=backlog.groups)
+                return not self.stop.is_set()
+            if not announced:
+                self._event(
+                    "sampler_backlog_wait", backlog_groups=backlog.groups, cap=self.backlog_cap
+                )
+                announced = True
+            if self.stop.wait(self.backlog_poll_s):
+                return False
+
+    def run_round(self) -> list[int]:
+        """Generate, score and append one round of groups. :returns: their buffer positions."""
+        started = self.clock()
+        indices = [self.offset + self.next_index + k for k in range(self.prompts_per_round)]
+        prompts = [self.task.prompt(i) for i in indices]
+        guard = self.follower.round() if self.follower is not None else _no_lock()
+        with guard:
+            ids = [self.engine.encode(text) for text, _ in prompts]
+            outs = self.engine.generate(ids, self.group_size, self.sampling)
+        if len(outs) != len(prompts):
+            raise RuntimeError(
+                f"engine {type(self.engine).__name__} returned {len(outs)} groups for "
+                f"{len(prompts)} prompts"
+            )
+        positions, rewards, versions = [], [], []
+        for index, (_text, answer), prompt_ids, comps in zip(
+            indices, prompts, ids, outs, strict=True
+        ):
+            samples = []
+            for c in comps:
+                reward = float(self.task.reward(answer, self.engine.decode(c.tokens)))
+                toks = np.asarray(c.tokens, dtype=np.int64)
+                samples.append(
+                    Sample(
+                        tokens=np.concatenate([np.asarray(prompt_ids, dtype=np.int64), toks]),
+                        prompt_len=len(prompt_ids),
+                        logprobs=np.asarray(c.logprobs, dtype=np.float32),
+                        loss_mask=np.ones(len(toks), dtype=np.float32),
+                        reward=reward,
+                        weight_version=int(c.weight_version),
+                        status=SampleStatus.TRUNCATED
+                        if c.finish_reason == "length"
+                        else SampleStatus.COMPLETED,
+                        routed_experts=c.routed_experts,
+                    )
+                )
+                rewards.append(reward)
+                versions.append(int(c.weight_version))
+            group = SampleGroup(
+                group_id=group_id(self.host, self.incarnation, index),
+                prompt_id=f"{self.task_name}:{index}",
+                sampler_host=self.host,
+                sampler_incarnation=self.incarnation,
+                samples=tuple(samples),
+                task=self.task_name,
+            )
+            positions.append(self.buffer.append(group))
+        self.next_index += self.prompts_per_round
+        self.rounds += 1
+        self.groups_appended += len(positions)
+        self._event(
+            "sampler_round",
+            round=self.rounds,
+            groups=len(positions),
+            first_index=indices[0],
+            reward_mean=float(np.mean(rewards)) if rewards else 0.0,
+            min_version=min(versions) if versions else None,
+            max_version=max(versions) if versions else None,
+            seconds=self.clock() - started,
+        )
+        return positions
+
+    def run(self, max_rounds: Optional[int] = None) -> int:
+        """Run rounds until ``stop`` is set (or ``max_rounds``). :returns: rounds run."""
+        done = 0
+        while max_rounds is None or done < max_rounds:
+            if not self.wait_for_room():
+                break
+            started = self.clock()
+            self.run_round()
+            done += 1
+            rest = self.min_round_s - (self.clock() - started)
+            if rest > 0 and self.stop.wait(rest):
+                break
+            if self.stop.is_set():
+                break
+        return done
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _no_lock() -> _NoLock:
+    return _NoLock()
