@@ -62,6 +62,7 @@ class HFEngine(SamplerEngine):
         sp = sampling or SamplingParams()
         seed = sp.seed if sp.seed is not None else self.seed * 1_000_003 + self._calls
         self._calls += 1
+        version = self.version  # stamped as of the start of sampling
         gen = torch.Generator().manual_seed(int(seed))
         eos = [tiny.eos_id(self.tokenizer), *sp.stop_token_ids]
         raw = sample(
@@ -81,7 +82,7 @@ class HFEngine(SamplerEngine):
                     tokens=np.asarray(ids, dtype=np.int64),
                     logprobs=np.asarray(lps, dtype=np.float32),
                     finish_reason=reason,
-                    weight_version=self.version,
+                    weight_version=version,
                 )
                 for ids, lps, reason in group
             ]
