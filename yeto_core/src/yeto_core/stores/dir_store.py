@@ -252,6 +252,14 @@ class DirStore(ObjectStore):
         with scan:
             for entry in scan:
                 name = entry.name
+                # Cheap string tests first: `sub` sorts after both the file key and
+                # every key under a directory of this name, so if `sub` fails the
+                # prefix or `after` test, neither form can match.
+                sub = rel_dir + name + "/"
+                if after is not None and sub < after and not after.startswith(sub):
+                    continue
+                if not (sub.startswith(prefix) or prefix.startswith(sub)):
+                    continue
                 if _is_tmp_name(name):
                     continue
                 try:
@@ -261,13 +269,7 @@ class DirStore(ObjectStore):
                 except OSError:
                     continue  # removed while we scanned
                 if is_dir:
-                    sub = rel_dir + name + "/"
-                    if not (sub.startswith(prefix) or prefix.startswith(sub)):
-                        continue
-                    # Every key under `sub` is <= after when sub < after and sub is
-                    # not a prefix of after: prune the whole directory.
-                    if after is not None and sub < after and not after.startswith(sub):
-                        continue
+                    # (Pruned above when every key under `sub` sorts at or before `after`.)
                     entries.append((sub, True))
                 else:
                     key = rel_dir + name
