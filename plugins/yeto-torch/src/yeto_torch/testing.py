@@ -1,0 +1,54 @@
+"""Helpers for tests of yeto-torch and of adapters that reuse its tiny models."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from yeto_core.records import Batch, Sample, SampleGroup, SamplingParams
+
+
+def rollout_batch(engine, task, start: int, n_prompts: int, g: int, version: int) -> Batch:
+    """A batch of real groups from ``engine`` for prompts ``start .. start + n_prompts``."""
+    prompts, answers = [], []
+    for i in range(start, start + n_prompts):
+        text, ans = task.prompt(i)
+        prompts.append(engine.encode(text))
+        answers.append(ans)
+    outs = engine.generate(prompts, g, SamplingParams(max_new_tokens=8, temperature=1.0))
+    groups = []
+    for k, (p, ans, comps) in enumerate(zip(prompts, answers, outs, strict=True)):
+        samples = tuple(
+            Sample(
+                tokens=np.concatenate([np.asarray(p, dtype=np.int64), c.tokens]),
+                prompt_len=len(p),
+                logprobs=c.logprobs,
+                loss_mask=np.ones(len(c.tokens), np.float32),
+                reward=task.reward(ans, engine.decode(c.tokens)),
+                weight_version=c.weight_version,
+            )
+            for c in comps
+        )
+        groups.append(
+            SampleGroup(
+                group_id=f"h-i0-p{start + k}",
+                prompt_id=str(start + k),
+                sampler_host="h",
+                sampler_incarnation=0,
+                samples=samples,
+            )
+        )
+    return Batch(
+        groups=tuple(groups),
+        positions=tuple(range(start, start + n_prompts)),
+        policy_version=version,
+    )
+
+
+def fixed_batches(model_dir, n: int, *, prompts: int = 8, g: int = 8, seed: int = 7) -> list[Batch]:
+    """``n`` batches sampled from the base with a fixed seed: the same in every process."""
+    from yeto_torch.engine import HFEngine
+    from yeto_torch.tasks import SortDigits
+
+    eng = HFEngine(str(model_dir), seed=seed)
+    task = SortDigits(seed=seed)
+    return [rollout_batch(eng, task, r * prompts, prompts, g, r) for r in range(n)]
