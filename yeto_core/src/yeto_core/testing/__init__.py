@@ -1,8 +1,9 @@
 """Test helpers that ship with yeto-core, for yeto's own tests and for plugin authors.
 
-Only tests import this package (its modules import pytest); nothing in
-``yeto_core`` imports it. Subclass the abstract contract classes in your
-plugin's tests and provide their fixtures, as with fsspec's ``tests/abstract``:
+Importing this package imports nothing else. ``store_contract`` imports pytest,
+so only test code imports it; nothing in ``yeto_core`` outside this package
+imports pytest. Subclass the abstract contract classes in your plugin's tests
+and provide their fixtures, as with fsspec's ``tests/abstract``:
 
 .. code-block:: python
 
