@@ -242,3 +242,11 @@ def test_sigkill_during_puts_never_leaves_a_partial_object(tmp_path):
         idx = [k for k in keys if k.startswith("idx/")]
         assert idx == [f"idx/{i:06d}" for i in range(len(idx))], "index has a hole"
         # Leftover temp files may exist on disk (killed mid-write), never as keys.
+
+
+def test_core_and_the_testing_package_do_not_import_pytest():
+    code = (
+        "import sys, yeto_core, yeto_core.plugins, yeto_core.stores.dir_store, yeto_core.testing\n"
+        "assert 'pytest' not in sys.modules, 'yeto_core imported pytest'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
