@@ -1,0 +1,215 @@
+"""PolicyFollower and SamplerLoop with a tiny fake engine and the real ReleaseStore (no torch)."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from yeto_core.policy_follower import PolicyFollower
+from yeto_core.records import Backlog, Completion, SamplingParams
+from yeto_core.release import ReleaseStore
+from yeto_core.sampler_loop import SamplerLoop, dispense_offset, group_id
+from yeto_core.stores.dir_store import DirStore
+
+
+class FakeEngine:
+    """Serves the bytes of ``w.bin``; its checksum is read back from what it holds."""
+
+    def __init__(self):
+        self.weights, self.version, self._prev = b"base", 0, None
+
+    def load_release(self, release):
+        self._prev = (self.weights, self.version)
+        self.weights = (Path(release.path) / "w.bin").read_bytes()
+        self.version = release.version
+
+    def rollback(self):
+        self.weights, self.version = self._prev
+
+    def served_checksum(self):
+        return hashlib.sha256(self.weights).hexdigest()
+
+    def encode(self, text):
+        return [ord(c) for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+    def generate(self, prompts, n, sampling):
+        return [
+            [
+                Completion(
+                    tokens=np.array([48 + k], dtype=np.int64),
+                    logprobs=np.array([-0.5], dtype=np.float32),
+                    weight_version=self.version,
+                )
+                for k in range(n)
+            ]
+            for _ in prompts
+        ]
+
+
+def publish(releases, tmp, version, payload, checksum=None):
+    d = tmp / f"out{version}-{payload!r}"
+    d.mkdir()
+    (d / "w.bin").write_bytes(payload)
+    info = {"version": version, "kind": "full"}
+    info["weight_checksum"] = checksum or hashlib.sha256(payload).hexdigest()
+    return releases.publish(d, info)
+
+
+@pytest.fixture
+def setup(tmp_path):
+    releases = ReleaseStore(DirStore(tmp_path / "store"))
+    engine = FakeEngine()
+    events = []
+    follower = PolicyFollower(
+        releases, engine, work_dir=tmp_path / "work", reload_max_defer_s=5.0, emit=events.append
+    )
+    return releases, engine, follower, events, tmp_path
+
+
+def test_follows_five_releases(setup):
+    releases, engine, follower, events, tmp = setup
+    assert follower.poll() is None
+    for v in range(1, 6):
+        publish(releases, tmp, v, f"w{v}".encode())
+        assert follower.poll() == "loaded"
+        assert follower.version == engine.version == v
+        assert follower.served_checksum == engine.served_checksum()
+    assert follower.poll() is None
+    assert follower.counters.loads == 5 and follower.counters.refusals == 0
+    assert [e.data["version"] for e in events if e.kind == "release_loaded"] == [1, 2, 3, 4, 5]
+
+
+def test_corrupted_file_is_refused_and_previous_version_kept(setup):
+    releases, engine, follower, events, tmp = setup
+    publish(releases, tmp, 1, b"one")
+    follower.poll()
+    rel = publish(releases, tmp, 2, b"two")
+    (tmp / "store" / "releases" / rel.release_id / "w.bin").write_bytes(b"evil")
+    assert follower.poll() == "refused"
+    assert engine.version == follower.version == 1 and engine.weights == b"one"
+    ev = [e for e in events if e.kind == "release_refused"][-1]
+    assert ev.data["reason"] == "digest_mismatch" and ev.data["kept_version"] == 1
+    assert follower.poll() is None  # the refused release is not retried
+    publish(releases, tmp, 3, b"three")
+    assert follower.poll() == "loaded" and engine.version == 3
+    assert follower.counters.refusals == 1 and follower.counters.loads == 2
+
+
+def test_checksum_mismatch_is_refused_and_rolled_back(setup):
+    releases, engine, follower, events, tmp = setup
+    publish(releases, tmp, 1, b"one")
+    follower.poll()
+    publish(releases, tmp, 2, b"two", checksum="sha256:not-what-is-served")
+    assert follower.poll() == "refused"
+    assert engine.weights == b"one" and engine.version == follower.version == 1
+    assert [e for e in events if e.kind == "release_refused"][-1].data["reason"] == (
+        "checksum_mismatch"
+    )
+
+
+def _wait_until(cond, what, deadline_s=10.0):
+    end = time.monotonic() + deadline_s
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def test_round_defers_a_load_until_it_ends(setup):
+    releases, engine, follower, events, tmp = setup
+    publish(releases, tmp, 1, b"one")
+    result = {}
+    with follower.round() as v:
+        assert v == 0
+        t = threading.Thread(target=lambda: result.setdefault("r", follower.poll()))
+        t.start()
+        _wait_until(lambda: follower.counters.deferrals == 1, "the deferral")
+        assert engine.version == 0  # nothing loaded while the round runs
+    t.join(10)
+    assert result["r"] == "loaded" and engine.version == 1
+    assert follower.counters.forced_loads == 0
+
+
+def test_a_long_round_cannot_defer_past_the_budget(tmp_path):
+    releases = ReleaseStore(DirStore(tmp_path / "store"))
+    engine, events = FakeEngine(), []
+    follower = PolicyFollower(
+        releases, engine, work_dir=tmp_path / "w", reload_max_defer_s=0.05, emit=events.append
+    )
+    publish(releases, tmp_path, 1, b"one")
+    with follower.round():
+        assert follower.poll() == "forced"  # returns while the round still holds the lock
+        assert engine.version == 1
+    assert follower.counters.forced_loads == 1 and follower.counters.deferrals == 1
+    loaded = [e for e in events if e.kind == "release_loaded"][-1]
+    assert loaded.data["forced"] is True and "reload_max_defer_s" in loaded.data["reason"]
+
+
+class ListBuffer:
+    def __init__(self):
+        self.groups, self.cap_hits = [], 0
+
+    def append(self, group):
+        self.groups.append(group)
+        return len(self.groups) - 1
+
+    def backlog(self):
+        n = len(self.groups)
+        return Backlog(groups=n, samples=n * 4, watermark=0, head_position=n)
+
+
+class Digits:
+    PLUGIN_NAME = "digits"
+
+    def prompt(self, index):
+        return f"p{index}", str(index % 4)
+
+    def reward(self, answer, completion):
+        return 1.0 if completion == answer else 0.0
+
+
+def test_sampler_loop_appends_scored_groups_and_stops_at_the_cap(setup):
+    releases, engine, follower, events, tmp = setup
+    buf, stop = ListBuffer(), threading.Event()
+    loop = SamplerLoop(
+        buf,
+        engine,
+        Digits(),
+        follower,
+        host="h1",
+        incarnation=2,
+        group_size=4,
+        prompts_per_round=3,
+        sampling=SamplingParams(),
+        seed=5,
+        backlog_cap=6,
+        backlog_poll_s=0.01,
+        stop=stop,
+        emit=events.append,
+    )
+    publish(releases, tmp, 1, b"one")
+    follower.poll()
+    t = threading.Thread(target=loop.run)
+    t.start()
+    _wait_until(lambda: any(e.kind == "sampler_backlog_wait" for e in events), "the cap")
+    assert len(buf.groups) == 6  # two rounds, then it waits instead of appending
+    stop.set()
+    t.join(10)
+    assert not t.is_alive()
+    off = dispense_offset(5, "h1", 2)
+    assert [g.group_id for g in buf.groups] == [group_id("h1", 2, off + k) for k in range(6)]
+    assert dispense_offset(5, "h1", 3) != off and dispense_offset(5, "h2", 2) != off
+    g = buf.groups[1]
+    assert [s.reward for s in g.samples] == [
+        1.0 if str(k) == str((off + 1) % 4) else 0.0 for k in range(4)
+    ]
+    assert all(s.weight_version == 1 and s.prompt_len == len(f"p{off + 1}") for s in g.samples)
+    assert g.samples[0].response_len == 1 and len(g.samples[0].logprobs) == 1
