@@ -82,25 +82,28 @@ def _record(i: int, position: int, version: int = 0) -> dict[str, Any]:
     }
 
 
-def bench_append(base: Path, groups: list[SampleGroup]) -> tuple[float, float]:
-    """(append groups/s, fsync-limit groups/s) on the same disk, interleaved in halves."""
+def bench_append(base: Path, groups: list[SampleGroup], block: int = 10) -> tuple[float, float]:
+    """(append groups/s, fsync-limit groups/s) on the same disk.
+
+    The two loops alternate in blocks of ``block`` groups (each block's order
+    flipped) so that disk and load drift hit both alike.
+    """
     payloads = [encode_group(g) for g in groups]
     lines = [encode_record(_record(i, i)) for i in range(len(groups))]
 
-    def run_buffer(root: Path, part: range) -> float:
-        buf = FileSampleBuffer(DirStore(root), layout="jsonl")
-        buf.append(make_group(10**7))  # create directories and files outside the timing
+    buf = FileSampleBuffer(DirStore(base / "buffer"), layout="jsonl")
+    buf.append(make_group(10**7))  # create directories and files outside the timing
+    gdir = base / "limit" / "groups"
+    gdir.mkdir(parents=True)
+    index = os.open(base / "limit" / "index.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def run_buffer(part: range) -> float:
         t0 = time.perf_counter()
         for i in part:
             buf.append(groups[i])
-        dt = time.perf_counter() - t0
-        buf.close()
-        return dt
+        return time.perf_counter() - t0
 
-    def run_limit(root: Path, part: range) -> float:
-        gdir = root / "groups"
-        gdir.mkdir(parents=True)
-        index = os.open(root / "index.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    def run_limit(part: range) -> float:
         t0 = time.perf_counter()
         for i in part:
             tmp = gdir / f".g{i}.tmp"
@@ -113,16 +116,20 @@ def bench_append(base: Path, groups: list[SampleGroup]) -> tuple[float, float]:
             _fsync_dir(gdir)  # 2: the payload's name
             os.write(index, lines[i])
             os.fdatasync(index)  # 3: the index record
-        dt = time.perf_counter() - t0
-        os.close(index)
-        return dt
+        return time.perf_counter() - t0
 
     n = len(groups)
-    halves = [range(n // 2), range(n // 2, n)]
     t_buf = t_lim = 0.0
-    for k, part in enumerate(halves):  # interleave so disk drift hits both alike
-        t_lim += run_limit(base / f"limit{k}", part)
-        t_buf += run_buffer(base / f"buffer{k}", part)
+    for k, lo in enumerate(range(0, n, block)):
+        part = range(lo, min(n, lo + block))
+        if k % 2:
+            t_buf += run_buffer(part)
+            t_lim += run_limit(part)
+        else:
+            t_lim += run_limit(part)
+            t_buf += run_buffer(part)
+    os.close(index)
+    buf.close()
     return n / t_buf, n / t_lim
 
 
