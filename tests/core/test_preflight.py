@@ -10,7 +10,7 @@ import attrs
 from yeto_core import hookimpl
 from yeto_core.config import parse_config
 from yeto_core.plugins import Plugins
-from yeto_core.ports import SamplerEngine, Task, TrainerBackend, TrainerScheduler
+from yeto_core.ports import SamplerEngine, Task, TrainerBackend
 from yeto_core.preflight import run_preflight
 
 
@@ -63,13 +63,6 @@ class _Task(Task):
         return 0.0
 
 
-class _S1(TrainerScheduler):
-    PLUGIN_NAME = "s1"
-
-    def decide(self, inputs):
-        return None
-
-
 def _plugins(*extra) -> Plugins:
     pm = Plugins(entry_points=False)
     pm.add(
@@ -77,7 +70,6 @@ def _plugins(*extra) -> Plugins:
             yeto_register_sampler_engines=hookimpl(lambda register: register(_Engine)),
             yeto_register_trainer_backends=hookimpl(lambda register: register(_Backend)),
             yeto_register_tasks=hookimpl(lambda register: register(_Task)),
-            yeto_register_trainer_schedulers=hookimpl(lambda register: register(_S1)),
         ),
         "fakes",
     )
@@ -140,11 +132,15 @@ def test_budget_zero_with_prices_fails(tmp_path: Path) -> None:
 def test_batch_not_a_multiple_of_g_and_unfillable_rounds_fail(tmp_path: Path) -> None:
     cfg = _config(
         tmp_path,
-        trainer={"backend": "fake-backend", "options": {"batch_size": 6}, "groups_per_round": 9},
+        trainer={
+            "backend": "fake-backend",
+            "backend_options": {"batch_size": 6},
+            "groups_per_round": 9,
+        },
     )
     checks = _by_name(run_preflight(cfg, _plugins()))
-    assert checks["trainer.options.batch_size"].status == "fail"
-    assert "multiple of G" in checks["trainer.options.batch_size"].detail
+    assert checks["trainer.backend_options.batch_size"].status == "fail"
+    assert "multiple of G" in checks["trainer.backend_options.batch_size"].detail
     assert checks["trainer.groups_per_round"].status == "fail"
     assert "backlog_cap" in checks["trainer.groups_per_round"].detail
 

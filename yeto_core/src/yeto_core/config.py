@@ -35,7 +35,7 @@ Layout (all tables optional except ``model``, ``task``, ``samplers`` and ``train
 
     [trainer]
     backend = "torch"
-    options = {}
+    backend_options = {}
     groups_per_round = 4
     max_policy_age = 2
     total_rounds = 0                   # rounds before the run finishes; 0: no limit
@@ -118,7 +118,7 @@ class TrainerConfig:
     """The trainer: backend, round size and the policy-age gate."""
 
     backend: str
-    options: dict[str, Any] = attrs.field(factory=dict)
+    backend_options: dict[str, Any] = attrs.field(factory=dict)
     groups_per_round: int = 4
     max_policy_age: int = 2
     #: Rounds to train before the run finishes (0: until a backstop or ``yeto run down``).

@@ -168,17 +168,17 @@ def check_consistency(config: RunConfig, report: Report) -> None:
             "backstops", "no budget, wall-clock or silence limit: the run stops only on request"
         )
     sizes = {s.group_size for s in config.samplers}
-    batch = config.trainer.options.get("batch_size")
+    batch = config.trainer.backend_options.get("batch_size")
     if batch is not None:
         bad = sorted(g for g in sizes if not isinstance(batch, int) or batch % g)
         if bad:
             report.fail(
-                "trainer.options.batch_size",
+                "trainer.backend_options.batch_size",
                 f"{batch!r} samples is not a whole number of groups of G={bad[0]} "
                 "(samplers[].group_size); make it a multiple of G",
             )
         else:
-            report.ok("trainer.options.batch_size", f"{batch} samples")
+            report.ok("trainer.backend_options.batch_size", f"{batch} samples")
     if len(sizes) > 1:
         report.warn(
             "samplers.group_size",

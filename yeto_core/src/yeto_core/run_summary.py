@@ -36,12 +36,18 @@ def _tenth(n: int) -> int:
 def summarize(
     streams: Mapping[str, Sequence[Event]],
     *,
+    appended: Optional[Mapping[int, float]] = None,
     cost_usd: float = 0.0,
     wall_s: float = 0.0,
     extra: Optional[Mapping[str, Any]] = None,
 ) -> dict[str, Any]:
-    """Figures of a run from its event streams (see the module docstring)."""
-    appended: dict[int, float] = {}
+    """Figures of a run from its event streams (see the module docstring).
+
+    :param appended: position → mean reward of every appended group, read from the
+        buffer (the truth); overrides the samplers' ``group_appended`` events.
+    """
+    from_buffer = appended is not None
+    appended = dict(appended) if appended is not None else {}
     trained: dict[int, float] = {}
     skipped: dict[str, set[int]] = {}
     releases: set[int] = set()
@@ -52,7 +58,7 @@ def summarize(
     for island, events in streams.items():
         for e in events:
             d = e.data
-            if e.kind == "group_appended":
+            if e.kind == "group_appended" and not from_buffer:
                 appended[int(d["position"])] = float(d["reward"])
             elif e.kind == "release_loaded":
                 loaded.setdefault(island, set()).add(int(d["version"]))
@@ -90,9 +96,7 @@ def summarize(
         "groups_appended": len(appended),
         "groups_trained": len(trained),
         "groups_skipped": {k: len(v) for k, v in sorted(skipped.items()) if v},
-        "groups_untrained": len(set(appended) - set(trained) - set().union(*skipped.values()))
-        if skipped
-        else len(set(appended) - set(trained)),
+        "groups_untrained": len(set(appended) - set(trained) - set().union(*skipped.values())),
         "backstops": backstops,
         "cost_usd": round(cost_usd, 6),
         "wall_s": round(wall_s, 3),

@@ -1,0 +1,80 @@
+"""A local island for head tests: the real trainer island (island_main) with the fake
+backend, and a sampler island that appends fake groups (no engine, no torch).
+
+Run as a script by LocalIslands (``python fake_island.py``); the fakes are
+registered in this process's plugin manager before island_main runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import types
+import uuid
+
+from yeto_core import hookimpl
+from yeto_core.testing.fake_backend import FakeBackend, make_group
+
+
+def register_fakes() -> None:
+    from yeto_core.plugins import get_plugins
+
+    get_plugins().add(
+        types.SimpleNamespace(
+            yeto_register_trainer_backends=hookimpl(lambda register: register(FakeBackend))
+        ),
+        "test-fakes",
+    )
+
+
+def fake_sampler() -> int:
+    from yeto_core.event_stream import EventStream
+    from yeto_core.island_main import load_run_config
+    from yeto_core.plugins import get_plugins
+    from yeto_core.release import ReleaseStore
+
+    island = os.environ["YETO_ISLAND"]
+    config = load_run_config(os.environ["YETO_RUN_DIR"])
+    scfg = dict(config.sampler_islands())[island]
+    store = get_plugins().open_store(config.store_url())
+    buffer = get_plugins().sample_buffer("file")(store, host=island)
+    releases = ReleaseStore(store)
+    stream = EventStream(store, island, flush_s=0.5)
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    loaded = None
+    i = 0
+    while not stop:
+        latest = releases.latest()
+        version = latest.version if latest is not None else 0
+        if version != loaded:
+            loaded = version
+            stream.emit("release_loaded", version=version)
+        if buffer.backlog().groups >= scfg.backlog_cap:
+            time.sleep(0.05)
+            continue
+        g = make_group(i, version, g=scfg.group_size, seed=hash(island) % 1000)
+        g = type(g)(
+            group_id=f"{island}-{uuid.uuid4().hex[:12]}",
+            prompt_id=g.prompt_id,
+            sampler_host=island,
+            sampler_incarnation=int(os.environ["YETO_INCARNATION"]),
+            samples=g.samples,
+        )
+        pos = buffer.append(g)
+        stream.emit("group_appended", position=pos, reward=0.5, version=version)
+        i += 1
+        time.sleep(scfg.min_round_s)
+    stream.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    register_fakes()
+    if os.environ["YETO_ROLE"] == "sampler":
+        sys.exit(fake_sampler())
+    from yeto_core.island_main import main
+
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""The head with real island processes (fake sampler, real trainer island with the fake
+backend): a finished run, `run down`, a backstop, and a head killed and restarted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from yeto_core.config import parse_config
+from yeto_core.local_islands import LocalIslands, _group_alive
+from yeto_core.plugins import Plugins
+from yeto_core.run import EXIT_OK, EXIT_WALL_CLOCK, Head, backstop_reason
+
+FAKE_ISLAND = Path(__file__).parent / "run_fakes" / "fake_island.py"
+
+
+def _plugins() -> Plugins:
+    import types
+
+    from yeto_core import hookimpl
+    from yeto_core.testing.fake_backend import FakeBackend
+
+    pm = Plugins(entry_points=False)
+    pm.add(
+        types.SimpleNamespace(
+            yeto_register_trainer_backends=hookimpl(lambda register: register(FakeBackend))
+        ),
+        "test-fakes",
+    )
+    return pm
+
+
+def _config(tmp_path: Path, *, total_rounds: int = 6, wall_clock_s: float = 120.0):
+    (tmp_path / "model").mkdir(exist_ok=True)
+    (tmp_path / "model" / "config.json").write_text("{}")
+    return parse_config(
+        {
+            "name": "headtest",
+            "run_dir": str(tmp_path / "run"),
+            "model": {"path": str(tmp_path / "model")},
+            "task": {"name": "none"},
+            "samplers": [
+                {
+                    "engine": "none",
+                    "count": 2,
+                    "group_size": 4,
+                    "min_round_s": 0.05,
+                    "backlog_cap": 6,
+                    "price_per_hour": 36.0,
+                }
+            ],
+            "trainer": {
+                "backend": "fake",
+                "groups_per_round": 2,
+                "max_policy_age": 100,
+                "total_rounds": total_rounds,
+                "price_per_hour": 72.0,
+            },
+            "scheduler": {
+                "name": "s1",
+                "tick_s": 0.05,
+                "options": {"alpha": 1.0, "round_s": 1.0, "start_seconds_fixed": 1.0},
+            },
+            "backstops": {"budget_usd": 100.0, "wall_clock_s": wall_clock_s},
+        },
+        source="test",
+    )
+
+
+def _head(config) -> Head:
+    provider = LocalIslands(
+        config.run_dir, command=[sys.executable, str(FAKE_ISLAND)], term_timeout_s=5.0
+    )
+    return Head(config, _plugins(), provider=provider)
+
+
+def _summary(config) -> dict:
+    return json.loads((Path(config.run_dir) / "summary.json").read_text())
+
+
+def _no_islands_left(config) -> None:
+    islands = Path(config.run_dir) / "islands"
+    assert list(islands.glob("*.json")) == []
+
+
+def test_backstop_reason_is_pure_and_ordered() -> None:
+    kw = dict(cost_usd=0.0, budget_usd=0.0, elapsed_s=0.0, wall_clock_s=0.0, silent_s=0.0)
+    assert backstop_reason(**kw, silence_s=0.0) is None  # 0 = no limit
+    assert backstop_reason(**{**kw, "cost_usd": 5.0, "budget_usd": 5.0}, silence_s=0) == "budget"
+    assert (
+        backstop_reason(**{**kw, "elapsed_s": 10, "wall_clock_s": 10}, silence_s=0) == "wall_clock"
+    )
+    assert backstop_reason(**{**kw, "silent_s": 3.0}, silence_s=3.0) == "silence"
+    assert backstop_reason(**{**kw, "silent_s": 2.9}, silence_s=3.0) is None
+
+
+def test_a_run_finishes_and_accounts_for_every_group(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    head = _head(config)
+    assert head.run(lambda m: None) == EXIT_OK
+    s = _summary(config)
+    assert s["exit_code"] == EXIT_OK
+    assert s["groups_trained"] >= 2 * config.trainer.total_rounds
+    assert s["groups_trained"] + sum(s["groups_skipped"].values()) == s["groups_appended"]
+    assert s["groups_untrained"] == 0
+    assert s["trainer_starts"] >= 1 and s["trainer_stops"] == s["trainer_starts"]
+    assert s["releases_published"] >= config.trainer.total_rounds
+    assert s["sampler_versions_loaded"] >= 2
+    assert s["cost_usd"] > 0
+    assert s["reward_first"] is not None and s["reward_last"] is not None
+    _no_islands_left(config)
+    status = json.loads((Path(config.run_dir) / "status.json").read_text())
+    assert status["state"] == "finished"
+    assert (Path(config.run_dir) / "FINISHED").exists()
+    assert not (Path(config.run_dir) / "head.json").exists()
+    events = (Path(config.run_dir) / "store" / "events" / "head.jsonl").read_text()
+    assert '"kind":"trainer_start"' in events
+
+
+def test_wall_clock_backstop_stops_cleanly(tmp_path: Path) -> None:
+    config = _config(tmp_path, total_rounds=0, wall_clock_s=4.0)
+    assert _head(config).run(lambda m: None) == EXIT_WALL_CLOCK
+    s = _summary(config)
+    assert s["backstops"] == ["wall_clock"]
+    assert s["stop_reason"] if "stop_reason" in s else s["reason"] == "wall_clock"
+    _no_islands_left(config)
+
+
+_HEAD_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, {tests!r})
+    from test_run_head import _config_from_json, _head
+    config = _config_from_json({cfg!r})
+    sys.exit(_head(config).run(lambda m: print(m, flush=True)))
+    """
+)
+
+
+def _config_from_json(path: str):
+    from yeto_core.config import config_from_dict
+
+    return config_from_dict(json.loads(Path(path).read_text()))
+
+
+def _start_head(config, tmp_path: Path) -> subprocess.Popen:
+    from yeto_core.config import config_to_dict
+
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps(config_to_dict(config)))
+    script = _HEAD_SCRIPT.format(tests=str(Path(__file__).parent), cfg=str(cfg))
+    return subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _wait(pred, what: str, deadline_s: float = 60.0) -> None:
+    end = time.monotonic() + deadline_s
+    while not pred():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _status(config) -> dict:
+    try:
+        return json.loads((Path(config.run_dir) / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def test_run_down_from_another_process_and_status_cli(tmp_path: Path) -> None:
+    from yeto_core.cli import cli
+
+    config = _config(tmp_path, total_rounds=0)
+    head = _start_head(config, tmp_path)
+    try:
+        _wait(lambda: (_status(config).get("trained_rounds") or 0) >= 2, "two trained rounds")
+        res = CliRunner().invoke(cli, ["run", "status", config.run_dir, "--json"])
+        assert res.exit_code == 0, res.output
+        st = json.loads(res.output)
+        assert st["head_alive"] is True and st["state"] == "running"
+        res = CliRunner().invoke(cli, ["run", "down", config.run_dir, "--timeout", "60"])
+        assert res.exit_code == 0, res.output
+        assert head.wait(timeout=60) == EXIT_OK
+    finally:
+        if head.poll() is None:
+            head.kill()
+    s = _summary(config)
+    assert s["reason"] == "down"
+    _no_islands_left(config)
+    res = CliRunner().invoke(cli, ["run", "status", config.run_dir])
+    assert "stopped" in res.output and "summary" in res.output
+    res = CliRunner().invoke(cli, ["cost", config.run_dir, "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["total_usd"] == pytest.approx(s["cost_usd"], rel=0.05)
+
+
+def test_a_killed_head_is_continued_by_the_next_one(tmp_path: Path) -> None:
+    config = _config(tmp_path, total_rounds=10)
+    first = _start_head(config, tmp_path)
+    try:
+        _wait(lambda: (_status(config).get("trained_rounds") or 0) >= 3, "three trained rounds")
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    handles = [json.loads(p.read_text()) for p in (Path(config.run_dir) / "islands").glob("*.json")]
+    assert handles, "the killed head left its islands running"
+    assert any(_group_alive(h["pgid"]) for h in handles)
+
+    second = _head(config)
+    assert second.run(lambda m: None) == EXIT_OK
+    for h in handles:
+        assert not _group_alive(h["pgid"])
+    s = _summary(config)
+    assert s["groups_trained"] + sum(s["groups_skipped"].values()) == s["groups_appended"]
+    assert s["trainer_starts"] >= 2  # one per head at least
+    journal = sorted((Path(config.run_dir) / "store" / "head" / "journal").glob("*.json"))
+    kinds = [json.loads(p.read_text())["kind"] for p in journal]
+    assert "orphan_released" in kinds or "release" in kinds
+    _no_islands_left(config)
+    assert os.path.exists(Path(config.run_dir) / "FINISHED")

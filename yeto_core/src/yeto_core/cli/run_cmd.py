@@ -1,0 +1,280 @@
+"""``yeto run up|status|down``: start a run, watch it from another terminal, stop it."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+
+
+@click.group()
+def run() -> None:
+    """Start, watch and stop runs."""
+
+
+def _say(msg: str) -> None:
+    click.echo(msg)
+
+
+class _Progress:
+    """The live progress display: a rich table on a terminal, a line every 5 s otherwise."""
+
+    def __init__(self, live: bool) -> None:
+        self.live = None
+        self.last_line = 0.0
+        if live:
+            from rich.live import Live
+
+            self.live = Live(refresh_per_second=4, transient=False)
+            self.live.start()
+
+    def __call__(self, status: dict[str, Any]) -> None:
+        if self.live is not None:
+            self.live.update(status_table(status))
+            return
+        now = time.monotonic()
+        if now - self.last_line >= 5.0:
+            self.last_line = now
+            click.echo(status_line(status))
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+
+def _fmt(value: Any, spec: str = "") -> str:
+    if value is None:
+        return "-"
+    return format(value, spec) if spec else str(value)
+
+
+def status_line(s: dict[str, Any]) -> str:
+    """One line of progress (non-terminal output and logs)."""
+    return (
+        f"[{_fmt(s.get('elapsed_s'), '.0f')}s] backlog {s.get('backlog_groups')} groups | "
+        f"appended {s.get('groups_appended')} | trainer {s.get('trainer_state')} "
+        f"v{_fmt(s.get('policy_version'))} rounds {_fmt(s.get('trained_rounds'))} | "
+        f"reward {_fmt(s.get('mean_reward'), '.3f')} | ${_fmt(s.get('cost_usd'), '.4f')}"
+    )
+
+
+def status_table(s: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=f"yeto run {s.get('run')} ({s.get('state')})", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    rows = [
+        ("elapsed", f"{_fmt(s.get('elapsed_s'), '.0f')} s"),
+        ("backlog", f"{s.get('backlog_groups')} groups waiting"),
+        ("appended / consumed", f"{s.get('groups_appended')} / {s.get('watermark')}"),
+        (
+            "trainer",
+            f"{s.get('trainer_state')} (incarnation {_fmt(s.get('incarnation'))}, "
+            f"{_fmt(s.get('trained_rounds'))} rounds)",
+        ),
+        ("policy version", _fmt(s.get("policy_version"))),
+        ("mean reward (last groups)", _fmt(s.get("mean_reward"), ".3f")),
+        ("cost so far", f"${_fmt(s.get('cost_usd'), '.4f')}"),
+        (
+            "samplers",
+            ", ".join(f"{k}: {v}" for k, v in (s.get("samplers") or {}).items()) or "-",
+        ),
+    ]
+    if s.get("stop_reason"):
+        rows.append(("stopping", str(s["stop_reason"])))
+    for k, v in rows:
+        table.add_row(k, v)
+    return table
+
+
+@run.command()
+@click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
+@click.option("--run-dir", type=click.Path(file_okay=False), help="Overrides run_dir in CONFIG.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and the checks; start nothing.")
+def up(config_path: str, run_dir: Optional[str], dry_run: bool) -> None:
+    """Start the run of CONFIG (or continue it in its run dir).
+
+    \b
+    Exit codes:
+      0   finished, or stopped by `yeto run down`
+      1   failed (see the message and the run dir's logs/)
+      2   config or plugin error; nothing started
+      3   a preflight check failed; nothing started
+      4   stopped by the budget backstop
+      5   stopped by the wall-clock backstop
+      6   stopped by the silence backstop
+      7   another head runs on this run dir
+      130 interrupted (Ctrl-C); the run was stopped cleanly
+    """
+    from yeto_core import run as run_mod
+    from yeto_core.config import load_config
+    from yeto_core.plugins import get_plugins
+    from yeto_core.preflight import run_preflight
+
+    config = load_config(config_path, run_dir=run_dir)
+    plugins = get_plugins()
+    report = run_preflight(config, plugins)
+    click.echo(plan_text(config))
+    click.echo("preflight:")
+    click.echo(report.render())
+    if dry_run:
+        sys.exit(run_mod.EXIT_OK if report.passed else run_mod.EXIT_PREFLIGHT)
+    if not report.passed:
+        click.echo("yeto: preflight failed; nothing was started", err=True)
+        sys.exit(run_mod.EXIT_PREFLIGHT)
+    other = run_mod.live_head(Path(config.run_dir))
+    if other is not None:
+        click.echo(
+            f"yeto: another head (pid {other['pid']}) runs on {config.run_dir}; "
+            f"`yeto run down {config.run_dir}` stops it",
+            err=True,
+        )
+        sys.exit(run_mod.EXIT_BUSY)
+    head = run_mod.Head(config, plugins)
+    head.prepare_base(_say)
+    progress = _Progress(live=sys.stdout.isatty())
+    head.display = progress
+    try:
+        code = head.run(_say)
+    finally:
+        progress.close()
+    summary = run_mod.read_json(Path(config.run_dir) / run_mod.SUMMARY_FILE) or {}
+    click.echo(summary_text(summary, Path(config.run_dir)))
+    click.echo(f"exit {code}: {run_mod.EXIT_CODES.get(code, '')}")
+    sys.exit(code)
+
+
+def plan_text(config: Any) -> str:
+    """What ``run up`` will start."""
+    lines = [
+        f"run {config.name}: {config.source}",
+        f"  run dir   {config.run_dir}",
+        f"  store     {config.store_url()}",
+        f"  model     {config.model.path}",
+        f"  task      {config.task.name}",
+    ]
+    for island, s in config.sampler_islands():
+        lines.append(
+            f"  sampler   {island}: engine {s.engine}, G={s.group_size}, "
+            f"backlog cap {s.backlog_cap}, min round {s.min_round_s:g} s, "
+            f"${s.price_per_hour:g}/h"
+        )
+    t = config.trainer
+    lines.append(
+        f"  trainer   {t.name}: backend {t.backend}, {t.groups_per_round} groups/round, "
+        f"max policy age {t.max_policy_age}, "
+        f"{t.total_rounds or 'unlimited'} rounds, ${t.price_per_hour:g}/h"
+    )
+    lines.append(f"  scheduler {config.scheduler.name} {config.scheduler.options or ''}".rstrip())
+    b = config.backstops
+    lines.append(
+        f"  backstops budget ${b.budget_usd:g}, wall clock {b.wall_clock_s:g} s, "
+        f"silence {b.silence_s:g} s (0 = none)"
+    )
+    return "\n".join(lines)
+
+
+def summary_text(s: dict[str, Any], run_dir: Path) -> str:
+    if not s:
+        return f"no summary in {run_dir}"
+    keys = [
+        "reward_first",
+        "reward_last",
+        "trainer_starts",
+        "trainer_stops",
+        "releases_published",
+        "sampler_versions_loaded",
+        "groups_appended",
+        "groups_trained",
+        "groups_skipped",
+        "cost_usd",
+        "wall_s",
+    ]
+    lines = [f"summary ({run_dir / 'summary.json'}):"]
+    for k in keys:
+        v = s.get(k)
+        if isinstance(v, float):
+            v = f"{v:.3f}"
+        lines.append(f"  {k:24} {v}")
+    return "\n".join(lines)
+
+
+def _run_dir_of(run: str) -> Path:
+    """RUN is a run dir, or a config whose run_dir is used."""
+    path = Path(run)
+    if path.is_file():
+        from yeto_core.config import load_config
+
+        return Path(load_config(path).run_dir)
+    if not path.is_dir():
+        raise click.ClickException(f"{run}: no such run dir (or run config)")
+    return path
+
+
+@run.command()
+@click.argument("run_ref", metavar="RUN")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def status(run_ref: str, as_json: bool) -> None:
+    """Show the state of RUN (a run dir or its config), from any terminal."""
+    from yeto_core import run as run_mod
+    from yeto_core.cost import CostLedger
+    from yeto_core.island_main import load_run_config
+
+    run_dir = _run_dir_of(run_ref)
+    st = run_mod.read_json(run_dir / run_mod.STATUS_FILE) or {}
+    head = run_mod.live_head(run_dir)
+    out = dict(st)
+    out["head_alive"] = head is not None
+    if head is None and out.get("state") in ("running", "finishing"):
+        out["state"] = "head_not_running"
+    try:
+        config = load_run_config(run_dir)
+        out["cost_usd"] = round(CostLedger(run_dir, config.island_prices()).total_usd(), 4)
+    except (OSError, ValueError):
+        pass
+    summary = run_mod.read_json(run_dir / run_mod.SUMMARY_FILE)
+    if summary is not None and head is None:
+        out["summary"] = summary
+    if as_json:
+        click.echo(json.dumps(out, indent=2, sort_keys=True, default=str))
+        return
+    if not st:
+        click.echo(f"{run_dir}: no status yet (has `yeto run up` started here?)")
+        return
+    click.echo(
+        f"{run_dir}: {out['state']} (head {'pid ' + str(head['pid']) if head else 'not running'})"
+    )
+    click.echo("  " + status_line(out))
+    if summary is not None and head is None:
+        click.echo(summary_text(summary, run_dir))
+
+
+@run.command()
+@click.argument("run_ref", metavar="RUN")
+@click.option("--wait/--no-wait", default=True, help="Wait until the head has stopped.")
+@click.option("--timeout", "timeout_s", default=600.0, show_default=True, help="Seconds to wait.")
+def down(run_ref: str, wait: bool, timeout_s: float) -> None:
+    """Stop RUN cleanly (final cut, samplers stopped) from another terminal."""
+    from yeto_core import run as run_mod
+
+    run_dir = _run_dir_of(run_ref)
+    head = run_mod.live_head(run_dir)
+    if head is None:
+        click.echo(f"{run_dir}: no head is running; nothing to stop")
+        return
+    run_mod.request_down(run_dir)
+    click.echo(f"asked the head (pid {head['pid']}) to stop")
+    if not wait:
+        return
+    deadline = time.monotonic() + timeout_s
+    while run_mod.live_head(run_dir) is not None:
+        if time.monotonic() > deadline:
+            raise click.ClickException(f"the head did not stop within {timeout_s:g} s")
+        time.sleep(0.2)
+    st = run_mod.read_json(run_dir / run_mod.STATUS_FILE) or {}
+    click.echo(f"stopped: {st.get('stop_reason', 'down')}")

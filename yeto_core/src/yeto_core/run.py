@@ -1,0 +1,618 @@
+"""The head of a run: ``yeto run up``.
+
+One process on the user's machine. It checks the config (preflight), builds
+the base model when it is missing, launches the sampler islands through the
+``local`` island provider, and drives the trainer through the
+:class:`~yeto_core.trainer_loop.TrainerLoop` (the scheduler decides, a
+:class:`~yeto_core.lifecycle.RemoteTrainerLifecycle` launches each trainer
+incarnation as its own island and talks to it through the store). Every tick
+it writes ``status.json`` in the run dir, checks the backstops and the
+``DOWN`` request file, and shows the progress.
+
+Run dir (``run_dir`` in the config, or ``--run-dir``)::
+
+    config.json      the resolved config (islands read it)
+    head.json        the live head's pid (one head per run dir)
+    status.json      progress, rewritten every tick (``yeto run status``)
+    DOWN             a stop request (``yeto run down``)
+    cost.jsonl       island starts and verified releases (``yeto cost``)
+    islands/         handles of live islands (a restarted head releases them)
+    logs/            one log per island incarnation
+    summary.json     the run's figures, written when the head stops
+    store/           the store, unless ``store`` names another one
+
+Stopping is always clean: the samplers are released (verified gone), the
+trainer takes its final cut and leaves, then ``summary.json`` is written. A
+head that is killed leaves the islands running; ``yeto run up`` on the same
+run dir releases them and continues from the newest cut and the buffer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Optional
+
+import attrs
+
+from yeto_core.config import RunConfig, config_to_dict
+from yeto_core.cost import CostLedger
+from yeto_core.errors import ConfigError, YetoError
+from yeto_core.event_stream import EventStream, read_all
+from yeto_core.island_main import CONFIG_FILE, ENV_ROLE, ENV_RUN_DIR
+from yeto_core.records import LifecycleState, StopReason
+from yeto_core.run_summary import summarize
+
+# -- exit codes (docs/run-config.md#exit-codes) ---------------------------------------
+EXIT_OK = 0  # finished (total_rounds trained, data ended) or stopped by `yeto run down`
+EXIT_FAILED = 1  # an island kept failing, a release could not be verified, an error
+EXIT_CONFIG = 2  # the config or a plugin is wrong (nothing started)
+EXIT_PREFLIGHT = 3  # a preflight check failed (nothing started)
+EXIT_BUDGET = 4  # backstop: the budget was reached
+EXIT_WALL_CLOCK = 5  # backstop: the wall-clock limit was reached
+EXIT_SILENCE = 6  # backstop: no new group for silence_s
+EXIT_BUSY = 7  # another head is running on this run dir
+EXIT_INTERRUPTED = 130  # Ctrl-C (the run was still stopped cleanly)
+
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "finished, or stopped by yeto run down",
+    EXIT_FAILED: "failed (see the head's message and logs/)",
+    EXIT_CONFIG: "config or plugin error; nothing started",
+    EXIT_PREFLIGHT: "a preflight check failed; nothing started",
+    EXIT_BUDGET: "stopped by the budget backstop",
+    EXIT_WALL_CLOCK: "stopped by the wall-clock backstop",
+    EXIT_SILENCE: "stopped by the silence backstop",
+    EXIT_BUSY: "another head runs on this run dir",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C); stopped cleanly",
+}
+
+BACKSTOP_EXIT = {"budget": EXIT_BUDGET, "wall_clock": EXIT_WALL_CLOCK, "silence": EXIT_SILENCE}
+
+HEAD_FILE = "head.json"
+STATUS_FILE = "status.json"
+DOWN_FILE = "DOWN"
+SUMMARY_FILE = "summary.json"
+FINISHED_FILE = "FINISHED"
+
+#: A sampler island that exits this many times is not relaunched again.
+MAX_SAMPLER_RESTARTS = 3
+
+
+def backstop_reason(
+    *,
+    cost_usd: float,
+    budget_usd: float,
+    elapsed_s: float,
+    wall_clock_s: float,
+    silent_s: float,
+    silence_s: float,
+) -> Optional[str]:
+    """Which backstop (``budget``, ``wall_clock``, ``silence``) is hit, if any; 0 = no limit."""
+    if budget_usd > 0 and cost_usd >= budget_usd:
+        return "budget"
+    if wall_clock_s > 0 and elapsed_s >= wall_clock_s:
+        return "wall_clock"
+    if silence_s > 0 and silent_s >= silence_s:
+        return "silence"
+    return None
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Optional[dict[str, Any]]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def live_head(run_dir: Path) -> Optional[dict[str, Any]]:
+    """The head running on ``run_dir`` (pid alive), or None."""
+    info = read_json(run_dir / HEAD_FILE)
+    if info and _pid_alive(int(info.get("pid", -1))):
+        return info
+    return None
+
+
+def request_down(run_dir: Path, reason: str = "yeto run down") -> None:
+    """Ask the head of ``run_dir`` to stop cleanly (it polls for the file)."""
+    write_json_atomic(run_dir / DOWN_FILE, {"time": time.time(), "reason": reason})
+
+
+@attrs.define
+class HeadState:
+    """What the head tracks between ticks (not persisted: a restarted head starts fresh)."""
+
+    started_at: float
+    last_head_position: int = -1
+    last_arrival_at: float = 0.0
+    sampler_restarts: dict[str, int] = attrs.field(factory=dict)
+    stop_reason: Optional[str] = None
+    exit_code: int = EXIT_OK
+    trainer_starts: int = 0
+    trainer_stops: int = 0
+    finishing: bool = False
+    last_rewards: list[float] = attrs.field(factory=list)
+
+
+class Head:
+    """One run's head. ``run()`` returns an exit code (see ``EXIT_CODES``).
+
+    :param config: the checked run config.
+    :param plugins: the plugin manager.
+    :param provider: the island provider (default: ``local`` in the run dir).
+    :param clock: seconds since the epoch.
+    :param sleep: waits between ticks.
+    :param display: called with the status dict every tick (progress display).
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        plugins: Any,
+        *,
+        provider: Any = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        display: Optional[Callable[[dict[str, Any]], None]] = None,
+    ) -> None:
+        self.config = config
+        self.plugins = plugins
+        self.run_dir = Path(config.run_dir)
+        self.clock = clock
+        self.sleep = sleep
+        self.display = display or (lambda status: None)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.provider = provider or plugins.island_provider("local")(self.run_dir)
+        self.store = plugins.open_store(config.store_url())
+        self.buffer = plugins.sample_buffer("file")(self.store, host="head")
+        self.costs = CostLedger(self.run_dir, config.island_prices(), clock=clock)
+        self.events = EventStream(self.store, "head", clock=clock, flush_s=0.0)
+        self.state = HeadState(started_at=clock())
+        self.sampler_handles: dict[str, str] = {}
+        self._stop_requested: Optional[str] = None
+        self.trainer_loop: Any = None
+        self.lifecycle: Any = None
+
+    # -- set-up ----------------------------------------------------------------------
+
+    def island_env(self, role: str) -> dict[str, str]:
+        return {
+            ENV_RUN_DIR: str(self.run_dir.absolute()),
+            ENV_ROLE: role,
+            "YETO_STORE": self.config.store_url(),
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def write_config(self) -> None:
+        write_json_atomic(self.run_dir / CONFIG_FILE, config_to_dict(self.config))
+
+    def prepare_base(self, say: Callable[[str], None] = print) -> None:
+        """Build the base model through the backend when ``model.path`` is missing."""
+        path = Path(self.config.model.path)
+        if (path / "config.json").is_file():
+            return
+        backend_cls = self.plugins.trainer_backend(self.config.trainer.backend)
+        prepare = getattr(backend_cls, "prepare_base", None)
+        if prepare is None:
+            raise YetoError(
+                f"model.path {str(path)!r} has no model and the {self.config.trainer.backend!r} "
+                "backend cannot build one; point model.path at a model directory"
+            )
+        options = dict(self.config.model.base_options)
+        options.setdefault("task", self.config.task.name)
+        options.setdefault("seed", self.config.seed)
+        say(f"building the base model in {path} (first run only) ...")
+        t0 = self.clock()
+        prepare(options, path)
+        say(f"base model ready in {self.clock() - t0:.1f} s")
+
+    def claim(self) -> None:
+        """Become this run dir's head (refuses while another head lives)."""
+        other = live_head(self.run_dir)
+        if other is not None and int(other["pid"]) != os.getpid():
+            raise HeadBusyError(
+                f"another head (pid {other['pid']}) runs on {self.run_dir}; stop it with "
+                f"`yeto run down {self.run_dir}` or wait for it"
+            )
+        write_json_atomic(
+            self.run_dir / HEAD_FILE, {"pid": os.getpid(), "started_at": self.state.started_at}
+        )
+        (self.run_dir / DOWN_FILE).unlink(missing_ok=True)
+
+    def release_orphans(self) -> list[str]:
+        """Release every island a previous head left running, and close its cost."""
+        released = []
+        open_handles = self.costs.open_handles()
+        for handle in self.provider.orphans():
+            if not self.provider.release(handle):
+                raise YetoError(
+                    f"island {handle} left by a previous head could not be verified gone; "
+                    f"kill it by hand (see {self.run_dir / 'islands' / (handle + '.json')})"
+                )
+            released.append(handle)
+        for handle, island in open_handles.items():
+            if self.provider.status(handle) == "gone":
+                self.costs.stopped(island, handle)
+        if released:
+            self.events.emit("orphans_released", handles=released)
+        return released
+
+    def _incarnation_of(self, island: str) -> int:
+        return sum(1 for ln in self.costs.lines() if ln.event == "start" and ln.island == island)
+
+    def launch_sampler(self, island: str) -> str:
+        incarnation = self._incarnation_of(island)
+        handle = self.provider.launch(island, incarnation, self.island_env("sampler"))
+        self.costs.started(island, handle)
+        self.sampler_handles[island] = handle
+        self.events.emit("sampler_launch", island=island, incarnation=incarnation, handle=handle)
+        return handle
+
+    def release_island(self, island: str, handle: str) -> None:
+        if not self.provider.release(handle):
+            raise YetoError(f"island {handle} could not be verified gone; kill it by hand")
+        self.costs.stopped(island, handle)
+
+    # -- the trainer -----------------------------------------------------------------
+
+    def build_trainer_loop(self) -> None:
+        """The scheduler, a remote lifecycle over the provider, and the TrainerLoop."""
+        from yeto_core.lifecycle import RemoteTrainerLifecycle
+        from yeto_core.release import ReleaseStore
+        from yeto_core.trainer_loop import Journal, LoopConfig, TrainerLoop
+
+        self.lifecycle = RemoteTrainerLifecycle(
+            self.store,
+            _CostedProvider(self),
+            island=self.config.trainer.name,
+            env=self.island_env("trainer"),
+        )
+        options = dict(self.config.scheduler.options)
+        try:
+            loop_config = LoopConfig(
+                groups_per_round=self.config.trainer.groups_per_round,
+                a_hard=self.config.trainer.max_policy_age,
+                **options,
+            )
+        except TypeError as exc:
+            allowed = ", ".join(
+                f.name
+                for f in attrs.fields(LoopConfig)
+                if f.name not in ("groups_per_round", "a_hard")
+            )
+            raise ConfigError(f"scheduler.options: {exc}; allowed keys: {allowed}") from None
+        releases = ReleaseStore(self.store)
+        lifecycle = self.lifecycle
+        self.trainer_loop = TrainerLoop(
+            self.plugins.scheduler(self.config.scheduler.name)(),
+            lifecycle,
+            self.backlog_for_scheduler,
+            lambda: releases.latest() is not None,
+            Journal(self.store),
+            loop_config,
+            clock=self.clock,
+            start_seconds=lambda: (lifecycle.start_summary or {}).get("start_s"),
+            emit=self._on_loop_event,
+        )
+
+    def backlog_for_scheduler(self) -> Any:
+        """The backlog; after the data end a short last round counts as a whole round.
+
+        The trainer takes a short last round once the data ended (the driver's
+        ``partial_last_round``), so that every appended group is trained or skipped.
+        """
+        b = self.buffer.backlog()
+        gpr = self.config.trainer.groups_per_round
+        if b.data_ended and 0 < b.groups % gpr:
+            b = attrs.evolve(b, groups=b.groups + gpr - b.groups % gpr)
+        return b
+
+    def _on_loop_event(self, event: Any) -> None:
+        names = {
+            "head_start": "trainer_start",
+            "head_stop": "trainer_stop",
+            "head_release": "trainer_release",
+            "head_orphan_released": "trainer_orphan_released",
+            "head_finish": "trainer_finish",
+            "head_gave_up": "trainer_gave_up",
+            "head_start_failed": "trainer_start_failed",
+            "head_train_failed": "trainer_train_failed",
+            "head_drain_failed": "trainer_drain_failed",
+        }
+        kind = names.get(event.kind)
+        if kind is not None:
+            self.events.emit(kind, **dict(event.data))
+
+    def stop_trainer(self) -> None:
+        """Take the final cut (FINISHED → FINAL trigger) and release the trainer island."""
+        lifecycle, loop = self.lifecycle, self.trainer_loop
+        if lifecycle is None or loop is None:
+            return
+        state = lifecycle.state()
+        if state == LifecycleState.STARTING:
+            state = lifecycle.wait_ready()
+        if state == LifecycleState.READY:
+            loop._drain(StopReason.FINISHED)
+        state = lifecycle.state()
+        if state in (LifecycleState.LEFT, LifecycleState.FAILED):
+            loop._release(failed=state == LifecycleState.FAILED)
+
+    # -- the loop --------------------------------------------------------------------
+
+    def request_stop(self, reason: str) -> None:
+        if self._stop_requested is None:
+            self._stop_requested = reason
+
+    def check_samplers(self) -> None:
+        """Relaunch a sampler island that exited (up to ``MAX_SAMPLER_RESTARTS`` times)."""
+        if self.state.finishing:
+            return
+        for island, handle in list(self.sampler_handles.items()):
+            if self.provider.status(handle) not in ("exited", "gone"):
+                continue
+            code = getattr(self.provider, "returncode", lambda h: None)(handle)
+            self.release_island(island, handle)
+            n = self.state.sampler_restarts.get(island, 0) + 1
+            self.state.sampler_restarts[island] = n
+            self.events.emit("sampler_exited", island=island, handle=handle, code=code)
+            if n > MAX_SAMPLER_RESTARTS:
+                del self.sampler_handles[island]
+                raise YetoError(
+                    f"sampler island {island} exited {n} times (last exit code {code}); see "
+                    f"{self.run_dir / 'logs' / (handle + '.log')}"
+                )
+            self.launch_sampler(island)
+
+    def stop_samplers(self) -> None:
+        for island, handle in list(self.sampler_handles.items()):
+            self.release_island(island, handle)
+            del self.sampler_handles[island]
+            self.events.emit("sampler_released", island=island, handle=handle)
+
+    def status(self) -> dict[str, Any]:
+        """The status dict (``status.json``, the progress display)."""
+        now = self.clock()
+        b = self.buffer.backlog()
+        if b.head_position != self.state.last_head_position:
+            self.state.last_head_position = b.head_position
+            self.state.last_arrival_at = now
+        loop = self.trainer_loop
+        lifecycle_state = self.lifecycle.state().value if self.lifecycle is not None else "STOPPED"
+        report = getattr(self.lifecycle, "last_report", {}) or {}
+        return {
+            "run": self.config.name,
+            "state": "finishing" if self.state.finishing else "running",
+            "pid": os.getpid(),
+            "updated_at": now,
+            "elapsed_s": round(now - self.state.started_at, 1),
+            "backlog_groups": b.groups,
+            "groups_appended": b.head_position,
+            "watermark": b.watermark,
+            "trainer_state": lifecycle_state,
+            "policy_version": report.get("policy_version"),
+            "trained_rounds": report.get("trained_rounds"),
+            "incarnation": getattr(loop, "incarnation", None),
+            "mean_reward": _mean(self.state.last_rewards),
+            "cost_usd": round(self.costs.total_usd(now), 4),
+            "samplers": {
+                island: self.provider.status(h) for island, h in self.sampler_handles.items()
+            },
+            "stop_reason": self._stop_requested,
+        }
+
+    def tick(self) -> dict[str, Any]:
+        """One step of the head: down request, backstops, samplers, the trainer loop."""
+        if (self.run_dir / DOWN_FILE).exists():
+            self.request_stop("down")
+        status = self.status()
+        b = self.config.backstops
+        reason = backstop_reason(
+            cost_usd=status["cost_usd"],
+            budget_usd=b.budget_usd,
+            elapsed_s=status["elapsed_s"],
+            wall_clock_s=b.wall_clock_s,
+            silent_s=self.clock() - self.state.last_arrival_at,
+            silence_s=0.0 if self.state.finishing else b.silence_s,
+        )
+        if reason is not None and self._stop_requested is None:
+            self.events.emit("backstop", reason=reason, status=status)
+            self.request_stop(reason)
+        self.check_samplers()
+        target = self.config.trainer.total_rounds
+        if target and not self.state.finishing and (status["trained_rounds"] or 0) >= target:
+            self.finish_data()
+        write_json_atomic(self.run_dir / STATUS_FILE, status)
+        self.display(status)
+        return status
+
+    def finish_data(self) -> None:
+        """The target is reached: stop the samplers and let the trainer drain the backlog."""
+        self.state.finishing = True
+        self.events.emit("target_reached", total_rounds=self.config.trainer.total_rounds)
+        self.stop_samplers()
+        self.buffer.mark_data_end()
+
+    def update_rewards(self) -> None:
+        """The mean reward of the last trained groups (from the trainer's event stream)."""
+        from yeto_core.event_stream import read_events
+
+        rewards: list[float] = []
+        for e in read_events(self.store, self.config.trainer.name):
+            if e.kind == "round_trained":
+                rewards.extend(float(r) for r in e.data.get("rewards", ()))
+        self.state.last_rewards = rewards[-16:]
+
+    # -- the whole run ---------------------------------------------------------------
+
+    def start(self, say: Callable[[str], None] = print) -> None:
+        """Claim the run dir, release orphans, build the trainer loop, launch the samplers."""
+        self.claim()
+        self.write_config()
+        released = self.release_orphans()
+        if released:
+            say(
+                f"released {len(released)} island(s) left by a previous head: {', '.join(released)}"
+            )
+        self.events.emit("run_up", pid=os.getpid(), config=self.config.source)
+        self.build_trainer_loop()
+        if self.trainer_loop.finished is not None:
+            self.state.finishing = True
+            return
+        if self.buffer.data_ended():
+            self.state.finishing = True
+            return
+        for island, _ in self.config.sampler_islands():
+            self.launch_sampler(island)
+
+    def run(self, say: Callable[[str], None] = print) -> int:
+        """Run until finished, stopped or a backstop; always stop cleanly. Returns the exit code."""
+        code = EXIT_OK
+        try:
+            self.start(say)
+            tick_s = self.config.scheduler.tick_s
+            last_rewards = 0.0
+            while self._stop_requested is None and self.trainer_loop.finished is None:
+                if self.clock() - last_rewards >= 2.0:
+                    self.update_rewards()
+                    last_rewards = self.clock()
+                self.tick()
+                if self._stop_requested is not None:
+                    break
+                self.trainer_loop.tick()
+                if self.trainer_loop.finished is None:
+                    self.sleep(tick_s)
+            reason = self._stop_requested or f"finished ({self.trainer_loop.finished})"
+            if self._stop_requested in BACKSTOP_EXIT:
+                code = BACKSTOP_EXIT[self._stop_requested]
+            elif self._stop_requested == "interrupt":
+                code = EXIT_INTERRUPTED
+            elif self.trainer_loop.finished == "gave_up":
+                code = EXIT_FAILED
+        except KeyboardInterrupt:
+            reason, code = "interrupt", EXIT_INTERRUPTED
+        except Exception as exc:
+            reason, code = f"error: {type(exc).__name__}: {exc}", EXIT_FAILED
+            say(f"yeto: the head failed: {exc}; stopping the run cleanly")
+        say(f"stopping: {reason}")
+        try:
+            self.shutdown(reason, code)
+        except KeyboardInterrupt:
+            say("interrupted again while stopping; islands may be left (run `yeto run up` again)")
+            return EXIT_INTERRUPTED
+        return code
+
+    def shutdown(self, reason: str, code: int) -> dict[str, Any]:
+        """Stop samplers (verified), final cut of the trainer, the summary."""
+        errors = []
+        try:
+            self.stop_samplers()
+        except Exception as exc:  # keep going: the trainer's cut matters more
+            errors.append(f"samplers: {exc}")
+        try:
+            self.stop_trainer()
+        except Exception as exc:
+            errors.append(f"trainer: {exc}")
+        finished = self.trainer_loop is not None and self.trainer_loop.finished is not None
+        summary = self.write_summary(reason=reason, exit_code=code, errors=errors)
+        if finished:
+            write_json_atomic(
+                self.run_dir / FINISHED_FILE, {"time": self.clock(), "reason": reason}
+            )
+        status = self.status()
+        status["state"] = "finished" if finished else "stopped"
+        status["stop_reason"] = reason
+        status["exit_code"] = code
+        write_json_atomic(self.run_dir / STATUS_FILE, status)
+        self.events.emit("run_down", reason=reason, exit_code=code, errors=errors)
+        (self.run_dir / HEAD_FILE).unlink(missing_ok=True)
+        (self.run_dir / DOWN_FILE).unlink(missing_ok=True)
+        return summary
+
+    def write_summary(self, **extra: Any) -> dict[str, Any]:
+        """``summary.json``: figures from the event streams, the buffer and the cost ledger."""
+        self.events.flush()
+        streams = read_all(self.store)
+        appended = self.appended_rewards()
+        now = self.clock()
+        first_up = min((ln.time for ln in self.costs.lines()), default=self.state.started_at)
+        summary = summarize(
+            streams,
+            appended=appended,
+            cost_usd=self.costs.total_usd(now),
+            wall_s=now - min(first_up, self.state.started_at),
+            extra=extra,
+        )
+        write_json_atomic(self.run_dir / SUMMARY_FILE, summary)
+        return summary
+
+    def appended_rewards(self) -> dict[int, float]:
+        """Mean reward of the first tenth of the appended groups, read from the buffer."""
+        entries = self.buffer.entries(0)
+        n = _ceil_tenth(len(entries))
+        out: dict[int, float] = {}
+        for entry in entries[:n]:
+            group = self.buffer.load(entry)
+            rewards = [float(s.reward) for s in group.samples]
+            out[entry.position] = sum(rewards) / len(rewards) if rewards else 0.0
+        for entry in entries[n:]:
+            out.setdefault(entry.position, math.nan)
+        return out
+
+
+class _CostedProvider:
+    """The head's provider, with trainer launches and verified releases in the cost ledger."""
+
+    def __init__(self, head: Head) -> None:
+        self.head = head
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.head.provider, name)
+
+    def launch(self, island: str, incarnation: int, env: Mapping[str, str]) -> str:
+        handle = self.head.provider.launch(island, incarnation, env)
+        self.head.costs.started(island, handle)
+        return handle
+
+    def release(self, handle: str) -> bool:
+        ok = self.head.provider.release(handle)
+        if ok and handle in self.head.costs.open_handles():
+            self.head.costs.stopped(self.head.config.trainer.name, handle)
+        return ok
+
+    def release_orphan(self, handle: str) -> bool:
+        return self.release(handle)
+
+
+def _mean(xs: list[float]) -> Optional[float]:
+    return round(sum(xs) / len(xs), 4) if xs else None
+
+
+class HeadBusyError(YetoError):
+    """Another head runs on this run dir."""
+
+
+def _ceil_tenth(n: int) -> int:
+    return max(1, math.ceil(n / 10)) if n else 0
