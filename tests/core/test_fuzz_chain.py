@@ -1,0 +1,487 @@
+"""Hypothesis stateful fuzz of the buffer -> reader -> backend -> ledger -> cut chain.
+
+Real parts: :class:`FileSampleBuffer` on a dir store (``jsonl``, ``objects`` and
+the sharded index with a merging head), the real :class:`BatchReader`, the real
+:class:`BatchLedger`, the real :class:`CutStore`, and the CPU ``FakeBackend``.
+Samplers append through their own buffer objects, as separate islands do.
+
+``make test`` runs the CI profile (``YETO_FUZZ_EXAMPLES`` runs, default 200,
+derandomized); ``make fuzz`` runs a long profile and prints
+``fuzz: <N> steps executed in <M> runs``.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from yeto_core.batch_reader import (
+    BatchReader,
+    EndOfData,
+    ReaderBatch,
+    SamplerWaitTimeout,
+    UnconvertibleRoundError,
+)
+from yeto_core.cut import ConsistentCut, CutStore
+from yeto_core.ledger import BatchLedger, LedgerError, replay
+from yeto_core.records import Sample, SampleGroup, Trigger
+from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.stores.dir_store import DirStore
+from yeto_core.testing.fake_backend import FakeBackend
+
+G = 2
+VOCAB = 50
+MAX_AGE = 1
+FENCED_INCARNATION = 9
+LAYERS, EXPERTS = 2, 4
+EXAMPLES = int(os.environ.get("YETO_FUZZ_EXAMPLES", "200"))
+STEPS = int(os.environ.get("YETO_FUZZ_STEPS", "25"))
+
+#: what each kind of group may become: trained, or skipped with one of these reasons
+EXPECTED_SKIPS = {
+    "whole": {"stale"},
+    "oversized": {"stale"},
+    "mixed": {"stale"},
+    "empty_response": {"stale"},
+    "old": {"stale"},
+    "too_small": {"too_small", "stale"},
+    "fenced": {"fenced_incarnation", "stale"},
+    "quarantined": {"quarantined", "stale"},
+    "nonfinite": {"nonfinite_reward", "stale"},
+    "malformed": {"unconvertible", "stale"},
+    "routed": {"unconvertible", "stale"},
+    "damaged": {"unconvertible", "stale"},
+}
+NEVER_TRAINED = {
+    "too_small",
+    "fenced",
+    "quarantined",
+    "nonfinite",
+    "malformed",
+    "routed",
+    "damaged",
+}
+
+STATS = {"steps": 0, "runs": 0}
+#: what the runs exercised (the CI profile asserts every rule had its effect)
+COVER: collections.Counter[str] = collections.Counter()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+def _sample(n_resp: int, *, version: int, reward: float, token: int = 3) -> Sample:
+    return Sample(
+        tokens=np.array([1, 2] + [token] * n_resp, dtype=np.int32),
+        prompt_len=2,
+        logprobs=np.full(n_resp, -0.25, dtype=np.float32),
+        loss_mask=np.ones(n_resp, dtype=np.uint8),
+        reward=reward,
+        weight_version=version,
+    )
+
+
+def make_kind(kind: str, gid: str, version: int, seed: int) -> SampleGroup:
+    rng = np.random.default_rng(seed)
+    n = {"too_small": G - 1, "oversized": G + 2}.get(kind, G)
+    samples = []
+    for j in range(n):
+        v = version - 3 if kind == "old" else version - (j % 2 if kind == "mixed" else 0)
+        samples.append(
+            _sample(
+                int(rng.integers(1, 4)),
+                version=max(v, 0) if kind != "old" else v,
+                reward=float(rng.random()),
+                token=VOCAB + 5 if (kind == "malformed" and j == n - 1) else 3,
+            )
+        )
+    if kind == "empty_response":
+        samples[0] = _sample(0, version=version, reward=0.5)
+    if kind == "nonfinite":
+        samples[-1] = _sample(2, version=version, reward=math.nan if seed % 2 else math.inf)
+    # the model routes experts (2 layers, top-1 of 4): every sample carries its rows;
+    # a "routed" group has the wrong layer count
+    layers = 3 if kind == "routed" else LAYERS
+    samples = [
+        Sample(
+            tokens=s.tokens,
+            prompt_len=s.prompt_len,
+            logprobs=s.logprobs,
+            loss_mask=s.loss_mask,
+            reward=s.reward,
+            weight_version=s.weight_version,
+            routed_experts=rng.integers(0, EXPERTS, (len(s.tokens) - 1, layers, 1)).astype(
+                np.int32
+            ),
+        )
+        for s in samples
+    ]
+    inc = FENCED_INCARNATION if kind == "fenced" else 0
+    return SampleGroup(gid, f"p-{gid}", "s1", inc, tuple(samples))
+
+
+class ChainMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = Path(tempfile.mkdtemp(prefix="yeto-fuzz-"))
+        self.clock = Clock()
+        self.store = DirStore(self.tmp / "store", fsync=False)
+        self.kinds: dict[str, str] = {}  # group id -> kind
+        self.n_appended = 0
+        self.gen = 0  # run generation (a restart from the base starts a new one)
+        self.ahead: Optional[ReaderBatch] = None
+        STATS["runs"] += 1
+
+    def teardown(self) -> None:
+        for b in (getattr(self, "buffer", None), getattr(self, "appender", None)):
+            if b is not None:
+                b.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    @initialize(layout=st.sampled_from(["jsonl", "objects", "shards"]), n=st.integers(1, 3))
+    def setup(self, layout: str, n: int) -> None:
+        self.layout = layout
+        opts: dict[str, Any] = {"layout": layout, "clock": self.clock}
+        self.appender = FileSampleBuffer(self.store, host="s1", **opts)
+        self.buffer = FileSampleBuffer(self.store, host="head", merger=(layout == "shards"), **opts)
+        self.ledger = BatchLedger(self.store, clock=self.clock)
+        self.groups_per_round = n
+        self._start(incarnation=1, cut=None, cut_dir=None)
+
+    def _start(self, *, incarnation: int, cut: Optional[ConsistentCut], cut_dir: Any) -> None:
+        self.incarnation = incarnation
+        self.cuts = CutStore(self.store, prefix=f"cuts{self.gen}", keep=2, clock=self.clock)
+        self.backend = FakeBackend(seed=7)
+        self.backend.restore(cut_dir)
+        self.version = cut.policy_version if cut else 0
+        self.trained_rounds = cut.trained_rounds if cut else 0
+        self.parent_cut = cut.cut_id if cut else None
+        self.buffer.reset_to(cut.buffer_watermark if cut else 0)
+        self.last_watermark = self.buffer.watermark
+        self.ahead = None
+        self.reader = BatchReader(
+            self.buffer,
+            group_size=G,
+            groups_per_round=self.groups_per_round,
+            max_policy_age=MAX_AGE,
+            vocab_size=VOCAB,
+            expected_layers=LAYERS,
+            top_k=1,
+            num_experts=EXPERTS,
+            fenced_incarnations=lambda host, inc: inc == FENCED_INCARNATION,
+            quarantined=lambda e: e.group_id.startswith("q"),
+            wait_s=5.0,
+            poll_s=1.0,
+            max_unconvertible_takes=2,
+            clock=self.clock,
+            sleep=self.clock.sleep,
+        )
+
+    # -- samplers ---------------------------------------------------------------------------
+
+    @rule(
+        kind=st.sampled_from(["whole", "oversized", "mixed", "empty_response"]),
+        count=st.integers(1, 4),
+        lag=st.integers(0, 1),
+    )
+    def append_trainable(self, kind: str, count: int, lag: int) -> None:
+        """Groups a trainer can use: a short burst (fewer than a round) or more."""
+        self.append(kind, count, lag)
+
+    @rule(
+        kind=st.sampled_from(sorted(EXPECTED_SKIPS)),
+        count=st.integers(1, 3),
+        lag=st.integers(0, 2),
+    )
+    def append(self, kind: str, count: int, lag: int) -> None:
+        """Whole, short (fewer than a round), too-small, oversized, stale, mixed, ... groups."""
+        for _ in range(count):
+            self.n_appended += 1
+            prefix = "q" if kind == "quarantined" else "g"
+            gid = f"{prefix}{self.n_appended:05d}"
+            group = make_kind(kind, gid, max(self.version - lag, 0), self.n_appended)
+            self.kinds[gid] = kind
+            self.appender.append(group)
+            if kind == "damaged":
+                self.store.put(self.appender.payload_key(gid), b"not a safetensors file")
+            self.clock.t += 0.5
+
+    @rule(odd=st.sampled_from(sorted(EXPECTED_SKIPS)), short=st.booleans())
+    def produce_and_train(self, odd: str, short: bool) -> None:
+        """A sampler writes one odd group and (nearly) a round; the trainer takes a round."""
+        self.append(odd, 1, 0)
+        self.append("whole", max(self.groups_per_round - short, 1), 0)
+        self.train(short_ok=short)
+
+    @precondition(lambda self: self.groups_per_round >= 2 and self.ahead is None)
+    @rule()
+    def shrink_batch_after_a_gathered_round(self) -> None:
+        """Samplers stall after most of a round; the batch then shrinks: groups carry over."""
+        self.append("whole", self.groups_per_round - 1, 0)
+        taken = self._take(short_ok=False)  # gathers, then times out: what it holds carries
+        if taken is not None:  # the buffer held a full round after all: it is taken ahead
+            self.ahead = taken
+            return
+        self.change_batch_size(1)
+        self.train(short_ok=False)
+
+    @rule()
+    def stall_samplers(self) -> None:
+        """Samplers write nothing for longer than the reader's wait."""
+        self.clock.t += 6.0
+
+    # -- trainer ----------------------------------------------------------------------------
+
+    @rule(n=st.integers(1, 3))
+    def change_batch_size(self, n: int) -> None:
+        self.groups_per_round = n
+        self.reader.set_batch_size(batch_size=n * G)
+
+    def _take(self, short_ok: bool) -> Optional[ReaderBatch]:
+        try:
+            return self.reader.take(self.version, short_ok=short_ok)
+        except (SamplerWaitTimeout, UnconvertibleRoundError, EndOfData) as exc:
+            COVER[type(exc).__name__] += 1
+            return None
+
+    @rule(short_ok=st.booleans())
+    def train(self, short_ok: bool) -> None:
+        batch, self.ahead = self.ahead, None
+        if batch is None:
+            batch = self._take(short_ok)
+        if batch is None:
+            return
+        self._check_batch(batch)
+        COVER["trained"] += 1
+        COVER["padded"] += bool(batch.padding)
+        COVER["carried"] += bool(batch.metrics["carried_groups"])
+        for reason, ps in batch.skipped.items():
+            COVER[f"skip_{reason}"] += len(ps)
+        self.backend.train_round(batch)
+        self.ledger.record(
+            batch,
+            seq=self.trained_rounds + 1,
+            incarnation=self.incarnation,
+            parent_cut=self.parent_cut,
+        )
+        self.reader.commit(batch)
+        self.trained_rounds += 1
+        self.version += 1
+
+    @precondition(lambda self: self.ahead is None)
+    @rule(short_ok=st.booleans())
+    def take_ahead(self, short_ok: bool) -> None:
+        self.ahead = self._take(short_ok)
+
+    @rule()
+    def publish_release(self) -> None:
+        out = self.tmp / "release"
+        out.mkdir(exist_ok=True)
+        info = self.backend.publish_release(out)
+        assert info["weight_checksum"] == self.backend.weight_checksum()
+
+    @rule(trigger=st.sampled_from([Trigger.MANUAL, Trigger.SCHEDULED, Trigger.PREEMPT]))
+    def cut(self, trigger: Trigger) -> None:
+        """A cut at a round boundary (a round taken ahead stays uncommitted)."""
+        out = self.tmp / f"cut-{self.clock.t}"
+        out.mkdir()
+        self.backend.save_cut(out, trigger)
+        COVER["cut"] += 1
+        COVER["cut_with_round_ahead"] += self.ahead is not None
+        wm = self.buffer.watermark
+        last = self.ledger.last()
+        assert wm == (last.watermark if last else self.last_watermark)
+        self.cuts.commit(
+            out,
+            ConsistentCut(
+                trigger=trigger,
+                policy_version=self.version,
+                trained_rounds=self.trained_rounds,
+                buffer_watermark=wm,
+                incarnation=self.incarnation,
+                parent_cut=self.parent_cut,
+            ),
+        )
+        shutil.rmtree(out)
+
+    @rule()
+    def reset_reader(self) -> None:
+        self.ahead = None
+        self.reader.reset()
+
+    @precondition(lambda self: self.cuts.latest_id() is not None)
+    @rule()
+    def restore_cut(self) -> None:
+        """A new incarnation restores the newest cut (or starts from the base without one)."""
+        found = self.cuts.latest_valid(self.tmp / "restore")
+        incarnation = self.incarnation + 1
+        if found is None:
+            self._restart_from_base()
+            return
+        cut, cut_dir = found
+        COVER["restore"] += 1
+        COVER["set_aside"] += bool(
+            self.ledger.last() is not None and self.ledger.last().seq > cut.trained_rounds
+        )
+        self.ledger.rebase(
+            trained_rounds=cut.trained_rounds,
+            cut_id=cut.cut_id,
+            watermark=cut.buffer_watermark,
+            incarnation=incarnation,
+        )
+        self._start(incarnation=incarnation, cut=cut, cut_dir=cut_dir)
+        shutil.rmtree(cut_dir)
+
+    @precondition(lambda self: self.trained_rounds > 0)
+    @rule()
+    def restart_from_base(self) -> None:
+        self._restart_from_base()
+
+    def _restart_from_base(self) -> None:
+        if self.ledger.last() is not None:
+            try:
+                self.ledger.start_from_base()
+            except LedgerError:
+                pass
+            else:
+                raise AssertionError("a start from the base accepted a ledger with rounds")
+        self.clock.t += 1.0
+        moved = self.ledger.start_from_base(set_aside_before=self.clock.t)
+        COVER["restart_from_base"] += 1
+        assert all(".before-" in k for k in moved)
+        assert self.ledger.last() is None
+        self.gen += 1
+        self._start(incarnation=self.incarnation + 1, cut=None, cut_dir=None)
+
+    @precondition(lambda self: self.ahead is None)
+    @rule()
+    def replay_matches_newest_cut(self) -> None:
+        if self.cuts.latest_id() is None:
+            return
+        result = replay(
+            ledger=self.ledger,
+            buffer=self.buffer,
+            make_backend=lambda: FakeBackend(seed=7),
+            cut_store=self.cuts,
+        )
+        assert result.equal, result
+        COVER["replay"] += 1
+
+    # -- checks ---------------------------------------------------------------------------
+
+    def _check_batch(self, batch: ReaderBatch) -> None:
+        n = batch.groups_per_round
+        assert batch.n_real_samples == G * len(batch.groups)
+        assert len(batch.groups) <= n
+        assert len(batch.padding) == (n - len(batch.groups)) * G
+        for p in batch.padding:
+            assert p.response_len > 0 and not np.asarray(p.loss_mask).any()
+        entries = {e.position: e for e in self.buffer.entries(batch.watermark_before)}
+        for pos, g in zip(batch.positions, batch.groups, strict=True):
+            e = entries[pos]
+            assert g.group_id == e.group_id
+            assert self.kinds[e.group_id] not in NEVER_TRAINED, (pos, self.kinds[e.group_id])
+            assert e.n_samples >= G and len(g.samples) == G
+            assert self.version - e.min_version <= MAX_AGE
+            original = self.appender.load(e).samples[:G]
+            for a, b in zip(original, g.samples, strict=True):
+                assert np.array_equal(a.tokens, b.tokens) and a.reward == b.reward
+
+    @invariant()
+    def chain_is_consistent(self) -> None:
+        STATS["steps"] += 1
+        if not hasattr(self, "buffer"):
+            return
+        wm = self.buffer.watermark
+        assert wm >= self.last_watermark, "the watermark went back within a lineage"
+        self.last_watermark = wm
+        summary = self.ledger.check(watermark=wm)  # no double training, no silent skip
+        rounds = self.ledger.rounds()
+        assert summary["rounds"] == self.trained_rounds == (rounds[-1].seq if rounds else 0)
+        by_pos = {e.position: e for e in self.buffer.entries()}
+        trained_ids = []
+        for r in rounds:
+            assert r.n_real == G * len(r.positions)
+            assert r.n_padding == (r.groups_per_round - len(r.positions)) * G
+            for p in r.positions:
+                trained_ids.append(by_pos[p].group_id)
+            for reason, ps in r.skipped.items():
+                for p in ps:
+                    kind = self.kinds[by_pos[p].group_id]
+                    assert reason in EXPECTED_SKIPS[kind], (p, kind, reason)
+        assert self.backend.trained_groups == trained_ids
+
+
+def test_buffer_to_train_chain() -> None:
+    """The chain keeps its invariants under every sequence of the rules above."""
+    before = dict(STATS)
+    run_state_machine_as_test(
+        ChainMachine,
+        settings=settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=STEPS,
+            deadline=None,
+            derandomize=os.environ.get("YETO_FUZZ_RANDOM") != "1",
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
+    steps, runs = STATS["steps"] - before["steps"], STATS["runs"] - before["runs"]
+    if EXAMPLES >= 200:  # the CI profile must reach every part of the chain
+        wanted = [
+            "trained",
+            "padded",
+            "carried",
+            "cut",
+            "cut_with_round_ahead",
+            "restore",
+            "set_aside",
+            "replay",
+            "restart_from_base",
+            "SamplerWaitTimeout",
+            "UnconvertibleRoundError",
+        ] + [
+            f"skip_{r}"
+            for r in (
+                "stale",
+                "too_small",
+                "fenced_incarnation",
+                "quarantined",
+                "nonfinite_reward",
+                "unconvertible",
+            )
+        ]
+        missing = [w for w in wanted if not COVER[w]]
+        assert not missing, f"the fuzz never reached {missing}: {dict(COVER)}"
+    line = f"fuzz: {steps} steps executed in {runs} runs"
+    print(line)
+    print(f"fuzz coverage: {dict(sorted(COVER.items()))}")
+    report = os.environ.get("YETO_FUZZ_REPORT")
+    if report:
+        Path(report).write_text(line + "\n")

@@ -1,0 +1,433 @@
+"""The batch ledger: which buffer positions every trained round consumed, by lineage.
+
+One JSON object per round under ``ledger/rounds/<seq:012d>.json`` (``seq`` is
+the trainer's trained-round counter after the round), written create-if-absent
+so it works on every object store (directory, S3, Modal Volume) and a round is
+never silently overwritten. Each record holds the trained positions, the
+positions skipped by reason, the policy version, the incarnation and the cut it
+descends from (``parent_cut``), plus what a replay needs to rebuild the batch
+(group size, groups per round, padding template).
+
+- :meth:`BatchLedger.rebase` (at a restore from a cut): rounds after the cut,
+  recorded by a dead incarnation, move to ``ledger/aside/<tag>/``.
+- :meth:`BatchLedger.start_from_base` (a restart without a cut): refuses a
+  ledger with earlier rounds unless ``set_aside_before`` moves those rounds to
+  ``ledger.before-<ts>/``.
+- :func:`replay`: trains the ledger's rounds again from the base on a backend
+  and compares the final weights with the newest cut, bitwise.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Optional
+
+import attrs
+
+from yeto_core import serde
+from yeto_core.errors import YetoError
+
+PREFIX = "ledger"
+
+
+class LedgerError(YetoError):
+    """The ledger disagrees with a cut, a restart or a replay."""
+
+
+@attrs.frozen
+class LedgerRound:
+    """One trained round.
+
+    ``seq`` is the trained-round counter after this round (1 for the first).
+    ``positions`` were trained; ``skipped`` maps a reason to positions consumed
+    without training; the round moved the buffer watermark from
+    ``watermark_before`` to ``watermark``.
+    """
+
+    seq: int
+    incarnation: int
+    parent_cut: Optional[str]
+    policy_version: int
+    positions: tuple[int, ...]
+    skipped: dict[str, tuple[int, ...]]
+    watermark_before: int
+    watermark: int
+    group_size: int
+    groups_per_round: int
+    n_real: int
+    n_padding: int
+    padding_from: Optional[tuple[int, int]] = None
+    time: float = 0.0
+
+
+def _round_key(prefix: str, seq: int) -> str:
+    return f"{prefix}/rounds/{seq:012d}.json"
+
+
+def _stamp(t: float) -> str:
+    return _dt.datetime.fromtimestamp(t, tz=_dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+
+
+class BatchLedger:
+    """The ledger of one run's store.
+
+    :param store: the run's :class:`~yeto_core.ports.ObjectStore`.
+    :param prefix: key prefix (``ledger``).
+    :param clock: seconds since the epoch (injected).
+    """
+
+    def __init__(
+        self, store: Any, *, prefix: str = PREFIX, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.store = store
+        self.prefix = prefix
+        self.clock = clock
+
+    # -- reading --------------------------------------------------------------------------
+
+    def _keys(self, prefix: Optional[str] = None) -> list[str]:
+        base = f"{prefix or self.prefix}/rounds/"
+        return [k for k in self.store.list(base) if k.endswith(".json")]
+
+    def _read(self, key: str) -> LedgerRound:
+        return serde.loads(self.store.get(key), LedgerRound, what="ledger round", root=key)
+
+    def rounds(self) -> list[LedgerRound]:
+        """Every live round, in ``seq`` order."""
+        return [self._read(k) for k in self._keys()]
+
+    def __iter__(self) -> Iterator[LedgerRound]:
+        return iter(self.rounds())
+
+    def last(self) -> Optional[LedgerRound]:
+        keys = self._keys()
+        return self._read(keys[-1]) if keys else None
+
+    # -- writing --------------------------------------------------------------------------
+
+    def record(
+        self,
+        batch: Any,
+        *,
+        seq: int,
+        incarnation: int,
+        parent_cut: Optional[str],
+    ) -> LedgerRound:
+        """Record a trained :class:`~yeto_core.batch_reader.ReaderBatch` as round ``seq``.
+
+        Call after ``backend.train_round`` and before the buffer commit. Refuses
+        to overwrite an existing round (another trainer wrote it: only one
+        incarnation may train per store).
+        """
+        rec = LedgerRound(
+            seq=int(seq),
+            incarnation=int(incarnation),
+            parent_cut=parent_cut,
+            policy_version=int(batch.policy_version),
+            positions=tuple(int(p) for p in batch.positions),
+            skipped={r: tuple(int(p) for p in ps) for r, ps in sorted(batch.skipped.items())},
+            watermark_before=int(batch.watermark_before),
+            watermark=int(batch.watermark),
+            group_size=int(batch.group_size),
+            groups_per_round=int(batch.groups_per_round),
+            n_real=int(batch.n_real_samples),
+            n_padding=len(batch.padding),
+            padding_from=None if batch.padding_from is None else tuple(batch.padding_from),
+            time=float(self.clock()),
+        )
+        last = self.last()
+        if last is not None and last.seq >= rec.seq:
+            raise LedgerError(
+                f"ledger round {rec.seq} by incarnation {rec.incarnation} comes after round "
+                f"{last.seq} (incarnation {last.incarnation}) in {self.prefix}/rounds; "
+                "restore through BatchLedger.rebase so rounds after the cut are set aside"
+            )
+        key = _round_key(self.prefix, rec.seq)
+        if not self.store.put_if_absent(key, serde.dumps(rec).encode()):
+            raise LedgerError(
+                f"{key} already exists: another trainer recorded round {rec.seq}. Only one "
+                "trainer incarnation may train per store; release the other."
+            )
+        return rec
+
+    def _move(self, keys: list[str], dest_prefix: str) -> list[str]:
+        moved = []
+        for key in keys:
+            name = key.rsplit("/", 1)[1]
+            dest = f"{dest_prefix}/{name}"
+            data = self.store.get(key)
+            if not self.store.put_if_absent(dest, data) and self.store.get(dest) != data:
+                raise LedgerError(
+                    f"cannot set {key} aside: {dest} exists with other content; nothing was deleted"
+                )
+            self.store.delete(key)
+            moved.append(dest)
+        return moved
+
+    def rebase(
+        self,
+        *,
+        trained_rounds: int,
+        cut_id: Optional[str],
+        watermark: int,
+        incarnation: int,
+    ) -> list[str]:
+        """Rebase to a restored cut: rounds after it move to ``ledger/aside/...``.
+
+        Rounds up to ``trained_rounds`` must agree with the cut (the last one
+        ends at ``watermark``). Rounds after it were recorded by a dead
+        incarnation; they are moved aside, never overwritten. Returns the keys
+        they were moved to.
+        """
+        keys = self._keys()
+        after = [k for k in keys if self._read(k).seq > trained_rounds]
+        kept = [k for k in keys if k not in after]
+        if kept:
+            last = self._read(kept[-1])
+            if last.seq != trained_rounds or last.watermark != watermark:
+                raise LedgerError(
+                    f"the ledger's round {last.seq} ends at watermark {last.watermark}, but "
+                    f"cut {cut_id} holds {trained_rounds} rounds at watermark {watermark}; "
+                    "the ledger and the cut come from different runs"
+                )
+        elif trained_rounds != 0:
+            raise LedgerError(
+                f"cut {cut_id} holds {trained_rounds} trained rounds but the ledger has none "
+                f"up to it in {self.prefix}/rounds; the ledger was removed or belongs to another run"
+            )
+        for k in after:
+            r = self._read(k)
+            if r.incarnation == incarnation:
+                raise LedgerError(
+                    f"ledger round {r.seq} after cut {cut_id} was recorded by incarnation "
+                    f"{incarnation}, the one restoring now; incarnation numbers must be new "
+                    "for every start"
+                )
+        if not after:
+            return []
+        tag = f"{cut_id or 'base'}-i{incarnation}-{_stamp(self.clock())}"
+        return self._move(after, f"{self.prefix}/aside/{tag}")
+
+    def start_from_base(self, *, set_aside_before: Optional[float] = None) -> list[str]:
+        """A restart from the base (no cut): the ledger must be empty.
+
+        ``set_aside_before`` (seconds since the epoch) moves rounds recorded
+        before it to ``ledger.before-<ts>/rounds/``; any round left refuses the
+        start. Returns the keys rounds were moved to.
+        """
+        keys = self._keys()
+        if not keys:
+            return []
+        if set_aside_before is None:
+            first = self._read(keys[0])
+            raise LedgerError(
+                f"the ledger in {self.prefix}/rounds holds {len(keys)} rounds from an earlier "
+                f"run (first at {_stamp(first.time)}); a start from the base would mix them "
+                "with new ones. Restore a cut, or pass --ledger-set-aside-before <time> "
+                f"(e.g. {_stamp(self.clock())}) to move them to {self.prefix}.before-<time>"
+            )
+        old = [k for k in keys if self._read(k).time < set_aside_before]
+        left = len(keys) - len(old)
+        if left:
+            raise LedgerError(
+                f"{left} ledger rounds in {self.prefix}/rounds were recorded at or after "
+                f"{_stamp(set_aside_before)}; pass a later --ledger-set-aside-before"
+            )
+        dest = f"{self.prefix}.before-{_stamp(set_aside_before)}"
+        n = 1
+        while any(True for _ in self.store.list(dest + "/")):
+            n += 1
+            dest = f"{self.prefix}.before-{_stamp(set_aside_before)}-{n}"
+        return self._move(old, f"{dest}/rounds")
+
+    # -- checks ---------------------------------------------------------------------------
+
+    def check(self, *, watermark: Optional[int] = None) -> dict[str, Any]:
+        """Check the live rounds: no position trained twice or left without a reason.
+
+        Returns ``trained``/``skipped`` counts; raises :class:`LedgerError`
+        naming the first problem.
+        """
+        seen: dict[int, str] = {}
+        wm = 0
+        prev_seq = 0
+        trained = skipped = 0
+        for r in self.rounds():
+            if r.seq <= prev_seq:
+                raise LedgerError(f"ledger round {r.seq} follows round {prev_seq}")
+            if r.watermark_before != wm:
+                raise LedgerError(
+                    f"ledger round {r.seq} starts at watermark {r.watermark_before}, the "
+                    f"previous round ended at {wm}"
+                )
+            owned = [(p, "trained") for p in r.positions] + [
+                (p, reason) for reason, ps in r.skipped.items() for p in ps
+            ]
+            for p, why in owned:
+                if p in seen:
+                    raise LedgerError(
+                        f"position {p} is {why} in round {r.seq} but already {seen[p]}"
+                    )
+                if not r.watermark_before <= p < r.watermark:
+                    raise LedgerError(
+                        f"position {p} of round {r.seq} is outside its watermark range "
+                        f"{r.watermark_before}..{r.watermark}"
+                    )
+                seen[p] = f"{why} in round {r.seq}"
+            missing = sorted(set(range(r.watermark_before, r.watermark)) - set(seen))
+            if missing:
+                raise LedgerError(
+                    f"round {r.seq} moved the watermark past positions {missing[:10]} without "
+                    "training them or counting a reason"
+                )
+            trained += len(r.positions)
+            skipped += sum(len(ps) for ps in r.skipped.values())
+            wm, prev_seq = r.watermark, r.seq
+        if watermark is not None and watermark != wm:
+            raise LedgerError(
+                f"the ledger ends at watermark {wm} but the buffer's watermark is {watermark}"
+            )
+        return {"rounds": prev_seq, "trained": trained, "skipped": skipped, "watermark": wm}
+
+
+# -- replay ---------------------------------------------------------------------------------
+
+
+def rebuild_batch(buffer: Any, rec: LedgerRound, entries: Mapping[int, Any]) -> Any:
+    """The :class:`~yeto_core.batch_reader.ReaderBatch` of ``rec``, loaded from ``buffer``."""
+    import attrs as _attrs
+
+    from yeto_core.batch_reader import ReaderBatch, make_padding
+
+    groups = []
+    for p in rec.positions:
+        if p not in entries:
+            raise LedgerError(
+                f"ledger round {rec.seq} trained position {p}, which the buffer does not hold"
+            )
+        g = buffer.load(entries[p])
+        if len(g.samples) > rec.group_size:
+            g = _attrs.evolve(g, samples=tuple(g.samples[: rec.group_size]))
+        groups.append(g)
+    padding: tuple[Any, ...] = ()
+    if rec.n_padding:
+        if rec.padding_from is None:
+            raise LedgerError(f"ledger round {rec.seq} has padding but no padding template")
+        pos, idx = rec.padding_from
+        template = groups[list(rec.positions).index(pos)].samples[idx]
+        padding = make_padding(template, rec.n_padding)
+    return ReaderBatch(
+        groups=tuple(groups),
+        positions=tuple(rec.positions),
+        policy_version=rec.policy_version,
+        padding=padding,
+        skipped=dict(rec.skipped),
+        watermark_before=rec.watermark_before,
+        watermark=rec.watermark,
+        padding_from=rec.padding_from,
+        groups_per_round=rec.groups_per_round,
+        group_size=rec.group_size,
+    )
+
+
+@attrs.frozen
+class ReplayResult:
+    """What :func:`replay` found."""
+
+    rounds: int
+    cut_id: Optional[str]
+    replayed_checksum: str
+    cut_checksum: str
+
+    @property
+    def equal(self) -> bool:
+        return self.replayed_checksum == self.cut_checksum
+
+
+def _entries_by_position(buffer: Any) -> dict[int, Any]:
+    fn = getattr(buffer, "entries", None)
+    if fn is None:
+        raise LedgerError(
+            "this sample buffer cannot list its entries by position; replay needs "
+            "FileSampleBuffer.entries()"
+        )
+    return {int(e.position): e for e in fn()}
+
+
+def replay(
+    *,
+    ledger: BatchLedger,
+    buffer: Any,
+    make_backend: Callable[[], Any],
+    cut_store: Any,
+    work_dir: Optional[Path] = None,
+) -> ReplayResult:
+    """Replay the ledger from the base on fresh backends; compare with the newest cut.
+
+    ``make_backend()`` builds a backend (e.g. the ``torch`` one from the
+    plugin manager with the run's options). The rounds up to the newest valid
+    cut's ``trained_rounds`` are trained from the base; the replayed weights'
+    checksum (``publish_release(...)["weight_checksum"]``) is compared with
+    the cut's, restored on a second backend.
+    """
+    with tempfile.TemporaryDirectory(prefix="yeto-replay-") as tmp:
+        root = Path(work_dir) if work_dir is not None else Path(tmp)
+        found = cut_store.latest_valid(root / "cut")
+        if found is None:
+            raise LedgerError("no valid cut to compare the replay with; take a cut first")
+        cut, cut_dir = found
+        rounds = [r for r in ledger.rounds() if r.seq <= cut.trained_rounds]
+        if len(rounds) != cut.trained_rounds or (
+            rounds and rounds[-1].watermark != cut.buffer_watermark
+        ):
+            raise LedgerError(
+                f"the ledger holds {len(rounds)} rounds up to cut {cut.cut_id}, which records "
+                f"{cut.trained_rounds} rounds at watermark {cut.buffer_watermark}; "
+                "the ledger was rebased elsewhere or is incomplete"
+            )
+        entries = _entries_by_position(buffer)
+        replayed = make_backend()
+        replayed.restore(None)
+        for rec in rounds:
+            replayed.train_round(rebuild_batch(buffer, rec, entries))
+        out_a = root / "replayed"
+        out_a.mkdir(parents=True, exist_ok=True)
+        info_a = replayed.publish_release(out_a)
+        restored = make_backend()
+        restored.restore(cut_dir)
+        out_b = root / "restored"
+        out_b.mkdir(parents=True, exist_ok=True)
+        info_b = restored.publish_release(out_b)
+        return ReplayResult(
+            rounds=len(rounds),
+            cut_id=cut.cut_id,
+            replayed_checksum=_checksum(info_a),
+            cut_checksum=_checksum(info_b),
+        )
+
+
+def _checksum(info: Any) -> str:
+    if isinstance(info, Mapping):
+        value = info.get("weight_checksum")
+    else:
+        value = getattr(info, "weight_checksum", None)
+    if not value:
+        raise LedgerError(
+            f"the backend's publish_release returned {info!r} without a weight_checksum; "
+            "replay compares weights through it"
+        )
+    return str(value)
+
+
+__all__ = [
+    "BatchLedger",
+    "LedgerError",
+    "LedgerRound",
+    "ReplayResult",
+    "rebuild_batch",
+    "replay",
+]
