@@ -165,3 +165,16 @@ def test_replay_from_the_base_equals_the_newest_cut_bitwise(run: dict[str, Any])
         cut_store=run["cuts"],
     )
     assert not other.equal
+
+
+def test_cli_ledger_check(run: dict[str, Any]) -> None:
+    from click.testing import CliRunner
+
+    from yeto_core.cli import cli
+
+    train(run, FakeBackend(), 2, inc=1, seq0=0, parent=None)
+    res = CliRunner().invoke(cli, ["ledger", "check", str(run["tmp"] / "store"), "--json"])
+    assert res.exit_code == 0, res.output
+    assert '"trained": 4' in res.output and '"watermark": 4' in res.output
+    res = CliRunner().invoke(cli, ["ledger", "replay", str(run["tmp"] / "nothing")])
+    assert res.exit_code != 0 and "no run config" in res.output

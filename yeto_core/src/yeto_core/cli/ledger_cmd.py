@@ -1,0 +1,113 @@
+"""``yeto ledger …``: check and replay a run's batch ledger."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+
+
+def _load_run(run: str) -> Any:
+    from yeto_core.config import load_config
+
+    path = Path(run)
+    if path.is_dir():
+        path = path / "run.toml"
+    if not path.exists():
+        raise click.UsageError(
+            f"{run}: no run config there; pass the run's TOML file (or its folder holding run.toml)"
+        )
+    return load_config(path)
+
+
+@click.group()
+def ledger() -> None:
+    """The batch ledger: which buffer positions every trained round consumed."""
+
+
+@ledger.command()
+@click.argument("store_url")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def check(store_url: str, as_json: bool) -> None:
+    """Check STORE_URL's ledger against its buffer: nothing trained twice or skipped silently."""
+    from yeto_core.ledger import BatchLedger
+    from yeto_core.plugins import get_plugins
+    from yeto_core.sample_buffer import open_buffer
+
+    store = get_plugins().open_store(store_url)
+    buf = open_buffer(store_url, read_only=True)
+    try:
+        info = BatchLedger(store).check(watermark=buf.watermark)
+    finally:
+        buf.close()
+    click.echo(json.dumps(info, sort_keys=True) if as_json else _table(info))
+
+
+def _table(info: dict[str, Any]) -> str:
+    return "\n".join(f"{k:>10}: {v}" for k, v in info.items())
+
+
+@ledger.command()
+@click.argument("run")
+@click.option(
+    "--backend",
+    default=None,
+    help="Trainer backend to replay on (default: the run's, normally 'torch').",
+)
+@click.option("--store", "store_url", default=None, help="Store URL (default: the run's).")
+@click.option("--work-dir", type=click.Path(file_okay=False), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def replay(
+    run: str,
+    backend: Optional[str],
+    store_url: Optional[str],
+    work_dir: Optional[str],
+    as_json: bool,
+) -> None:
+    """Replay RUN's ledger from the base and compare the weights with the newest cut, bitwise.
+
+    RUN is the run's TOML file (or the folder holding run.toml). The backend
+    comes from the plugin manager (``torch`` is registered by yeto-torch).
+    Exits 1 when the replayed weights differ from the cut's.
+    """
+    from yeto_core.cut import CutStore
+    from yeto_core.ledger import BatchLedger
+    from yeto_core.ledger import replay as do_replay
+    from yeto_core.plugins import get_plugins
+    from yeto_core.sample_buffer import open_buffer
+
+    config = _load_run(run)
+    plugins = get_plugins()
+    url = store_url or config.store_url()
+    name = backend or config.trainer.backend
+    cls = plugins.trainer_backend(name)
+    options = dict(config.trainer.backend_options)
+
+    def make_backend() -> Any:
+        return cls(config.model.path, **options)
+
+    store = plugins.open_store(url)
+    buf = open_buffer(url, read_only=True)
+    try:
+        result = do_replay(
+            ledger=BatchLedger(store),
+            buffer=buf,
+            make_backend=make_backend,
+            cut_store=CutStore(store),
+            work_dir=Path(work_dir) if work_dir else None,
+        )
+    finally:
+        buf.close()
+    info = {
+        "backend": name,
+        "rounds": result.rounds,
+        "cut_id": result.cut_id,
+        "replayed_checksum": result.replayed_checksum,
+        "cut_checksum": result.cut_checksum,
+        "equal": result.equal,
+    }
+    click.echo(json.dumps(info, sort_keys=True) if as_json else _table(info))
+    if not result.equal:
+        raise SystemExit(1)
