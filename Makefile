@@ -34,5 +34,14 @@ test: lint
 quickstart: install
 	$(BIN)/yeto run up examples/quickstart/run.toml
 
+# Long Hypothesis profile of the buffer -> reader -> backend -> ledger -> cut chain
+# (YETO_FUZZ_EXAMPLES runs, default 2000, random seeds; YETO_FUZZ_STEPS steps per run).
+fuzz: install
+	@mkdir -p build
+	YETO_FUZZ_EXAMPLES=$${YETO_FUZZ_EXAMPLES:-2000} YETO_FUZZ_RANDOM=$${YETO_FUZZ_RANDOM:-1} \
+	  YETO_FUZZ_REPORT=$(CURDIR)/build/fuzz.txt \
+	  $(BIN)/python -m pytest -q -p no:cacheprovider tests/core/test_fuzz_chain.py
+	@cat build/fuzz.txt
+
 clean:
 	rm -rf $(VENV) build .pytest_cache
