@@ -1,0 +1,475 @@
+"""``yeto bench chaos``: SIGKILL a random process of real runs, restart, check the run.
+
+Each run is a quickstart-sized run (the ``hf`` engine, the ``torch`` backend
+through the plugin manager, local islands, the ``dir`` store) started as an
+operator would: ``yeto run up RUN_DIR/run.toml --run-dir RUN_DIR`` in a
+subprocess. At random times (seeded) one live process of the run gets
+SIGKILL: the head, a sampler island or the trainer incarnation. The head
+relaunches islands itself; when the head dies (or gives up and exits), the
+bench runs ``yeto run up`` again on the same run dir, as an operator would.
+
+After each run the store is checked (see :func:`check_run`):
+
+- ``groups_lost``: appended groups neither trained nor skipped with a reason in
+  the final lineage;
+- ``groups_trained_twice``: positions trained in two rounds of the final
+  lineage (from the trainer's ``round_trained`` events, and from the batch
+  ledger when it holds rounds);
+- ``ledger_replay_mismatches``: ``yeto ledger replay`` (bitwise) disagrees with
+  the newest cut, or cannot replay it;
+- ``torn_records_visible``: records a reader sees half-written (a buffer entry
+  whose payload does not load, an event line that does not parse, a ledger
+  round that does not parse, ``cuts/LATEST`` naming no valid cut);
+- ``runs_completed``: runs that reached ``total_rounds`` and finished (exit 0,
+  ``FINISHED`` in the run dir).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+
+#: The ``yeto`` command line, as a list (a subprocess; the bench never imports adapters).
+YETO = [sys.executable, "-c", "import sys; from yeto_core.cli import main; sys.exit(main())"]
+
+
+def chaos_config(
+    run_dir: Path,
+    *,
+    base_dir: Path,
+    seed: int,
+    total_rounds: int,
+    samplers: int = 2,
+    task: str = "add1",
+) -> str:
+    """The TOML of one chaos run: the quickstart, shorter, samplers not throttled."""
+    return f"""# yeto bench chaos run (generated)
+name = "chaos"
+run_dir = {json.dumps(str(run_dir.absolute()))}
+seed = {int(seed)}
+
+[model]
+path = {json.dumps(str(base_dir.absolute()))}
+base_options = {{ task = {json.dumps(task)} }}
+
+[task]
+name = {json.dumps(task)}
+
+[[samplers]]
+name = "sampler"
+engine = "hf"
+count = {int(samplers)}
+group_size = 8
+prompts_per_call = 1
+min_round_s = 0.1
+backlog_cap = 16
+engine_options = {{ threads = 1 }}
+[samplers.sampling]
+max_new_tokens = 3
+temperature = 1.0
+
+[trainer]
+backend = "torch"
+backend_options = {{ lr = 0.003, threads = 1 }}
+groups_per_round = 4
+max_policy_age = 2
+total_rounds = {int(total_rounds)}
+
+[scheduler]
+name = "s1"
+tick_s = 0.2
+
+[backstops]
+wall_clock_s = 600
+silence_s = 120
+"""
+
+
+# -- the final lineage and the checks (pure functions of what the store holds) ---------
+
+
+def final_lineage(rounds: Sequence[Any]) -> dict[int, dict[str, Any]]:
+    """Round number → ``{"positions", "skipped"}`` of the final lineage.
+
+    ``rounds`` are the trainer's ``round_trained`` events in the order they were
+    written. An incarnation restored from a cut at round ``k`` trains rounds
+    ``k+1, ...`` again: a round numbered ``r`` supersedes every earlier round
+    numbered ``r`` or more.
+    """
+    lineage: dict[int, dict[str, Any]] = {}
+    for e in rounds:
+        d = e.data
+        r = d.get("trained_rounds")
+        if r is None:
+            continue
+        r = int(r)
+        for stale in [k for k in lineage if k >= r]:
+            del lineage[stale]
+        lineage[r] = {
+            "positions": [int(p) for p in d.get("positions", ())],
+            "skipped": {str(k): [int(p) for p in v] for k, v in d.get("skipped", {}).items()},
+        }
+    return lineage
+
+
+def lineage_counts(
+    appended: set[int], lineage: dict[int, dict[str, Any]], upto: Optional[int] = None
+) -> dict[str, Any]:
+    """Lost and twice-trained positions of a lineage (``upto``: the watermark it reached)."""
+    seen: dict[int, int] = {}
+    accounted: set[int] = set()
+    for r in sorted(lineage):
+        for p in lineage[r]["positions"]:
+            seen[p] = seen.get(p, 0) + 1
+            accounted.add(p)
+        for ps in lineage[r]["skipped"].values():
+            accounted.update(ps)
+    due = {p for p in appended if upto is None or p < upto}
+    lost = sorted(due - accounted)
+    twice = sorted(p for p, n in seen.items() if n > 1)
+    return {"lost": lost, "twice": twice}
+
+
+def check_run(run_dir: Path, *, replay: bool = True) -> dict[str, Any]:
+    """The checks of one finished (or abandoned) run dir; see the module docstring."""
+    from yeto_core.cut import CutStore
+    from yeto_core.event_stream import read_events
+    from yeto_core.ledger import BatchLedger, LedgerError
+    from yeto_core.plugins import get_plugins
+    from yeto_core.sample_buffer import open_buffer
+
+    store_url = str(run_dir / "store")
+    store = get_plugins().open_store(store_url)
+    problems: list[str] = []
+    torn = 0
+    buf = open_buffer(store_url, read_only=True)
+    try:
+        entries = buf.entries(0)
+        for entry in entries:
+            try:
+                buf.load(entry)
+            except Exception as exc:  # a listed entry that does not load is torn
+                torn += 1
+                problems.append(f"buffer position {entry.position}: {exc}")
+        watermark = int(buf.backlog().watermark)
+    finally:
+        buf.close()
+    appended = {int(e.position) for e in entries}
+    from yeto_core.errors import NotFoundError
+
+    for key in store.list("events/"):
+        try:
+            text = store.get(key).decode(errors="replace")
+        except NotFoundError:
+            continue
+        for i, line in enumerate(text.splitlines()):
+            try:
+                d = json.loads(line)
+                d["kind"], float(d["time"])
+            except (ValueError, KeyError, TypeError):
+                torn += 1
+                problems.append(f"{key} line {i + 1} does not parse: {line[:80]!r}")
+    ledger = BatchLedger(store)
+    ledger_rounds = 0
+    try:
+        ledger_rounds = len(ledger.rounds())
+    except Exception as exc:
+        torn += 1
+        problems.append(f"ledger: {exc}")
+    with tempfile.TemporaryDirectory(prefix="yeto-chaos-cut-") as tmp:
+        cuts = CutStore(store)
+        latest = cuts.latest_id()
+        found = cuts.latest_valid(tmp)
+        if latest is not None and (found is None or found[0].cut_id != latest):
+            torn += 1
+            problems.append(f"cuts/LATEST names {latest}, which is not a valid cut")
+    trained_events = [e for e in read_events(store, "trainer") if e.kind == "round_trained"]
+    lineage = final_lineage(trained_events)
+    counts = lineage_counts(appended, lineage, upto=watermark)
+    twice = set(counts["twice"])
+    if ledger_rounds:
+        try:
+            ledger.check(watermark=watermark)
+        except LedgerError as exc:
+            problems.append(f"ledger check: {exc}")
+            twice.add(-1)  # counted once: the ledger names the first position only
+    out: dict[str, Any] = {
+        "groups_appended": len(appended),
+        "watermark": watermark,
+        "lineage_rounds": len(lineage),
+        "ledger_rounds": ledger_rounds,
+        "groups_lost": len(counts["lost"]),
+        "groups_trained_twice": len(twice),
+        "torn_records_visible": torn,
+        "ledger_replay_mismatch": 0,
+        "problems": problems,
+    }
+    if counts["lost"]:
+        problems.append(f"lost positions {counts['lost'][:20]}")
+    if counts["twice"]:
+        problems.append(f"positions trained twice {counts['twice'][:20]}")
+    if replay:
+        proc = subprocess.run(
+            [*YETO, "ledger", "replay", str(run_dir), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        info: dict[str, Any] = {}
+        try:
+            info = json.loads(proc.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            pass
+        out["replay"] = info or {"rc": proc.returncode, "stderr": proc.stderr.strip()[-400:]}
+        if proc.returncode != 0 or not info.get("equal"):
+            out["ledger_replay_mismatch"] = 1
+            problems.append(
+                f"yeto ledger replay exit {proc.returncode}: "
+                f"{(proc.stderr.strip() or proc.stdout.strip())[-300:]}"
+            )
+    return out
+
+
+# -- killing ------------------------------------------------------------------------------
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def live_processes(run_dir: Path, head_pid: int) -> list[tuple[str, int]]:
+    """(role, pid) of the run's live processes: the head and every live island."""
+    out = [("head", head_pid)] if _alive(head_pid) else []
+    for path in sorted((run_dir / "islands").glob("*.json")):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        pid = int(rec.get("pid", -1))
+        if pid > 0 and _alive(pid):
+            role = "trainer" if str(rec.get("island", "")).startswith("trainer") else "sampler"
+            out.append((role, pid))
+    return out
+
+
+class ChaosRun:
+    """One run under kills: start, kill, restart as an operator, until it finishes."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        rng: random.Random,
+        kills: int,
+        gap_s: tuple[float, float],
+        max_heads: int,
+        deadline_s: float,
+        launcher: Callable[..., subprocess.Popen] = subprocess.Popen,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.run_dir = run_dir
+        self.rng = rng
+        self.kills_left = kills
+        self.gap_s = gap_s
+        self.max_heads = max_heads
+        self.deadline_s = deadline_s
+        self.launcher = launcher
+        self.clock = clock
+        self.kills: list[dict[str, Any]] = []
+        self.heads: list[int] = []
+
+    def start_head(self) -> subprocess.Popen:
+        log = open(self.run_dir / f"head-{len(self.heads)}.log", "wb")
+        cmd = [*YETO, "run", "up", str(self.run_dir / "run.toml"), "--run-dir", str(self.run_dir)]
+        proc = self.launcher(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        self.heads.append(proc.pid)
+        return proc
+
+    def run(self) -> dict[str, Any]:
+        t0 = self.clock()
+        codes: list[int] = []
+        completed = False
+        while len(self.heads) < self.max_heads and self.clock() - t0 < self.deadline_s:
+            head = self.start_head()
+            next_kill = self.clock() + self.rng.uniform(*self.gap_s)
+            while head.poll() is None and self.clock() - t0 < self.deadline_s:
+                if self.kills_left > 0 and self.clock() >= next_kill:
+                    victims = live_processes(self.run_dir, head.pid)
+                    if victims:
+                        role, pid = self.rng.choice(victims)
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                            self.kills.append(
+                                {"role": role, "pid": pid, "at_s": round(self.clock() - t0, 2)}
+                            )
+                            self.kills_left -= 1
+                        except ProcessLookupError:
+                            pass
+                    next_kill = self.clock() + self.rng.uniform(*self.gap_s)
+                time.sleep(0.05)
+            if head.poll() is None:  # past the deadline: stop it cleanly, then give up
+                head.send_signal(signal.SIGINT)
+                try:
+                    head.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    head.kill()
+                    head.wait()
+                break
+            codes.append(int(head.returncode))
+            if head.returncode == 0 and (self.run_dir / "FINISHED").exists():
+                completed = True
+                break
+        return {
+            "completed": completed,
+            "head_exit_codes": codes,
+            "heads_started": len(self.heads),
+            "kills": self.kills,
+            "wall_s": round(self.clock() - t0, 1),
+        }
+
+
+def run_campaign(
+    *,
+    kills: int,
+    runs: int,
+    seed: int,
+    work_dir: Path,
+    base_dir: Path,
+    total_rounds: int,
+    gap_s: tuple[float, float] = (1.0, 6.0),
+    run_deadline_s: float = 900.0,
+    replay: bool = True,
+) -> dict[str, Any]:
+    """``kills`` SIGKILLs spread over at least ``runs`` runs; the JSON report."""
+    rng = random.Random(seed)
+    per_run = max(1, math.ceil(kills / max(1, runs)))
+    left = kills
+    results: list[dict[str, Any]] = []
+    i = 0
+    # A run that finishes before its kills are spent hands them to the next run.
+    while (i < runs or left > 0) and i < runs + kills + 1:
+        run_dir = work_dir / f"run-{i:03d}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "run.toml").write_text(
+            chaos_config(run_dir, base_dir=base_dir, seed=seed + i, total_rounds=total_rounds)
+        )
+        quota = min(left, per_run)
+        chaos = ChaosRun(
+            run_dir,
+            rng=rng,
+            kills=quota,
+            gap_s=gap_s,
+            max_heads=quota + 5,
+            deadline_s=run_deadline_s,
+        )
+        outcome = chaos.run()
+        left -= len(outcome["kills"])
+        checks = check_run(run_dir, replay=replay)
+        results.append({"run": run_dir.name, **outcome, **checks})
+        i += 1
+        if not outcome["kills"] and quota and not outcome["completed"]:
+            break  # nothing to kill and not finishing: do not loop
+    by_role: dict[str, int] = {}
+    for r in results:
+        for k in r["kills"]:
+            by_role[k["role"]] = by_role.get(k["role"], 0) + 1
+    report = {
+        "bench": "chaos",
+        "seed": seed,
+        "kills_requested": kills,
+        "kills": sum(by_role.values()),
+        "kills_by_role": dict(sorted(by_role.items())),
+        "runs": len(results),
+        "runs_completed": sum(1 for r in results if r["completed"]),
+        "groups_lost": sum(r["groups_lost"] for r in results),
+        "groups_trained_twice": sum(r["groups_trained_twice"] for r in results),
+        "ledger_replay_mismatches": sum(r["ledger_replay_mismatch"] for r in results),
+        "torn_records_visible": sum(r["torn_records_visible"] for r in results),
+        "per_run": results,
+    }
+    report["ok"] = (
+        report["runs_completed"] == report["runs"]
+        and report["groups_lost"] == 0
+        and report["groups_trained_twice"] == 0
+        and report["ledger_replay_mismatches"] == 0
+        and report["torn_records_visible"] == 0
+    )
+    return report
+
+
+@click.command("chaos")
+@click.option("--kills", type=int, default=10, show_default=True, help="SIGKILLs in all.")
+@click.option(
+    "--runs", type=int, default=0, help="Runs to spread the kills over (default: one per 5 kills)."
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--total-rounds", type=int, default=20, show_default=True)
+@click.option(
+    "--base-dir",
+    type=click.Path(file_okay=False),
+    default="runs/base/add1",
+    show_default=True,
+    help="The base model (built on the first run when missing, then reused).",
+)
+@click.option("--work-dir", type=click.Path(file_okay=False), default=None)
+@click.option("--no-replay", is_flag=True, help="Skip `yeto ledger replay` after each run.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def command(
+    kills: int,
+    runs: int,
+    seed: int,
+    total_rounds: int,
+    base_dir: str,
+    work_dir: Optional[str],
+    no_replay: bool,
+    as_json: bool,
+) -> None:
+    """SIGKILL random processes (head, samplers, trainer) of real runs; check nothing is lost.
+
+    Exits 1 when a check fails or a run does not complete.
+    """
+    runs = runs or max(1, math.ceil(kills / 5))
+    with tempfile.TemporaryDirectory(prefix="yeto-chaos-") as tmp:
+        root = Path(work_dir) if work_dir else Path(tmp)
+        report = run_campaign(
+            kills=kills,
+            runs=runs,
+            seed=seed,
+            work_dir=root,
+            base_dir=Path(base_dir).absolute(),
+            total_rounds=total_rounds,
+            replay=not no_replay,
+        )
+    if as_json:
+        click.echo(json.dumps(report, sort_keys=True))
+    else:
+        for key in (
+            "kills",
+            "kills_by_role",
+            "runs",
+            "runs_completed",
+            "groups_lost",
+            "groups_trained_twice",
+            "ledger_replay_mismatches",
+            "torn_records_visible",
+        ):
+            click.echo(f"{key:>26}: {report[key]}")
+    if not report["ok"]:
+        raise SystemExit(1)
