@@ -1,0 +1,298 @@
+"""``yeto bench scheduler``: trace-driven simulation of S1 against the always-on baseline.
+
+The simulation runs the real :class:`~yeto_core.trainer_loop.TrainerLoop`, the real
+schedulers and the real :class:`~yeto_core.lifecycle.DriverLifecycle` (CPU fake
+backend, real cuts in a temporary dir store) on a simulated clock. Only the fleet
+is simulated: group arrivals come from a trace, a trainer start takes ``start_s``
+seconds and a round ``round_s`` seconds, and samplers wait while the backlog is at
+its cap (``A_hard + 1`` rounds by default, so no group can go stale).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+
+from yeto_core.cut import CutStore
+from yeto_core.lifecycle import DriverLifecycle
+from yeto_core.records import LifecycleState
+from yeto_core.release import ReleaseStore
+from yeto_core.s1 import AlwaysOnScheduler, S1Scheduler
+from yeto_core.stores.dir_store import DirStore
+from yeto_core.testing.fake_backend import FakeBackend, MemoryBuffer, make_group
+from yeto_core.trainer_loop import Journal, LoopConfig, TrainerLoop
+
+S = LifecycleState
+HOUR = 3600.0
+
+
+def builtin_traces(horizon_s: float = 4 * HOUR) -> dict[str, list[float]]:
+    """Arrival times (seconds) of groups for the built-in traces (deterministic)."""
+    steady = [i * 10.0 for i in range(int(horizon_s / 10.0))]
+    bursty = [h * HOUR + 600.0 + i * 1.5 for h in range(int(horizon_s / HOUR)) for i in range(400)]
+    diurnal, t, period = [], 0.0, horizon_s
+    while t < horizon_s:  # rate between 0.01 and 0.2 groups/s, one "day" per horizon
+        rate = 0.01 + 0.19 * (1 - math.cos(2 * math.pi * t / period)) / 2
+        t += 1.0 / rate
+        diurnal.append(t)
+    outage = [t for t in steady if not (HOUR <= t < 2.5 * HOUR)]
+    return {"steady": steady, "bursty": bursty, "diurnal": diurnal, "sampler_outage": outage}
+
+
+class _Sim:
+    """The simulated clock, the sampler fleet (a trace with a backlog cap) and the buffer."""
+
+    def __init__(self, arrivals: list[float], cap_groups: int) -> None:
+        self.t = 0.0
+        self.queue = sorted(arrivals)
+        self.next = 0
+        self.cap = cap_groups
+        self.buffer = MemoryBuffer(clock=lambda: self.t)
+        self.version = 0
+        self.wait_s = 0.0
+
+    def clock(self) -> float:
+        return self.t
+
+    def deliver(self) -> None:
+        while self.next < len(self.queue) and self.queue[self.next] <= self.t:
+            if len(self.buffer.entries) - self.buffer.watermark >= self.cap:
+                return  # samplers wait at the cap
+            self.wait_s += self.t - self.queue[self.next]
+            self.buffer.append(make_group(self.next, self.version, g=1))
+            self.next += 1
+        if self.next >= len(self.queue) and not self.buffer.data_ended():
+            self.buffer.mark_data_end()
+
+    def advance(self, dt: float) -> None:
+        end = self.t + dt
+        while self.next < len(self.queue) and self.queue[self.next] <= end:
+            self.t = max(self.t, self.queue[self.next])
+            before = self.next
+            self.deliver()
+            if self.next == before:
+                break  # at the cap until the trainer commits
+        self.t = end
+        self.deliver()
+
+
+class SimLifecycle:
+    """A DriverLifecycle whose start takes ``start_s`` and rounds ``round_s`` simulated seconds."""
+
+    def __init__(self, sim: _Sim, driver: DriverLifecycle, start_s: float, round_s: float) -> None:
+        self.sim, self.driver = sim, driver
+        self.start_seconds = start_s
+        self.round_s = round_s
+        self._ready_at: Optional[float] = None
+        self._paid_from: Optional[float] = None
+        self.paid_s = self.busy_s = 0.0
+        self.starts = 0
+        self.ages: list[float] = []
+        self._positions: list[int] = []
+        driver._emit = self._on_event
+
+    def _on_event(self, e: Any) -> None:
+        if e.kind == "trainer_round":
+            self._positions = list(e.data["positions"])
+
+    @property
+    def counters(self):
+        return self.driver.counters
+
+    def state(self) -> LifecycleState:
+        if self._ready_at is not None:
+            if self.sim.t < self._ready_at:
+                return S.STARTING
+            self.driver.start(self._inc, None)
+            self._ready_at = None
+        return self.driver.state()
+
+    def start(self, incarnation: int, cut: Any) -> None:
+        self._inc, self._ready_at, self._paid_from = (
+            incarnation,
+            self.sim.t + self.start_seconds,
+            self.sim.t,
+        )
+        self.starts += 1
+
+    def train(self, rounds: int) -> int:
+        done = 0
+        for _ in range(rounds):
+            if not self.driver.train(1):
+                break
+            # Samplers reload the release of the round being trained while it trains.
+            self.sim.version = self.driver.counters.policy_version
+            self.sim.advance(self.round_s)
+            self.busy_s += self.round_s
+            entries = self.sim.buffer.entries
+            self.ages.extend(self.sim.t - entries[p].appended_at for p in self._positions)
+            done += 1
+        return done
+
+    def drain(self, reason):
+        return self.driver.drain(reason)
+
+    def release(self) -> None:
+        if self.driver.state() != S.STOPPED:
+            self.driver.release()
+        self._ready_at = None
+        if self._paid_from is not None:
+            self.paid_s += self.sim.t - self._paid_from
+            self._paid_from = None
+
+
+def simulate(
+    scheduler: str,
+    arrivals: list[float],
+    *,
+    start_s: float = 120.0,
+    round_s: float = 20.0,
+    groups_per_round: int = 8,
+    a_hard: int = 2,
+    tick_s: float = 5.0,
+    alpha: Optional[float] = None,
+) -> dict[str, Any]:
+    """Run one scheduler over one trace; return its figures."""
+    sim = _Sim(arrivals, cap_groups=(a_hard + 1) * groups_per_round)
+    with tempfile.TemporaryDirectory(prefix="yeto-bench-sched-") as tmp:
+        store = DirStore(Path(tmp) / "store", fsync=False)
+        releases = ReleaseStore(store, clock=sim.clock)
+        driver = DriverLifecycle(
+            lambda inc: FakeBackend(seed=0),
+            sim.buffer,
+            CutStore(store, keep=2, clock=sim.clock),
+            releases,
+            groups_per_round=groups_per_round,
+            max_policy_age=a_hard,
+            clock=sim.clock,
+            workdir=Path(tmp) / "work",
+        )
+        life = SimLifecycle(sim, driver, start_s, round_s)
+        cfg = LoopConfig(
+            groups_per_round=groups_per_round,
+            a_hard=a_hard,
+            alpha=alpha,
+            round_s=round_s,
+            start_seconds_fallback=start_s,
+            drain_limit_s=24 * HOUR,
+        )
+        sched = S1Scheduler() if scheduler == "s1" else AlwaysOnScheduler()
+        loop = TrainerLoop(
+            sched,
+            life,
+            lambda: sim.buffer.backlog(driver.counters.policy_version, a_hard),
+            lambda: releases.latest() is not None,
+            Journal(None),
+            cfg,
+            clock=sim.clock,
+        )
+        while loop.finished is None:
+            sim.deliver()
+            before = sim.t
+            loop.tick()
+            if sim.t == before and loop.finished is None:
+                sim.advance(tick_s)
+        c = driver.counters
+    ages = life.ages
+    return {
+        "paid_trainer_s": round(life.paid_s, 1),
+        "busy_s": round(life.busy_s, 1),
+        "paid_over_busy": round(life.paid_s / life.busy_s, 3) if life.busy_s else None,
+        "groups_trained": c.trained_groups,
+        "groups_arrived": len(arrivals),
+        "groups_left_in_buffer": len(sim.buffer.entries) - sim.buffer.watermark,
+        "stale_groups": c.stale_groups,
+        "mean_sample_age_s": round(sum(ages) / len(ages), 1) if ages else None,
+        "starts": life.starts,
+        "sampler_wait_s": round(sim.wait_s, 1),
+        "end_s": round(sim.t, 1),
+    }
+
+
+def _read_trace(path: str) -> list[float]:
+    out = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            v = json.loads(line)
+            out.append(float(v["t"] if isinstance(v, dict) else v))
+        except (ValueError, KeyError, TypeError):
+            raise click.BadParameter(
+                f"{path}:{n}: expected a number or an object with 't' (seconds), got {line[:60]!r}"
+            ) from None
+    return out
+
+
+def run_bench(traces: dict[str, list[float]], **kw: Any) -> dict[str, Any]:
+    results = {
+        name: {s: simulate(s, arr, **kw) for s in ("s1", "always-on")}
+        for name, arr in traces.items()
+    }
+    key = "bursty" if "bursty" in results else next(iter(results))
+    s1, ao = results[key]["s1"], results[key]["always-on"]
+
+    def ratio(a, b):
+        return round(a / b, 3) if a is not None and b else None
+
+    summary = {
+        "trace": key,
+        "s1_paid_over_busy": s1["paid_over_busy"],
+        "always_on_paid_over_busy": ao["paid_over_busy"],
+        "s1_cost_vs_always_on": ratio(s1["paid_trainer_s"], ao["paid_trainer_s"]),
+        "s1_age_vs_always_on": ratio(s1["mean_sample_age_s"], ao["mean_sample_age_s"]),
+        "s1_stale_groups": sum(r["s1"]["stale_groups"] for r in results.values()),
+        "goals": {
+            "s1_paid_over_busy": 1.3,
+            "s1_cost_vs_always_on": 0.6,
+            "s1_age_vs_always_on": 1.5,
+            "s1_stale_groups": 0,
+        },
+    }
+    return {"bench": "scheduler", "params": kw, "results": results, "summary": summary}
+
+
+@click.command("scheduler")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the default output).")
+@click.option(
+    "--trace",
+    "trace_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="JSONL of group arrival times (seconds).",
+)
+@click.option(
+    "--start-s", type=float, default=120.0, show_default=True, help="Trainer start time T_s."
+)
+@click.option(
+    "--round-s", type=float, default=20.0, show_default=True, help="Seconds per training round."
+)
+@click.option("--groups-per-round", type=int, default=8, show_default=True)
+@click.option("--a-hard", type=int, default=2, show_default=True, help="Hard policy-age limit.")
+@click.option(
+    "--alpha", type=float, default=None, help="S1 cost slack (Q_on = min(Q_s1, A_hard+1))."
+)
+@click.option(
+    "--hours", type=float, default=4.0, show_default=True, help="Length of the built-in traces."
+)
+def command(as_json, trace_file, start_s, round_s, groups_per_round, a_hard, alpha, hours):
+    """Simulate S1 and always-on on arrival traces; print paid/busy seconds, ages, stale groups."""
+    traces = (
+        {Path(trace_file).stem: _read_trace(trace_file)}
+        if trace_file
+        else builtin_traces(hours * HOUR)
+    )
+    out = run_bench(
+        traces,
+        start_s=start_s,
+        round_s=round_s,
+        groups_per_round=groups_per_round,
+        a_hard=a_hard,
+        alpha=alpha,
+    )
+    click.echo(json.dumps(out, indent=None if as_json else 2, sort_keys=True))
