@@ -1,0 +1,86 @@
+"""`yeto bench chaos` with a small number of SIGKILLs (real processes, real runs).
+
+The long campaign (`make chaos`, 50 kills) is the same code with more kills.
+The pure lineage functions are tested first: they decide what "lost" and
+"trained twice" mean.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from yeto_core.bench.chaos import final_lineage, lineage_counts
+from yeto_core.records import Event
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _round(r: int, positions: list[int], skipped: dict | None = None) -> Event:
+    data = {"trained_rounds": r, "positions": positions, "skipped": skipped or {}}
+    return Event(kind="round_trained", time=float(r), source="trainer", data=data)
+
+
+def test_restored_incarnation_supersedes_rounds_after_its_cut() -> None:
+    # incarnation 0 trains rounds 1..3; incarnation 1 restores the cut at round 1
+    events = [_round(1, [0, 1]), _round(2, [2, 3]), _round(3, [4, 5]), _round(2, [2, 3])]
+    lineage = final_lineage(events)
+    assert sorted(lineage) == [1, 2]
+    counts = lineage_counts({0, 1, 2, 3, 4, 5}, lineage, upto=4)
+    assert counts == {"lost": [], "twice": []}
+    # positions 4, 5 are past the watermark the lineage reached: not due yet
+    assert lineage_counts({0, 1, 2, 3, 4, 5}, lineage)["lost"] == [4, 5]
+
+
+def test_twice_and_skipped_with_reason() -> None:
+    events = [_round(1, [0, 1]), _round(2, [1, 3], {"stale": [2]})]
+    counts = lineage_counts({0, 1, 2, 3}, final_lineage(events), upto=4)
+    assert counts == {"lost": [], "twice": [1]}
+
+
+@pytest.mark.timeout(600)
+def test_chaos_three_kills_nothing_lost_or_twice(tmp_path: Path) -> None:
+    """3 SIGKILLs of random processes of a real run; the run completes, nothing lost."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from yeto_core.cli import main; sys.exit(main())",
+            "bench",
+            "chaos",
+            "--kills",
+            "3",
+            "--runs",
+            "1",
+            "--seed",
+            "3",
+            "--total-rounds",
+            "16",
+            "--base-dir",
+            str(ROOT / "runs" / "base" / "add1"),
+            "--work-dir",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["kills"] == 3, report
+    assert report["runs_completed"] == report["runs"] == 1, report
+    assert report["groups_lost"] == 0, report
+    assert report["groups_trained_twice"] == 0, report
+    assert report["torn_records_visible"] == 0, report
+    # Known failure (docs/reliability.md#known-gaps): the trainer does not record
+    # the batch ledger yet, so `yeto ledger replay` has no rounds to replay.
+    if report["ledger_replay_mismatches"]:
+        problems = [p for r in report["per_run"] for p in r["problems"]]
+        assert all("ledger holds 0 rounds" in p for p in problems), problems
+        pytest.xfail("the trainer does not record the batch ledger yet (ledger replay)")
+    assert proc.returncode == 0, proc.stderr
