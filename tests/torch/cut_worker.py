@@ -27,6 +27,9 @@ for i in range(be.counters["rounds"], int(n)):
     trained.append(i)
 out = Path(out)
 out.mkdir(parents=True, exist_ok=True)
-save_file({k: v.contiguous().clone() for k, v in be.state_tensors().items()}, str(out / "state.safetensors"))
+save_file(
+    {k: v.contiguous().clone() for k, v in be.state_tensors().items()},
+    str(out / "state.safetensors"),
+)
 state = {"trained": trained, "counters": be.counters, "rng": torch.get_rng_state().tolist()[:64]}
 (out / "trained.json").write_text(json.dumps(state))

@@ -46,7 +46,9 @@ def test_scheduled_cut_resumed_in_new_process_is_bitwise_equal(sort_base, tmp_pa
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     subprocess.run(
         [sys.executable, str(WORKER), str(sort_base), str(cut), str(N), tuning, str(out)],
-        check=True, env=env, timeout=300,
+        check=True,
+        env=env,
+        timeout=300,
     )
     got = load_file(str(out / "state.safetensors"))
     assert sorted(got) == sorted(want)
