@@ -43,5 +43,9 @@ fuzz: install
 	  $(BIN)/python -m pytest -q -p no:cacheprovider tests/core/test_fuzz_chain.py
 	@cat build/fuzz.txt
 
+# SIGKILL campaign: 50 kills of heads, samplers and trainers of real runs (docs/reliability.md).
+chaos: install
+	$(BIN)/yeto bench chaos --kills 50 --json
+
 clean:
 	rm -rf $(VENV) build .pytest_cache

@@ -1,0 +1,352 @@
+"""``yeto bench e2e``: asynchronous vs synchronous GRPO on the same task, same base, same CPU.
+
+Both modes are real runs of ``yeto run up`` (a subprocess; the core never
+imports the torch adapter) from the same base model with the same seeds and
+the same processes (two ``hf`` sampler islands with one thread each, the
+``torch`` trainer with one thread):
+
+- ``async``: the samplers append while the trainer trains, under S1
+  (backlog cap 16 groups, policy-age gate 2);
+- ``sync``: the backlog cap is one round (``groups_per_round`` groups) and the
+  trainer is always on: the samplers generate a round, wait while the trainer
+  trains it, and go on once it is committed (synchronous GRPO, up to the few
+  groups generated while the release is published and loaded).
+
+Time to target: the first moment the rolling mean reward over the last 64
+trained groups (in training order, from the trainer's ``round_trained``
+events) reaches ``--target``, measured from the first generated group (its
+``appended_at``); start-up (head launch to the first group) is ``startup_s``.
+The bench stops each run with ``yeto run down`` once the target is reached
+(or at ``--timeout-s``).
+
+``overhead_vs_plain_loop``: when ``benchmarks/plain_loop.py`` is found (next to
+the current directory or given with ``--plain-loop``), it is run as a
+subprocess on the same base and task and must print one JSON object with
+``time_to_target_s``; the ratio is yeto async over it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+
+from yeto_core.bench.chaos import YETO
+
+WINDOW = 64
+
+
+def e2e_config(
+    run_dir: Path,
+    *,
+    mode: str,
+    base_dir: Path,
+    task: str,
+    seed: int,
+    timeout_s: float,
+    groups_per_round: int = 4,
+) -> str:
+    """The TOML of one e2e run (``mode``: ``async`` or ``sync``)."""
+    if mode not in ("async", "sync"):
+        raise ValueError(f"mode {mode!r}; use async or sync")
+    cap = 16 if mode == "async" else groups_per_round
+    scheduler = "s1" if mode == "async" else "always-on"
+    return f"""# yeto bench e2e run ({mode}, generated)
+name = "e2e-{mode}"
+run_dir = {json.dumps(str(run_dir.absolute()))}
+seed = {int(seed)}
+
+[model]
+path = {json.dumps(str(base_dir.absolute()))}
+base_options = {{ task = {json.dumps(task)} }}
+
+[task]
+name = {json.dumps(task)}
+
+[[samplers]]
+name = "sampler"
+engine = "hf"
+count = 2
+group_size = 8
+prompts_per_call = 1
+min_round_s = 0.0
+backlog_cap = {cap}
+engine_options = {{ threads = 1 }}
+[samplers.sampling]
+max_new_tokens = 3
+temperature = 1.0
+
+[trainer]
+backend = "torch"
+backend_options = {{ lr = 0.003, threads = 1 }}
+groups_per_round = {int(groups_per_round)}
+max_policy_age = 2
+total_rounds = 0
+
+[scheduler]
+name = "{scheduler}"
+tick_s = 0.2
+
+[backstops]
+wall_clock_s = {float(timeout_s) + 120.0}
+silence_s = 120
+"""
+
+
+def time_to_target(
+    rounds: list[tuple[float, list[float]]], *, target: float, t0: float, window: int = WINDOW
+) -> tuple[Optional[float], list[tuple[float, float]]]:
+    """(seconds from ``t0`` to the first rolling mean ≥ ``target``, the curve).
+
+    ``rounds``: (time, per-group rewards) of each trained round, in order. The
+    rolling mean needs ``window`` groups before it counts.
+    """
+    rewards: list[float] = []
+    curve: list[tuple[float, float]] = []
+    hit: Optional[float] = None
+    for t, rs in rounds:
+        rewards.extend(rs)
+        last = rewards[-window:]
+        mean = sum(last) / len(last) if last else 0.0
+        curve.append((round(t - t0, 3), round(mean, 4)))
+        if hit is None and len(rewards) >= window and mean >= target:
+            hit = round(t - t0, 3)
+    return hit, curve
+
+
+def trainer_seconds(run_dir: Path, rounds: list[dict[str, Any]], appended_at: dict[int, float]):
+    """(paid, busy) seconds of the trainer.
+
+    Paid: trainer incarnations' lifetimes (``cost.jsonl``). Busy: per round, from
+    the later of the previous release and the round's last group to its release.
+    """
+    from yeto_core.cost import read_lines
+
+    starts: dict[str, float] = {}
+    paid = 0.0
+    last_time = 0.0
+    for ln in read_lines(run_dir / "cost.jsonl"):
+        last_time = max(last_time, ln.time)
+        if not ln.island.startswith("trainer"):
+            continue
+        if ln.event == "start":
+            starts[ln.handle] = ln.time
+        elif ln.handle in starts:
+            paid += ln.time - starts.pop(ln.handle)
+    paid += sum(max(0.0, last_time - t) for t in starts.values())
+    busy = 0.0
+    prev = None
+    for r in rounds:
+        ready = max((appended_at.get(p, 0.0) for p in r["positions"]), default=0.0)
+        begin = max(ready, prev) if prev is not None else ready
+        end = r["published"] or r["time"]
+        busy += max(0.0, end - begin)
+        prev = end
+    return round(paid, 2), round(busy, 2)
+
+
+def run_mode(
+    mode: str,
+    *,
+    work: Path,
+    base_dir: Path,
+    task: str,
+    seed: int,
+    target: float,
+    timeout_s: float,
+    poll_s: float = 0.5,
+) -> dict[str, Any]:
+    """One run of ``mode`` until the target (or the timeout); its figures."""
+    from yeto_core.event_stream import read_events
+    from yeto_core.plugins import get_plugins
+    from yeto_core.run import request_down
+    from yeto_core.sample_buffer import open_buffer
+
+    run_dir = work / mode
+    run_dir.mkdir(parents=True, exist_ok=True)
+    toml = run_dir / "run.toml"
+    toml.write_text(
+        e2e_config(run_dir, mode=mode, base_dir=base_dir, task=task, seed=seed, timeout_s=timeout_s)
+    )
+    launched = time.time()
+    with open(run_dir / "head.log", "wb") as log:
+        head = subprocess.Popen(
+            [*YETO, "run", "up", str(toml), "--run-dir", str(run_dir)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    store_url = str(run_dir / "store")
+    store = None
+    hit: Optional[float] = None
+    t0: Optional[float] = None
+    rounds: list[tuple[float, list[float]]] = []
+    deadline: Optional[float] = None
+    while head.poll() is None:
+        time.sleep(poll_s)
+        if store is None:
+            if not (run_dir / "store" / "buffer").exists():
+                if time.time() - launched > timeout_s + 300:
+                    break
+                continue
+            store = get_plugins().open_store(store_url)
+        if t0 is None:
+            t0 = _first_appended(store_url)
+            if t0 is not None:
+                deadline = t0 + timeout_s
+        if t0 is None:
+            continue
+        events = [e for e in read_events(store, "trainer") if e.kind == "round_trained"]
+        rounds = [(e.time, [float(r) for r in e.data.get("rewards", ())]) for e in events]
+        hit, _ = time_to_target(rounds, target=target, t0=t0)
+        if hit is not None or (deadline is not None and time.time() >= deadline):
+            break
+    if head.poll() is None:
+        request_down(run_dir, reason=f"yeto bench e2e: {'target' if hit else 'timeout'}")
+        try:
+            head.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            head.kill()
+            head.wait()
+    store = get_plugins().open_store(store_url)
+    buf = open_buffer(store_url, read_only=True)
+    try:
+        appended_at = {int(e.position): float(e.appended_at) for e in buf.entries(0)}
+    finally:
+        buf.close()
+    t0 = min(appended_at.values(), default=t0)
+    events = read_events(store, "trainer")
+    trained = [e for e in events if e.kind == "round_trained"]
+    published = [e.time for e in events if e.kind == "release_published"]
+    per_round = []
+    for e in trained:
+        after = [t for t in published if t >= e.time]
+        per_round.append(
+            {
+                "time": e.time,
+                "published": after[0] if after else None,
+                "positions": [int(p) for p in e.data.get("positions", ())],
+            }
+        )
+    rounds = [(e.time, [float(r) for r in e.data.get("rewards", ())]) for e in trained]
+    hit, curve = time_to_target(rounds, target=target, t0=t0 or launched)
+    paid, busy = trainer_seconds(run_dir, per_round, appended_at)
+    return {
+        "time_to_target_s": hit,
+        "startup_s": round((t0 or launched) - launched, 2),
+        "trainer_paid_s": paid,
+        "trainer_busy_s": busy,
+        "rounds_trained": len(trained),
+        "groups_appended": len(appended_at),
+        "head_exit_code": head.returncode,
+        "reward_curve": curve[:: max(1, len(curve) // 50)],
+    }
+
+
+def _first_appended(store_url: str) -> Optional[float]:
+    from yeto_core.sample_buffer import open_buffer
+
+    try:
+        buf = open_buffer(store_url, read_only=True)
+    except Exception:
+        return None
+    try:
+        entries = buf.entries(0)
+        return min((float(e.appended_at) for e in entries), default=None)
+    finally:
+        buf.close()
+
+
+def run_plain_loop(
+    script: Path, *, base_dir: Path, task: str, seed: int, target: float, timeout_s: float
+) -> dict[str, Any]:
+    """``benchmarks/plain_loop.py`` as a subprocess; its JSON (or the reason it failed)."""
+    cmd = [
+        sys.executable,
+        str(script),
+        "--base-dir",
+        str(base_dir),
+        "--task",
+        task,
+        "--seed",
+        str(seed),
+        "--target",
+        str(target),
+        "--timeout-s",
+        str(timeout_s),
+    ]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s + 300)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+        return {"error": f"{script} did not report: {exc}"}
+
+
+@click.command("e2e")
+@click.option("--task", default="add1", show_default=True)
+@click.option("--target", type=float, default=0.8, show_default=True)
+@click.option("--timeout-s", type=float, default=300.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--base-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="The base model (default: runs/base/<task>; built when missing).",
+)
+@click.option("--plain-loop", type=click.Path(dir_okay=False), default=None)
+@click.option("--work-dir", type=click.Path(file_okay=False), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def command(
+    task: str,
+    target: float,
+    timeout_s: float,
+    seed: int,
+    base_dir: Optional[str],
+    plain_loop: Optional[str],
+    work_dir: Optional[str],
+    as_json: bool,
+) -> None:
+    """Asynchronous vs synchronous GRPO: time to a target reward (prints JSON)."""
+    base = Path(base_dir or f"runs/base/{task}").absolute()
+    with tempfile.TemporaryDirectory(prefix="yeto-e2e-") as tmp:
+        work = Path(work_dir) if work_dir else Path(tmp)
+        common = dict(base_dir=base, task=task, seed=seed, target=target, timeout_s=timeout_s)
+        a = run_mode("async", work=work, **common)
+        s = run_mode("sync", work=work, **common)
+    script = Path(plain_loop) if plain_loop else Path("benchmarks/plain_loop.py")
+    plain: Optional[dict[str, Any]] = None
+    if script.is_file():
+        plain = run_plain_loop(script, **common)
+    at, st = a["time_to_target_s"], s["time_to_target_s"]
+    pt = (plain or {}).get("time_to_target_s")
+    report = {
+        "bench": "e2e",
+        "task": task,
+        "target": target,
+        "window_groups": WINDOW,
+        "timeout_s": timeout_s,
+        "async_time_to_target_s": at,
+        "sync_time_to_target_s": st,
+        "speedup": round(st / at, 3) if at and st else None,
+        "startup_s": {"async": a["startup_s"], "sync": s["startup_s"]},
+        "trainer_paid_s": {"async": a["trainer_paid_s"], "sync": s["trainer_paid_s"]},
+        "trainer_busy_s": {"async": a["trainer_busy_s"], "sync": s["trainer_busy_s"]},
+        "reward_curves": {"async": a["reward_curve"], "sync": s["reward_curve"]},
+        "runs": {
+            k: {x: v[x] for x in ("rounds_trained", "groups_appended", "head_exit_code")}
+            for k, v in (("async", a), ("sync", s))
+        },
+        "plain_loop": plain,
+        "overhead_vs_plain_loop": round(at / pt, 3) if at and pt else None,
+    }
+    if as_json:
+        click.echo(json.dumps(report, sort_keys=True))
+    else:
+        for k in ("async_time_to_target_s", "sync_time_to_target_s", "speedup", "startup_s"):
+            click.echo(f"{k:>24}: {report[k]}")
