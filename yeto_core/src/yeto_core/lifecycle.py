@@ -36,10 +36,12 @@ from typing import Any, Optional, Union
 import attrs
 
 from yeto_core import serde
+from yeto_core.batch_reader import SKIP_REASONS, BatchReader, EndOfData
 from yeto_core.cut import ConsistentCut, CutStore
 from yeto_core.errors import IllegalTransitionError, NotFoundError, YetoError
+from yeto_core.ledger import BatchLedger
 from yeto_core.ports import IslandProvider, ObjectStore, TrainerBackend, TrainerLifecycle
-from yeto_core.records import Batch, Event, LifecycleState, RoundSpec, StopReason
+from yeto_core.records import Event, LifecycleState, RoundSpec, StopReason
 from yeto_core.release import ReleaseStore
 
 S = LifecycleState
@@ -92,27 +94,6 @@ class StateMachine:
             )
 
 
-def _take_round(
-    buffer: Any, spec: RoundSpec, *, partial: bool = False
-) -> Optional[tuple[Batch, Any]]:
-    """One round of whole groups from the buffer, or None when a full round is not there.
-
-    Kept in one place so that the BatchReader (padding, carry-over) replaces it.
-    ``partial`` allows a short last round (after the data ended).
-    """
-    rnd = buffer.select(spec)
-    if not rnd.entries or (len(rnd.entries) < spec.max_groups and not partial):
-        return None
-    groups = tuple(buffer.load(e) for e in rnd.entries)
-    batch = Batch(
-        groups=groups,
-        positions=tuple(e.position for e in rnd.entries),
-        policy_version=spec.current_version,
-        metrics={"stale_groups": float(len(rnd.stale))},
-    )
-    return batch, rnd
-
-
 @attrs.frozen
 class TrainerCounters:
     """What the driver owns and puts into each cut."""
@@ -122,6 +103,7 @@ class TrainerCounters:
     buffer_watermark: int = 0
     stale_groups: int = 0
     trained_groups: int = 0
+    skipped_groups: int = 0
 
 
 class DriverLifecycle(TrainerLifecycle):
@@ -136,6 +118,24 @@ class DriverLifecycle(TrainerLifecycle):
     :param emit: receives every lifecycle event.
     :param clock: seconds (start time measurement, event stamps).
     :param workdir: local scratch directory for cut and release files.
+    :param partial_last_round: after the buffer's data ended, train a short last round
+        (padded by the reader) instead of holding.
+    :param group_size: G, samples per group (None: the first group the buffer offers
+        decides, once; give it when known).
+    :param vocab_size: the reader refuses token ids at or above it (None: not checked).
+    :param ledger: the batch ledger (None: ``BatchLedger(cuts.store)``, the run's store).
+    :param ledger_set_aside_before: on a start from the base (no cut), move ledger rounds
+        recorded before this time (seconds since the epoch) to ``ledger.before-<ts>/``
+        (:meth:`BatchLedger.start_from_base`). None: rounds of dead incarnations that
+        never reached a cut are set aside by :meth:`BatchLedger.rebase` to round 0.
+    :param reader_options: extra :class:`~yeto_core.batch_reader.BatchReader` keyword
+        arguments (``fenced_incarnations``, ``quarantined``, ``expected_layers``, ...).
+
+    Every round is taken by a :class:`~yeto_core.batch_reader.BatchReader` built per
+    incarnation (``try_take``: a round is trained only when it is full, or short after the
+    data ended with ``partial_last_round``), trained, recorded in the ledger, committed to
+    the buffer and published. The ``trainer_round`` event carries the trained positions,
+    the skipped positions by reason (``skipped``) and their counts (``skipped_counts``).
     """
 
     PLUGIN_NAME = "driver"
@@ -153,6 +153,11 @@ class DriverLifecycle(TrainerLifecycle):
         clock: Callable[[], float] = time.time,
         workdir: Optional[Union[str, os.PathLike[str]]] = None,
         partial_last_round: bool = False,
+        group_size: Optional[int] = None,
+        vocab_size: Optional[int] = None,
+        ledger: Optional[BatchLedger] = None,
+        ledger_set_aside_before: Optional[float] = None,
+        reader_options: Optional[Mapping[str, Any]] = None,
     ) -> None:
         self.backend_factory = backend_factory
         self.buffer = buffer
@@ -164,6 +169,16 @@ class DriverLifecycle(TrainerLifecycle):
         self._clock = clock
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="yeto-trainer-"))
         self.partial_last_round = partial_last_round
+        self.group_size = group_size
+        self.vocab_size = vocab_size
+        self.ledger = ledger if ledger is not None else BatchLedger(cuts.store, clock=clock)
+        self.ledger_set_aside_before = ledger_set_aside_before
+        self.reader_options = dict(reader_options or {})
+        self.reader: Optional[BatchReader] = None
+        #: committed skip totals by reason (restored from the cut's counters)
+        self.skipped_by_reason: dict[str, int] = {r: 0 for r in SKIP_REASONS}
+        #: ledger keys moved aside by the last start
+        self.ledger_set_aside: list[str] = []
         self.sm = StateMachine("trainer lifecycle 'driver'")
         self.backend: Optional[TrainerBackend] = None
         self.incarnation: Optional[int] = None
@@ -228,6 +243,7 @@ class DriverLifecycle(TrainerLifecycle):
             if found is None:
                 self.backend.restore(None)
                 self.counters = TrainerCounters()
+                self.skipped_by_reason = {r: 0 for r in SKIP_REASONS}
                 self.restored_cut = None
             else:
                 rec, path = found
@@ -238,9 +254,16 @@ class DriverLifecycle(TrainerLifecycle):
                     buffer_watermark=rec.buffer_watermark,
                     stale_groups=int(rec.counters.get("stale_groups", 0)),
                     trained_groups=int(rec.counters.get("trained_groups", 0)),
+                    skipped_groups=int(rec.counters.get("skipped_groups", 0)),
                 )
+                self.skipped_by_reason = {
+                    r: int(rec.counters.get(f"skipped_{r}", 0)) for r in SKIP_REASONS
+                }
                 self.restored_cut = rec
             self.buffer.reset_to(self.counters.buffer_watermark)
+            self._rebase_ledger(incarnation)
+            self.reader = None
+            self._make_reader()
             # The samplers need the policy the trainer now holds: after a fresh start that
             # is the base (the first release), after a restore a republish is a no-op, and
             # after a rewind it is a new release.
@@ -257,8 +280,46 @@ class DriverLifecycle(TrainerLifecycle):
             incarnation=incarnation,
             start_s=self.start_seconds,
             cut_id=self.restored_cut.cut_id if self.restored_cut else None,
+            ledger_set_aside=len(self.ledger_set_aside),
             **attrs.asdict(self.counters),
         )
+
+    def _rebase_ledger(self, incarnation: int) -> None:
+        rec = self.restored_cut
+        if rec is None and self.ledger_set_aside_before is not None:
+            self.ledger_set_aside = self.ledger.start_from_base(
+                set_aside_before=self.ledger_set_aside_before
+            )
+            return
+        self.ledger_set_aside = self.ledger.rebase(
+            trained_rounds=self.counters.trained_rounds,
+            cut_id=rec.cut_id if rec else None,
+            watermark=self.counters.buffer_watermark,
+            incarnation=incarnation,
+        )
+
+    def _make_reader(self) -> Optional[BatchReader]:
+        """The reader of this incarnation (None while G is unknown and the buffer is empty)."""
+        if self.reader is not None:
+            return self.reader
+        g = self.group_size
+        if g is None:
+            # G from the first group the buffer offers after the watermark
+            rnd = self.buffer.select(RoundSpec(1, 0, 2**31))
+            if not rnd.entries:
+                return None
+            g = int(rnd.entries[0].n_samples)
+        options = dict(self.reader_options)
+        options.setdefault("clock", self._clock)
+        self.reader = BatchReader(
+            self.buffer,
+            group_size=g,
+            groups_per_round=self.groups_per_round,
+            max_policy_age=self.max_policy_age,
+            vocab_size=self.vocab_size,
+            **options,
+        )
+        return self.reader
 
     def _find_cut(
         self, cut: Optional[Union[ConsistentCut, str]]
@@ -295,30 +356,50 @@ class DriverLifecycle(TrainerLifecycle):
         return done
 
     def _train_one(self) -> bool:
-        assert self.backend is not None
-        c = self.counters
-        spec = RoundSpec(self.groups_per_round, c.policy_version, self.max_policy_age)
-        partial = self.partial_last_round and bool(
-            getattr(self.buffer, "data_ended", lambda: False)()
-        )
-        taken = _take_round(self.buffer, spec, partial=partial)
-        if taken is None:
+        assert self.backend is not None and self.incarnation is not None
+        reader = self._make_reader()
+        if reader is None:
             return False
-        batch, rnd = taken
+        c = self.counters
+        ended = bool(getattr(self.buffer, "data_ended", lambda: False)())
+        try:
+            batch = reader.try_take(c.policy_version, short_ok=self.partial_last_round and ended)
+        except EndOfData:
+            return False
+        if batch is None:
+            return False
+        if len(batch.groups) < self.groups_per_round and not self.partial_last_round:
+            reader.reset()  # a short round at the data end: hold; the buffer re-offers it
+            return False
         metrics = self.backend.train_round(batch)
-        watermark = self.buffer.commit(rnd)
+        self.ledger.record(
+            batch,
+            seq=c.trained_rounds + 1,
+            incarnation=self.incarnation,
+            parent_cut=self.restored_cut.cut_id if self.restored_cut else None,
+        )
+        watermark = reader.commit(batch)
+        skipped = {r: list(ps) for r, ps in sorted(batch.skipped.items()) if ps}
+        counts = {r: len(ps) for r, ps in skipped.items()}
+        for r, n in counts.items():
+            self.skipped_by_reason[r] = self.skipped_by_reason.get(r, 0) + n
         self.counters = TrainerCounters(
             policy_version=c.policy_version + 1,
             trained_rounds=c.trained_rounds + 1,
             buffer_watermark=watermark,
-            stale_groups=c.stale_groups + len(rnd.stale),
+            stale_groups=c.stale_groups + counts.get("stale", 0),
             trained_groups=c.trained_groups + len(batch.groups),
+            skipped_groups=c.skipped_groups + sum(counts.values()),
         )
         self._publish()
         self._event(
             "trainer_round",
             positions=list(batch.positions),
-            stale_positions=[e.position for e in rnd.stale],
+            stale_positions=skipped.get("stale", []),
+            skipped=skipped,
+            skipped_counts=counts,
+            padded_samples=len(batch.padding),
+            watermark_before=batch.watermark_before,
             metrics={k: float(v) for k, v in metrics.items()},
             **attrs.asdict(self.counters),
         )
@@ -339,7 +420,12 @@ class DriverLifecycle(TrainerLifecycle):
                 buffer_watermark=c.buffer_watermark,
                 incarnation=self.incarnation,
                 parent_cut=self.restored_cut.cut_id if self.restored_cut else None,
-                counters={"stale_groups": c.stale_groups, "trained_groups": c.trained_groups},
+                counters={
+                    "stale_groups": c.stale_groups,
+                    "trained_groups": c.trained_groups,
+                    "skipped_groups": c.skipped_groups,
+                    **{f"skipped_{r}": n for r, n in self.skipped_by_reason.items()},
+                },
             )
             self.last_cut = self.cuts.commit(out, record)
         except Exception as exc:
@@ -360,6 +446,7 @@ class DriverLifecycle(TrainerLifecycle):
         """Drop the backend (LEFT or FAILED → STOPPED)."""
         self.sm.go(S.STOPPED, "release")
         self.backend = None
+        self.reader = None
         shutil.rmtree(self.workdir / "restore", ignore_errors=True)
 
 

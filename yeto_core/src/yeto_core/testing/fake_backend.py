@@ -115,6 +115,8 @@ class MemEntry:
     min_version: int
     max_version: int
     appended_at: float
+    host: str = "test"
+    incarnation: int = 0
 
 
 @attrs.frozen
