@@ -37,3 +37,14 @@ def test_cli_replays_a_trace_file(tmp_path):
     bad.write_text('{"x": 1}\n')
     res = CliRunner().invoke(command, ["--trace", str(bad)])
     assert res.exit_code != 0 and "bad.jsonl:1" in res.output
+
+
+def test_lora_fleet_starts_for_the_first_policy_and_full_does_not():
+    arrivals = builtin_traces(3600.0)["bursty"]  # the first group arrives at t=600
+    full = simulate("s1", arrivals)
+    lora = simulate("s1", arrivals, tuning="lora")
+    for r in (full, lora):
+        assert r["groups_trained"] + r["stale_groups"] + r["groups_left_in_buffer"] == len(arrivals)
+    # the LoRA trainer idles from t=0 for its first release; the full one starts on a backlog
+    assert lora["paid_trainer_s"] > full["paid_trainer_s"]
+    assert lora["busy_s"] == full["busy_s"]

@@ -210,3 +210,45 @@ def test_drain_limit_finishes_after_data_end(tmp_path):
         assert clock.t < 5000
     assert loop.finished == "drain_limit" and clock.t > CFG.drain_limit_s
     assert lc.s == LifecycleState.STOPPED
+
+
+def test_a_full_parameter_run_does_not_start_for_a_first_policy(tmp_path):
+    """``first_policy_start=False``: the base model is policy 0; S1 waits for a backlog."""
+    import attrs
+
+    for first_policy_start in (True, False):
+        store = DirStore(tmp_path / f"fp-{first_policy_start}", fsync=False)
+        clock = Clock()
+        buf = MemoryBuffer(clock=clock)
+        lc = DriverLifecycle(
+            lambda i: FakeBackend(seed=3),
+            buf,
+            CutStore(store),
+            ReleaseStore(store),
+            groups_per_round=2,
+            max_policy_age=CFG.a_hard,
+            clock=clock,
+            workdir=tmp_path / f"w-{first_policy_start}",
+        )
+        loop = TrainerLoop(
+            S1Scheduler(),
+            lc,
+            buf.backlog,
+            lambda store=store: ReleaseStore(store).latest() is not None,  # none yet
+            Journal(store),
+            attrs.evolve(CFG, first_policy_start=first_policy_start),
+            clock=clock,
+        )
+        for _ in range(5):
+            loop.tick()
+            clock.t += 1.0
+        starts = [r for r in Journal(store).read() if r["kind"] == "start"]
+        if first_policy_start:  # LoRA: start at once to publish the first adapter
+            assert [s["reason"] for s in starts] == ["first_policy"]
+        else:  # full-parameter: nothing waits, nothing starts
+            assert starts == [] and lc.state() == LifecycleState.STOPPED
+            for i in range(6):  # A_hard + 1 rounds of backlog start it
+                buf.append(make_group(i, 0))
+            loop.tick()
+            starts = [r for r in Journal(store).read() if r["kind"] == "start"]
+            assert [s["reason"] for s in starts] == ["backlog"]

@@ -77,6 +77,11 @@ class LoopConfig:
     max_failures: int = 3
     drain_limit_s: float = 3600.0
     rounds_per_tick: int = 1
+    #: Start the trainer before any backlog to publish the first policy (rule
+    #: ``first_policy``). Only LoRA runs need it: their samplers wait for the first
+    #: adapter release. A full-parameter run's samplers serve the base model, which is
+    #: policy version 0, so with False the head treats the base as released.
+    first_policy_start: bool = True
 
 
 class TrainerLoop:
@@ -182,7 +187,7 @@ class TrainerLoop:
             data_ended=bool(backlog.data_ended),
             failures=self.failures,
             max_failures=c.max_failures,
-            has_release=self._has_release(),
+            has_release=self._has_release() if c.first_policy_start else True,
             first_policy_incarnation=self.first_policy,
             rounds_this_incarnation=self.rounds_this_incarnation,
             alpha=c.alpha,

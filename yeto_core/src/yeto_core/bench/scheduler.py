@@ -6,6 +6,12 @@ backend, real cuts in a temporary dir store) on a simulated clock. Only the flee
 is simulated: group arrivals come from a trace, a trainer start takes ``start_s``
 seconds and a round ``round_s`` seconds, and samplers wait while the backlog is at
 its cap (``A_hard + 1`` rounds by default, so no group can go stale).
+
+The fleet is full-parameter by default (``tuning="full"``): its samplers serve the
+base model, which is policy version 0, so the head does not start the trainer to
+publish a first policy (``LoopConfig.first_policy_start=False``). A LoRA fleet
+(``tuning="lora"``) waits for the first adapter release, so S1 starts the trainer at
+t=0 (rule ``first_policy``); the bench reports that variant as ``s1-lora``.
 """
 
 from __future__ import annotations
@@ -156,8 +162,15 @@ def simulate(
     a_hard: int = 2,
     tick_s: float = 5.0,
     alpha: Optional[float] = None,
+    tuning: str = "full",
 ) -> dict[str, Any]:
-    """Run one scheduler over one trace; return its figures."""
+    """Run one scheduler over one trace; return its figures.
+
+    ``tuning``: ``full`` (samplers serve the base model as policy 0) or ``lora``
+    (samplers wait for the first release: S1 starts the trainer for it at t=0).
+    """
+    if tuning not in ("full", "lora"):
+        raise ValueError(f"tuning must be 'full' or 'lora', got {tuning!r}")
     sim = _Sim(arrivals, cap_groups=(a_hard + 1) * groups_per_round)
     with tempfile.TemporaryDirectory(prefix="yeto-bench-sched-") as tmp:
         store = DirStore(Path(tmp) / "store", fsync=False)
@@ -180,6 +193,7 @@ def simulate(
             round_s=round_s,
             start_seconds_fallback=start_s,
             drain_limit_s=24 * HOUR,
+            first_policy_start=tuning == "lora",
         )
         sched = S1Scheduler() if scheduler == "s1" else AlwaysOnScheduler()
         loop = TrainerLoop(
@@ -209,6 +223,7 @@ def simulate(
         "stale_groups": c.stale_groups,
         "mean_sample_age_s": round(sum(ages) / len(ages), 1) if ages else None,
         "starts": life.starts,
+        "groups_skipped_by_reason": {r: n for r, n in driver.skipped_by_reason.items() if n},
         "sampler_wait_s": round(sim.wait_s, 1),
         "end_s": round(sim.t, 1),
     }
@@ -232,7 +247,11 @@ def _read_trace(path: str) -> list[float]:
 
 def run_bench(traces: dict[str, list[float]], **kw: Any) -> dict[str, Any]:
     results = {
-        name: {s: simulate(s, arr, **kw) for s in ("s1", "always-on")}
+        name: {
+            "s1": simulate("s1", arr, **kw),
+            "always-on": simulate("always-on", arr, **kw),
+            "s1-lora": simulate("s1", arr, tuning="lora", **kw),
+        }
         for name, arr in traces.items()
     }
     key = "bursty" if "bursty" in results else next(iter(results))
@@ -248,6 +267,15 @@ def run_bench(traces: dict[str, list[float]], **kw: Any) -> dict[str, Any]:
         "s1_cost_vs_always_on": ratio(s1["paid_trainer_s"], ao["paid_trainer_s"]),
         "s1_age_vs_always_on": ratio(s1["mean_sample_age_s"], ao["mean_sample_age_s"]),
         "s1_stale_groups": sum(r["s1"]["stale_groups"] for r in results.values()),
+        "tuning": "full",
+        "lora_s1_paid_over_busy": results[key]["s1-lora"]["paid_over_busy"],
+        "lora_s1_cost_vs_always_on": ratio(
+            results[key]["s1-lora"]["paid_trainer_s"], ao["paid_trainer_s"]
+        ),
+        "lora_s1_age_vs_always_on": ratio(
+            results[key]["s1-lora"]["mean_sample_age_s"], ao["mean_sample_age_s"]
+        ),
+        "lora_s1_stale_groups": sum(r["s1-lora"]["stale_groups"] for r in results.values()),
         "goals": {
             "s1_paid_over_busy": 1.3,
             "s1_cost_vs_always_on": 0.6,
