@@ -77,10 +77,5 @@ def test_chaos_three_kills_nothing_lost_or_twice(tmp_path: Path) -> None:
     assert report["groups_lost"] == 0, report
     assert report["groups_trained_twice"] == 0, report
     assert report["torn_records_visible"] == 0, report
-    # Known failure (docs/reliability.md#known-gaps): the trainer does not record
-    # the batch ledger yet, so `yeto ledger replay` has no rounds to replay.
-    if report["ledger_replay_mismatches"]:
-        problems = [p for r in report["per_run"] for p in r["problems"]]
-        assert all("ledger holds 0 rounds" in p for p in problems), problems
-        pytest.xfail("the trainer does not record the batch ledger yet (ledger replay)")
+    assert report["ledger_replay_mismatches"] == 0, report
     assert proc.returncode == 0, proc.stderr
