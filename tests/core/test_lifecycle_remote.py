@@ -1,0 +1,149 @@
+"""RemoteTrainerLifecycle + IslandTrainerAgent with a REAL trainer subprocess over a dir store.
+
+Two incarnations, each a real ``python`` process running ``IslandTrainerAgent`` around a
+``DriverLifecycle`` (FakeBackend, FileSampleBuffer), go start → train → drain → release
+through the store's command channel; the final cut equals an in-process run, bitwise.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from yeto_core.cut import CutStore
+from yeto_core.ledger import BatchLedger
+from yeto_core.lifecycle import DriverLifecycle, RemoteTrainerLifecycle
+from yeto_core.records import LifecycleState, StopReason, Trigger
+from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.stores.dir_store import DirStore
+from yeto_core.testing.fake_backend import FakeBackend, make_group
+
+S = LifecycleState
+N, G = 12, 4
+
+TRAINER = """
+import os, sys
+from pathlib import Path
+from yeto_core.cut import CutStore
+from yeto_core.lifecycle import DriverLifecycle, IslandTrainerAgent
+from yeto_core.release import ReleaseStore
+from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.stores.dir_store import DirStore
+from yeto_core.testing.fake_backend import FakeBackend
+
+root = Path(sys.argv[1])
+inc = int(os.environ["YETO_TRAINER_INCARNATION"])
+store = DirStore(root, fsync=False)
+driver = DriverLifecycle(
+    lambda i: FakeBackend(seed=5), FileSampleBuffer(store, host="trainer"), CutStore(store),
+    ReleaseStore(store), groups_per_round=2, max_policy_age=99, group_size=4,
+    workdir=root.parent / f"work-{inc}",
+)
+IslandTrainerAgent(store, driver, inc, idle_timeout_s=60).run(os.environ.get("YETO_TRAINER_CUT"))
+"""
+
+
+class PopenIslands:
+    """A minimal IslandProvider: one local process per incarnation."""
+
+    def __init__(self, script: Path, root: Path) -> None:
+        self.script, self.root = script, root
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def launch(self, island: str, incarnation: int, env: Mapping[str, str]) -> str:
+        import os
+
+        p = subprocess.Popen(
+            [sys.executable, str(self.script), str(self.root)], env={**os.environ, **env}
+        )
+        handle = f"{island}-{incarnation}-{p.pid}"
+        self.procs[handle] = p
+        return handle
+
+    def status(self, handle: str) -> str:
+        return "running" if self.procs[handle].poll() is None else "exited"
+
+    def release(self, handle: str) -> bool:
+        p = self.procs[handle]
+        try:
+            p.wait(timeout=30)  # the agent exits after it answered the drain
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+        return p.poll() is not None
+
+
+def _fill(store: DirStore) -> None:
+    buf = FileSampleBuffer(store, host="sampler")
+    for i in range(N):
+        buf.append(make_group(i, 0, g=G))
+
+
+def test_two_remote_incarnations_in_real_processes_equal_an_in_process_run(tmp_path):
+    ref_store = DirStore(tmp_path / "ref", fsync=False)
+    _fill(ref_store)
+    ref = DriverLifecycle(
+        lambda i: FakeBackend(seed=5),
+        FileSampleBuffer(ref_store, host="trainer"),
+        CutStore(ref_store),
+        groups_per_round=2,
+        max_policy_age=99,
+        group_size=G,
+        workdir=tmp_path / "refw",
+    )
+    ref.start(0)
+    assert ref.train(100) == N // 2
+
+    root = tmp_path / "store"
+    store = DirStore(root, fsync=False)
+    _fill(store)
+    script = tmp_path / "trainer_island.py"
+    script.write_text(TRAINER)
+    islands = PopenIslands(script, root)
+    remote = RemoteTrainerLifecycle(store, islands, timeout_s=60, poll_s=0.02)
+    cuts = []
+    for inc, (rounds, reason) in enumerate([(4, StopReason.STOPPED), (100, StopReason.FINISHED)]):
+        remote.start(inc)
+        assert remote.state() in (S.STARTING, S.READY)
+        assert remote.wait_ready() == S.READY
+        assert remote.start_seconds is not None
+        assert remote.train(rounds) == [4, N // 2 - 4][inc]
+        cuts.append(remote.drain(reason))
+        assert remote.state() == S.LEFT
+        remote.release()
+        assert remote.state() == S.STOPPED
+        assert all(p.poll() is not None for p in islands.procs.values())
+    assert [c.trigger for c in cuts] == [Trigger.SCHEDULED, Trigger.FINAL]
+    assert cuts[1].parent_cut == cuts[0].cut_id and cuts[1].incarnation == 1
+    assert cuts[1].buffer_watermark == N and cuts[1].trained_rounds == N // 2
+    assert BatchLedger(store).check(watermark=N)["trained"] == N
+
+    _, path = CutStore(store).latest_valid(tmp_path / "dl")
+    final = FakeBackend(seed=5)
+    final.restore(path)
+    assert final.params.tobytes() == ref.backend.params.tobytes()
+    assert final.trained_groups == ref.backend.trained_groups
+
+
+def test_a_trainer_process_killed_mid_run_is_a_failed_state(tmp_path):
+    root = tmp_path / "store"
+    store = DirStore(root, fsync=False)
+    _fill(store)
+    script = tmp_path / "trainer_island.py"
+    script.write_text(TRAINER)
+    islands = PopenIslands(script, root)
+    remote = RemoteTrainerLifecycle(store, islands, timeout_s=60, poll_s=0.02)
+    remote.start(0)
+    assert remote.wait_ready() == S.READY
+    assert remote.train(1) == 1
+    (proc,) = islands.procs.values()
+    proc.kill()  # SIGKILL
+    deadline = time.monotonic() + 30
+    while remote.state() != S.FAILED:
+        assert time.monotonic() < deadline, "the dead trainer was never seen as FAILED"
+        time.sleep(0.02)
+    remote.release()
+    assert remote.state() == S.STOPPED
