@@ -192,30 +192,47 @@ def run_sampler(config: RunConfig, run_dir: Path, island: str, incarnation: int)
     task = plugins.task(config.task.name)(**config.task.options)
     buffer = plugins.sample_buffer("file")(store, host=island)
     stream = EventStream(store, island, flush_s=1.0)
-    follower = PolicyFollower(ReleaseStore(store), engine)
+    on_event = sampler_event_bridge(stream)
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    follower = PolicyFollower(
+        ReleaseStore(store),
+        engine,
+        work_dir=run_dir / "work" / f"{island}-i{incarnation}",
+        emit=on_event,
+        source=island,
+    )
     loop = SamplerLoop(
         buffer,
         engine,
         task,
         follower,
-        island=island,
+        host=island,
         incarnation=incarnation,
+        task_name=config.task.name,
         group_size=scfg.group_size,
-        prompts_per_call=scfg.prompts_per_call,
+        prompts_per_round=scfg.prompts_per_call,
         sampling=scfg.sampling,
+        seed=config.seed,
         backlog_cap=scfg.backlog_cap,
+        backlog_poll_s=0.1,
         min_round_s=scfg.min_round_s,
-        emit=sampler_event_bridge(stream),
+        stop=stop,
+        emit=on_event,
     )
+    follower.poll()  # serve the newest release (if any) before the first round
+    follower.start(poll_s=0.2)
     try:
         loop.run()
     finally:
+        follower.stop()
         stream.flush()
     return 0
 
 
 def sampler_event_bridge(stream: EventStream):
-    """Sampler loop events into the island's stream (``group_appended``, ``release_loaded``)."""
+    """Sampler loop and follower events into the island's stream (``release_loaded``, ...)."""
 
     def on_event(event: Event) -> None:
         stream.emit(event.kind, **dict(event.data))

@@ -32,6 +32,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -357,7 +359,10 @@ class Head:
         if state == LifecycleState.READY:
             loop._drain(StopReason.FINISHED)
         state = lifecycle.state()
-        if state in (LifecycleState.LEFT, LifecycleState.FAILED):
+        if state != LifecycleState.STOPPED:
+            # LEFT after the drain; FAILED, or a drain that failed: release it anyway
+            # (the provider verifies the island is gone); rounds after the newest cut
+            # are trained again by the next incarnation.
             loop._release(failed=state == LifecycleState.FAILED)
 
     # -- the loop --------------------------------------------------------------------
@@ -487,8 +492,28 @@ class Head:
         for island, _ in self.config.sampler_islands():
             self.launch_sampler(island)
 
+    def _install_sigint(self) -> Optional[Any]:
+        """First Ctrl-C: stop cleanly at the next tick; a second one interrupts."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def handler(signum: int, frame: Any) -> None:
+            if self._stop_requested == "interrupt":
+                raise KeyboardInterrupt
+            self.request_stop("interrupt")
+
+        return signal.signal(signal.SIGINT, handler)
+
     def run(self, say: Callable[[str], None] = print) -> int:
         """Run until finished, stopped or a backstop; always stop cleanly. Returns the exit code."""
+        previous = self._install_sigint()
+        try:
+            return self._run(say)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+
+    def _run(self, say: Callable[[str], None]) -> int:
         code = EXIT_OK
         try:
             self.start(say)
