@@ -79,6 +79,22 @@ class TorchBackend(TrainerBackend):
 
     PLUGIN_NAME = "torch"
 
+    @classmethod
+    def prepare_base(cls, options: dict[str, Any], model_dir: str | Path) -> Path:
+        """Build the warm base checkpoint in ``model_dir`` (``yeto run up`` calls this
+        when ``[model].path`` holds no model); a base made with the same options is reused.
+
+        :param options: ``task`` (a built-in task), ``seed``, and any option of
+            :func:`yeto_torch.warmup.make_base` (``hidden``, ``layers``, ``target_reward``, ...).
+        """
+        from yeto_torch.warmup import make_base
+
+        opts = dict(options)
+        task = opts.pop("task", None)
+        if not task:
+            raise ConfigError("model.base_options.task is missing: the task the base is warmed on")
+        return make_base(model_dir, str(task), seed=int(opts.pop("seed", 0)), **opts)
+
     def __init__(
         self,
         model_dir: str,
