@@ -175,3 +175,14 @@ def test_plugin_preflight_hooks_add_checks_and_a_raising_one_fails(tmp_path: Pat
     assert checks["preflight:extra1"].status == "fail"
     assert "RuntimeError: boom" in checks["preflight:extra1"].detail
     assert "[FAIL] preflight:extra1" in report.render()
+
+
+def test_s1_start_threshold_above_the_backlog_cap_fails(tmp_path: Path) -> None:
+    cfg = _config(
+        tmp_path,
+        trainer={"backend": "fake-backend", "groups_per_round": 2, "max_policy_age": 5},
+        scheduler={"name": "s1"},
+    )
+    check = _by_name(run_preflight(cfg, _plugins()))["samplers.backlog_cap"]
+    assert check.status == "fail"
+    assert "12 groups wait" in check.detail and "backlog of 8" in check.detail

@@ -26,6 +26,8 @@ Layout (all tables optional except ``model``, ``task``, ``samplers`` and ``train
     group_size = 8                     # G: samples per prompt
     prompts_per_call = 1
     min_round_s = 0.0                  # throttle: at least this long per generate call
+    pause_every_s = 0.0                # throttle: after this long sampling ...
+    pause_s = 0.0                      # ... sample nothing for this long (0: never)
     backlog_cap = 64                   # wait while this many groups wait for the trainer
     price_per_hour = 0.0
     engine_options = {}
@@ -103,6 +105,9 @@ class SamplerIslandConfig:
     group_size: int = 8
     prompts_per_call: int = 1
     min_round_s: float = 0.0
+    #: Throttle: after every ``pause_every_s`` of sampling, sample nothing for ``pause_s``.
+    pause_every_s: float = 0.0
+    pause_s: float = 0.0
     backlog_cap: int = 64
     price_per_hour: float = 0.0
     engine_options: dict[str, Any] = attrs.field(factory=dict)
@@ -260,6 +265,13 @@ def validate(config: RunConfig) -> list[str]:
             errors.append(f"{p}.group_size = 1; GRPO needs at least 2 samples per prompt")
         _positive(errors, f"{p}.prompts_per_call", s.prompts_per_call)
         _positive(errors, f"{p}.min_round_s", s.min_round_s, zero_ok=True)
+        _positive(errors, f"{p}.pause_every_s", s.pause_every_s, zero_ok=True)
+        _positive(errors, f"{p}.pause_s", s.pause_s, zero_ok=True)
+        if (s.pause_every_s > 0) != (s.pause_s > 0):
+            errors.append(
+                f"{p}.pause_every_s = {s.pause_every_s!r} and {p}.pause_s = {s.pause_s!r}; "
+                "set both (a pause cycle) or neither"
+            )
         _positive(errors, f"{p}.backlog_cap", s.backlog_cap)
         _positive(errors, f"{p}.price_per_hour", s.price_per_hour, zero_ok=True)
         sp = s.sampling

@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -224,11 +225,33 @@ def run_sampler(config: RunConfig, run_dir: Path, island: str, incarnation: int)
     follower.poll()  # serve the newest release (if any) before the first round
     follower.start(poll_s=0.2)
     try:
-        loop.run()
+        run_with_pauses(loop, stop, scfg.pause_every_s, scfg.pause_s, on_event)
     finally:
         follower.stop()
         stream.flush()
     return 0
+
+
+def run_with_pauses(
+    loop: Any,
+    stop: threading.Event,
+    every_s: float,
+    pause_s: float,
+    on_event: Any,
+    clock: Any = time.monotonic,
+) -> None:
+    """Run sampler rounds until ``stop``; after every ``every_s`` of sampling, pause ``pause_s``."""
+    if every_s <= 0 or pause_s <= 0:
+        loop.run()
+        return
+    window = clock()
+    while not stop.is_set():
+        if clock() - window >= every_s:
+            on_event(Event(kind="sampler_pause", time=time.time(), source="", data={"s": pause_s}))
+            if stop.wait(pause_s):
+                return
+            window = clock()
+        loop.run(max_rounds=1)
 
 
 def sampler_event_bridge(stream: EventStream):

@@ -184,19 +184,28 @@ def check_consistency(config: RunConfig, report: Report) -> None:
             "samplers.group_size",
             f"sampler groups use different G ({sorted(sizes)}); rounds mix group sizes",
         )
-    cap = sum(s.backlog_cap * s.count for s in config.samplers)
-    if cap < config.trainer.groups_per_round:
+    # Each sampler island waits while the buffer's whole backlog is at its own cap, so
+    # the backlog never grows past the largest cap.
+    cap = max(s.backlog_cap for s in config.samplers) if config.samplers else 0
+    gpr = config.trainer.groups_per_round
+    if cap < gpr:
         report.fail(
             "trainer.groups_per_round",
-            f"{config.trainer.groups_per_round} groups per round but the samplers stop at a "
-            f"backlog of {cap} groups (samplers[].backlog_cap), so no round can fill; raise "
-            "backlog_cap or lower groups_per_round",
+            f"{gpr} groups per round but the samplers stop at a backlog of {cap} groups "
+            "(samplers[].backlog_cap), so no round can fill; raise backlog_cap or lower "
+            "groups_per_round",
         )
-    else:
-        report.ok(
-            "trainer.groups_per_round",
-            f"{config.trainer.groups_per_round} groups per round, backlog cap {cap}",
-        )
+        return
+    report.ok("trainer.groups_per_round", f"{gpr} groups per round, backlog cap {cap}")
+    if config.scheduler.name == "s1" and "alpha" not in config.scheduler.options:
+        need = (config.trainer.max_policy_age + 1) * gpr
+        if cap < need:
+            report.fail(
+                "samplers.backlog_cap",
+                f"S1 starts the trainer when (max_policy_age + 1) x groups_per_round = {need} "
+                f"groups wait, but the samplers stop at a backlog of {cap}: the trainer would "
+                f"never start again once stopped; raise samplers[].backlog_cap to {need} or more",
+            )
 
 
 def run_preflight(config: RunConfig, plugins: Any, *, store: bool = True) -> Report:
