@@ -365,6 +365,7 @@ class DriverLifecycle(TrainerLifecycle):
         try:
             batch = reader.try_take(c.policy_version, short_ok=self.partial_last_round and ended)
         except EndOfData:
+            self._commit_skips_at_data_end(reader)
             return False
         if batch is None:
             return False
@@ -404,6 +405,37 @@ class DriverLifecycle(TrainerLifecycle):
             **attrs.asdict(self.counters),
         )
         return True
+
+    def _commit_skips_at_data_end(self, reader: BatchReader) -> None:
+        """The data ended with only skipped groups (a stale tail) left: commit their skips.
+
+        Without it the watermark would stop before them for ever and they would be
+        neither trained nor counted (``yeto run up`` checks every group is one or the other).
+        """
+        if not getattr(reader, "_pending_skips", None):
+            return
+        batch = reader._build(self.counters.policy_version)
+        if batch.groups:  # cannot happen at EndOfData; never drop a group
+            reader.reset()
+            return
+        c = self.counters
+        watermark = reader.commit(batch)
+        skipped = {r: list(ps) for r, ps in sorted(batch.skipped.items()) if ps}
+        counts = {r: len(ps) for r, ps in skipped.items()}
+        for r, n in counts.items():
+            self.skipped_by_reason[r] = self.skipped_by_reason.get(r, 0) + n
+        self.counters = attrs.evolve(
+            c,
+            buffer_watermark=watermark,
+            stale_groups=c.stale_groups + counts.get("stale", 0),
+            skipped_groups=c.skipped_groups + sum(counts.values()),
+        )
+        self._event(
+            "trainer_skips_committed",
+            skipped=skipped,
+            skipped_counts=counts,
+            **attrs.asdict(self.counters),
+        )
 
     def drain(self, reason: StopReason) -> ConsistentCut:
         """At a round boundary: cut with ``reason.trigger``, commit it, LEAVE."""
