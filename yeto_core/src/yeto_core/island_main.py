@@ -6,7 +6,9 @@ The head launches it through an island provider with this environment:
 - ``YETO_ROLE``: ``sampler`` or ``trainer``;
 - ``YETO_ISLAND`` / ``YETO_INCARNATION``: which island and incarnation this is;
 - ``YETO_TRAINER_CUT`` (trainer, optional): the cut id to restore (default:
-  the newest valid cut).
+  the newest valid cut);
+- ``YETO_LEDGER_SET_ASIDE_BEFORE`` (trainer, optional): the head's start time; batch
+  ledger rounds recorded before it are set aside by a start from the base.
 
 Everything is resolved through the plugin manager (engine, task, backend,
 store); the core never imports an adapter. SIGTERM ends the island at once
@@ -36,6 +38,9 @@ from yeto_core.records import Event
 ENV_RUN_DIR = "YETO_RUN_DIR"
 ENV_ROLE = "YETO_ROLE"
 ENV_CUT = "YETO_TRAINER_CUT"
+#: Rounds the batch ledger recorded before this time belong to an earlier head's trainer:
+#: a start from the base sets them aside instead of refusing to start.
+ENV_LEDGER_SET_ASIDE = "YETO_LEDGER_SET_ASIDE_BEFORE"
 CONFIG_FILE = "config.json"
 
 
@@ -111,7 +116,9 @@ def trainer_event_bridge(stream: EventStream, recorder: dict[str, RecordingBacke
         if event.kind == "trainer_round":
             rec = recorder.get("backend")
             rewards = rec.last_rewards if rec else {}
-            skipped = dict(rec.last_skipped) if rec else {}
+            skipped = {str(k): [int(p) for p in v] for k, v in (d.get("skipped") or {}).items()}
+            for k, v in (rec.last_skipped if rec else {}).items():
+                skipped[k] = sorted(set(skipped.get(k, [])) | set(v))
             stale = [int(p) for p in d.get("stale_positions", ())]
             if stale:
                 skipped["stale"] = sorted(set(skipped.get("stale", [])) | set(stale))
@@ -124,6 +131,15 @@ def trainer_event_bridge(stream: EventStream, recorder: dict[str, RecordingBacke
                 policy_version=d.get("policy_version"),
                 trained_rounds=d.get("trained_rounds"),
                 metrics=d.get("metrics", {}),
+            )
+        elif event.kind == "trainer_skips_committed":
+            stream.emit(
+                "round_trained",
+                positions=[],
+                rewards=[],
+                skipped={str(k): [int(p) for p in v] for k, v in d.get("skipped", {}).items()},
+                policy_version=d.get("policy_version"),
+                trained_rounds=d.get("trained_rounds"),
             )
         elif event.kind == "trainer_published":
             stream.emit("release_published", version=d.get("version"))
@@ -164,6 +180,7 @@ def run_trainer(config: RunConfig, run_dir: Path, island: str, incarnation: int)
         emit=trainer_event_bridge(stream, recorder),
         workdir=run_dir / "work" / f"{island}-i{incarnation}",
         partial_last_round=True,
+        ledger_set_aside_before=_float_env(ENV_LEDGER_SET_ASIDE),
     )
     agent = IslandTrainerAgent(store, driver, incarnation)
     try:
@@ -261,6 +278,11 @@ def sampler_event_bridge(stream: EventStream):
         stream.emit(event.kind, **dict(event.data))
 
     return on_event
+
+
+def _float_env(name: str) -> Optional[float]:
+    raw = os.environ.get(name)
+    return float(raw) if raw else None
 
 
 def _index(island: str) -> int:

@@ -45,7 +45,7 @@ from yeto_core.config import RunConfig, config_to_dict
 from yeto_core.cost import CostLedger
 from yeto_core.errors import ConfigError, YetoError
 from yeto_core.event_stream import EventStream, read_all
-from yeto_core.island_main import CONFIG_FILE, ENV_ROLE, ENV_RUN_DIR
+from yeto_core.island_main import CONFIG_FILE, ENV_LEDGER_SET_ASIDE, ENV_ROLE, ENV_RUN_DIR
 from yeto_core.records import LifecycleState, StopReason
 from yeto_core.run_summary import summarize
 
@@ -290,7 +290,10 @@ class Head:
             self.store,
             _CostedProvider(self),
             island=self.config.trainer.name,
-            env=self.island_env("trainer"),
+            env=dict(
+                self.island_env("trainer"),
+                **{ENV_LEDGER_SET_ASIDE: repr(self.state.started_at)},
+            ),
         )
         options = dict(self.config.scheduler.options)
         try:
