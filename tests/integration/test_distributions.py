@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -63,10 +64,19 @@ def _run(cmd, **kw):
 @pytest.fixture(scope="module")
 def wheelhouse(tmp_path_factory):
     out = tmp_path_factory.mktemp("wheels")
+    src = tmp_path_factory.mktemp("src")
     folders = ["yeto_core", *DISTS, "examples/third_party_plugin"]
+    copies = []
+    for folder in folders:
+        # Build from a clean copy: an in-tree build/ would leak stale modules into the wheel.
+        dest = src / folder.replace("/", "_")
+        shutil.copytree(
+            ROOT / folder, dest, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
+        )
+        copies.append(str(dest))
     _run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "-w", str(out), *[str(ROOT / f) for f in folders]]
+         "-w", str(out), *copies]
     )  # fmt: skip
     return out
 
