@@ -477,6 +477,7 @@ class Head:
 
     def start(self, say: Callable[[str], None] = print) -> None:
         """Claim the run dir, release orphans, build the trainer loop, launch the samplers."""
+        self.state.started_at = self.clock()  # after preflight and the base build
         self.claim()
         self.write_config()
         released = self.release_orphans()
