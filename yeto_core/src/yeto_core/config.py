@@ -29,6 +29,7 @@ Layout (all tables optional except ``model``, ``task``, ``samplers`` and ``train
     pause_every_s = 0.0                # throttle: after this long sampling ...
     pause_s = 0.0                      # ... sample nothing for this long (0: never)
     backlog_cap = 64                   # wait while this many groups wait for the trainer
+    sync_rounds = false                # synchronous GRPO: before call n+1, wait for policy version >= n
     price_per_hour = 0.0
     engine_options = {}
     [samplers.sampling]
@@ -109,6 +110,9 @@ class SamplerIslandConfig:
     pause_every_s: float = 0.0
     pause_s: float = 0.0
     backlog_cap: int = 64
+    #: Synchronous GRPO (baseline, ``yeto bench e2e``): before its (n+1)-th generate call
+    #: an island waits until it serves policy version >= n (the release trained on round n).
+    sync_rounds: bool = False
     price_per_hour: float = 0.0
     engine_options: dict[str, Any] = attrs.field(factory=dict)
     sampling: SamplingParams = attrs.field(factory=SamplingParams)

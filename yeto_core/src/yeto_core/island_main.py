@@ -236,11 +236,12 @@ def run_sampler(config: RunConfig, run_dir: Path, island: str, incarnation: int)
         backlog_cap=scfg.backlog_cap,
         backlog_poll_s=0.1,
         min_round_s=scfg.min_round_s,
+        sync_rounds=scfg.sync_rounds,
         stop=stop,
         emit=on_event,
     )
     follower.poll()  # serve the newest release (if any) before the first round
-    follower.start(poll_s=0.2)
+    follower.start(poll_s=0.05 if scfg.sync_rounds else 0.2)
     try:
         run_with_pauses(loop, stop, scfg.pause_every_s, scfg.pause_s, on_event)
     finally:

@@ -44,6 +44,9 @@ class SamplerLoop:
 
     :param min_round_s: a round takes at least this long (throttle; 0: none).
     :param backlog_cap: wait while the buffer holds at least this many groups (None: never).
+    :param sync_rounds: synchronous GRPO: before its (n+1)-th round the loop waits until the
+        follower serves policy version >= n (generate round n, wait for the release trained
+        on it, generate round n+1). Needs a follower. Counted per incarnation.
     :param stop: set it to end :meth:`run` (also ends a backlog wait or a throttle at once).
     """
 
@@ -64,6 +67,8 @@ class SamplerLoop:
         backlog_cap: Optional[int] = None,
         backlog_poll_s: float = 0.5,
         min_round_s: float = 0.0,
+        sync_rounds: bool = False,
+        sync_poll_s: float = 0.02,
         stop: Optional[threading.Event] = None,
         clock: Callable[[], float] = time.monotonic,
         emit: Optional[Callable[[Event], None]] = None,
@@ -81,6 +86,10 @@ class SamplerLoop:
         self.backlog_cap = backlog_cap
         self.backlog_poll_s = float(backlog_poll_s)
         self.min_round_s = float(min_round_s)
+        if sync_rounds and follower is None:
+            raise ValueError("sync_rounds=True needs a policy follower (it waits for versions)")
+        self.sync_rounds = bool(sync_rounds)
+        self.sync_poll_s = float(sync_poll_s)
         self.stop = stop or threading.Event()
         self.clock = clock
         self._emit = emit or (lambda e: None)
@@ -92,8 +101,31 @@ class SamplerLoop:
     def _event(self, kind: str, **data: Any) -> None:
         self._emit(Event(kind=kind, time=self.clock(), source=self.host, data=data))
 
+    def wait_for_version(self) -> bool:
+        """``sync_rounds``: wait until the follower serves version >= rounds run.
+
+        :returns: False if stopped while waiting.
+        """
+        if not self.sync_rounds:
+            return not self.stop.is_set()
+        announced = False
+        while int(self.follower.version) < self.rounds:
+            if not announced:
+                self._event(
+                    "sampler_sync_wait", served_version=int(self.follower.version), need=self.rounds
+                )
+                announced = True
+            if self.stop.wait(self.sync_poll_s):
+                return False
+        return not self.stop.is_set()
+
     def wait_for_room(self) -> bool:
-        """Wait while the backlog is at the cap. :returns: False if stopped while waiting."""
+        """Wait while the backlog is at the cap (and, with ``sync_rounds``, for the policy).
+
+        :returns: False if stopped while waiting.
+        """
+        if not self.wait_for_version():
+            return False
         if self.backlog_cap is None:
             return not self.stop.is_set()
         announced = False
