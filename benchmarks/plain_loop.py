@@ -54,11 +54,11 @@ def _newest_release(d: Path) -> tuple[int, Path] | None:
 
 def sampler(args: argparse.Namespace, index: int) -> None:
     import numpy as np
-    from yeto_torch.engine import HFEngine
-    from yeto_torch.tasks import AddOneDigit, AddTwoDigits, SortDigits
 
     from yeto_core.group_codec import encode_group
     from yeto_core.records import Sample, SampleGroup, SampleStatus, SamplingParams
+    from yeto_torch.engine import HFEngine
+    from yeto_torch.tasks import AddOneDigit, AddTwoDigits, SortDigits
 
     tasks = {c.PLUGIN_NAME: c for c in (SortDigits, AddOneDigit, AddTwoDigits)}
     work = Path(args.work)
@@ -114,10 +114,9 @@ def sampler(args: argparse.Namespace, index: int) -> None:
 
 
 def trainer(args: argparse.Namespace) -> None:
-    from yeto_torch.backend import TorchBackend
-
     from yeto_core.group_codec import decode_group
     from yeto_core.records import Batch
+    from yeto_torch.backend import TorchBackend
 
     work = Path(args.work)
     gdir, rdir = work / "groups", work / "releases"
