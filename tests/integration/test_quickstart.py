@@ -117,3 +117,25 @@ def test_killing_the_head_and_running_up_again_continues(tmp_path: Path) -> None
     kinds = [json.loads(p.read_text())["kind"] for p in journal]
     assert kinds.count("finish") == 1
     assert max(json.loads(p.read_text()).get("incarnation", -1) for p in journal) >= 1
+
+
+def test_dry_run_prints_the_plan_and_checks_and_starts_nothing(tmp_path: Path) -> None:
+    run_dir = tmp_path / "dry"
+    res = subprocess.run(
+        [*YETO, "run", "up", str(QUICKSTART), "--run-dir", str(run_dir), "--dry-run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "sampler   sampler-1: engine hf, G=8" in res.stdout
+    assert "[ok  ] trainer.backend: 'torch'" in res.stdout
+    assert not (run_dir / "islands").exists() and not (run_dir / "head.json").exists()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(QUICKSTART.read_text().replace("[trainer]", "[trainer]\nbatch = 3"))
+    res = subprocess.run(
+        [*YETO, "run", "up", str(bad), "--dry-run"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert res.returncode == 2
+    assert "unknown key 'trainer.batch'; allowed keys here: backend, backend_options" in res.stderr
