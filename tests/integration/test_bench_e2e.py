@@ -1,6 +1,6 @@
 """`yeto bench e2e` smoke test: a tiny target and timeout, the JSON keys (no timing asserts).
 
-The real measurement (target 0.8, minutes per mode) is `yeto bench e2e --json`
+The real measurement (sort4, target 0.8, minutes per mode) is `yeto bench e2e --json`
 (see docs/performance.md#end-to-end); it is not part of `make test`.
 """
 
@@ -38,27 +38,51 @@ def test_time_to_target_needs_a_full_window_and_counts_from_t0() -> None:
     assert hit is None
 
 
-def test_sync_mode_caps_the_backlog_at_one_round(tmp_path: Path) -> None:
+def test_sync_mode_makes_one_round_per_sampler_call_and_waits_for_versions(
+    tmp_path: Path,
+) -> None:
     from yeto_core.config import load_config
 
-    for mode, cap, sched in (("async", 16, "s1"), ("sync", 4, "always-on")):
+    for mode, sync, sched in (("async", False, "s1"), ("sync", True, "always-on")):
         path = tmp_path / f"{mode}.toml"
         path.write_text(
             e2e_config(
                 tmp_path / mode,
                 mode=mode,
                 base_dir=tmp_path / "base",
-                task="add1",
+                task="sort4",
                 seed=0,
                 timeout_s=10,
             )
         )
         config = load_config(path)
-        assert config.samplers[0].backlog_cap == cap
+        sampler = config.samplers[0]
+        assert sampler.sync_rounds is sync and sampler.pause_every_s == 0
         assert config.scheduler.name == sched
+        assert config.trainer.backend_options == {"lr": 0.0005, "threads": 1}
+        if sync:  # the islands' calls together make exactly one round
+            assert sampler.count * sampler.prompts_per_call == config.trainer.groups_per_round
+    with pytest.raises(ValueError, match="multiple"):
+        e2e_config(
+            tmp_path, mode="sync", base_dir=tmp_path, task="sort4", seed=0, timeout_s=1, samplers=3
+        )
 
 
-@pytest.mark.timeout(600)
+def test_policy_lag_is_zero_for_synchronous_rounds() -> None:
+    from yeto_core.bench.e2e import policy_lag
+    from yeto_core.records import Event
+
+    def rnd(k: int, positions: list[int]) -> Event:
+        data = {"trained_rounds": k, "positions": positions}
+        return Event(kind="round_trained", time=float(k), source="trainer", data=data)
+
+    sync = [rnd(1, [0, 1]), rnd(2, [2, 3])]
+    assert policy_lag(sync, {0: 0, 1: 0, 2: 1, 3: 1}) == 0
+    assert policy_lag(sync, {0: 0, 1: 0, 2: 0, 3: 1}) == 1  # round 2 trained a v0 group
+    assert policy_lag([], {}) is None
+
+
+@pytest.mark.timeout(300)
 def test_e2e_smoke_json_keys(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
@@ -70,11 +94,10 @@ def test_e2e_smoke_json_keys(tmp_path: Path) -> None:
             "--target",
             "0.05",
             "--timeout-s",
-            "20",
+            "8",
             "--base-dir",
-            str(ROOT / "runs" / "base" / "add1"),
-            "--plain-loop",
-            str(tmp_path / "no-such-loop.py"),
+            str(ROOT / "runs" / "base" / "sort4"),
+            "--no-plain-loop",
             "--work-dir",
             str(tmp_path),
             "--json",
@@ -82,7 +105,7 @@ def test_e2e_smoke_json_keys(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         cwd=ROOT,
-        timeout=600,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -90,3 +113,6 @@ def test_e2e_smoke_json_keys(tmp_path: Path) -> None:
     for mode in ("async", "sync"):
         assert report["runs"][mode]["rounds_trained"] > 0, report["runs"]
         assert report["trainer_paid_s"][mode] > 0 and report["trainer_busy_s"][mode] > 0
+    # synchronous GRPO: every round is trained from the version its groups were sampled with
+    assert report["max_policy_lag"]["sync"] == 0, report["max_policy_lag"]
+    assert report["runs"]["sync"]["rounds_trained"] >= 2, report["runs"]

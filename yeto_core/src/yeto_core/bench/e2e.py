@@ -1,16 +1,23 @@
 """``yeto bench e2e``: asynchronous vs synchronous GRPO on the same task, same base, same CPU.
 
 Both modes are real runs of ``yeto run up`` (a subprocess; the core never
-imports the torch adapter) from the same base model with the same seeds and
-the same processes (two ``hf`` sampler islands with one thread each, the
-``torch`` trainer with one thread):
+imports the torch adapter) with the tuned quickstart's settings
+(``examples/quickstart/run.toml``: ``sort4``, the same base, two ``hf``
+sampler islands with one thread each, 8 prompts x 8 answers per call, the
+``torch`` trainer with one thread, lr 5e-4, rounds of 16 groups, policy-age
+gate 3) and the same seeds:
 
-- ``async``: the samplers append while the trainer trains, under S1
-  (backlog cap 16 groups, policy-age gate 2);
-- ``sync``: the backlog cap is one round (``groups_per_round`` groups) and the
-  trainer is always on: the samplers generate a round, wait while the trainer
-  trains it, and go on once it is committed (synchronous GRPO, up to the few
-  groups generated while the release is published and loaded).
+- ``async``: the samplers append while the trainer trains, under S1 (backlog
+  cap 64 groups, at least 0.3 s per sampler call); the quickstart's pause
+  cycle is left out (it only exists to show S1 stopping the trainer);
+- ``sync``: synchronous GRPO: ``samplers[].sync_rounds`` makes each sampler
+  island wait, before its (n+1)-th call, until it serves policy version n,
+  and the two islands' calls (2 x 8 groups) make exactly one round of 16, so
+  the samplers generate round n, the always-on trainer trains it and
+  publishes release n, the samplers load it and generate round n+1. No
+  throttle (generation and training alternate, so none is needed).
+  ``max_policy_lag`` (trained-from version minus the oldest group's version,
+  over all rounds) is 0 in this mode.
 
 Time to target: the first moment the rolling mean reward over the last 64
 trained groups (in training order, from the trainer's ``round_trained``
@@ -19,10 +26,11 @@ events) reaches ``--target``, measured from the first generated group (its
 The bench stops each run with ``yeto run down`` once the target is reached
 (or at ``--timeout-s``).
 
-``overhead_vs_plain_loop``: when ``benchmarks/plain_loop.py`` is found (next to
-the current directory or given with ``--plain-loop``), it is run as a
-subprocess on the same base and task and must print one JSON object with
-``time_to_target_s``; the ratio is yeto async over it.
+``overhead_vs_plain_loop``: ``benchmarks/plain_loop.py`` (found next to the
+current directory or given with ``--plain-loop``; ``--no-plain-loop`` skips
+it) is run as a subprocess on the same base, task and hyperparameters and
+must print one JSON object with ``time_to_target_s``; the ratio is yeto
+async over it.
 """
 
 from __future__ import annotations
@@ -50,14 +58,22 @@ def e2e_config(
     task: str,
     seed: int,
     timeout_s: float,
-    groups_per_round: int = 4,
+    groups_per_round: int = 16,
+    samplers: int = 2,
 ) -> str:
     """The TOML of one e2e run (``mode``: ``async`` or ``sync``)."""
     if mode not in ("async", "sync"):
         raise ValueError(f"mode {mode!r}; use async or sync")
-    cap = 16 if mode == "async" else groups_per_round
-    scheduler = "s1" if mode == "async" else "always-on"
-    return f"""# yeto bench e2e run ({mode}, generated)
+    if groups_per_round % samplers:
+        raise ValueError(
+            f"groups_per_round={groups_per_round} is not a multiple of samplers={samplers}: "
+            "in sync mode each island's call must be an equal share of one round"
+        )
+    sync = mode == "sync"
+    per_call = groups_per_round // samplers if sync else 8
+    scheduler = "always-on" if sync else "s1"
+    options = "" if sync else "options = { start_seconds_fallback = 3.0, rounds_per_tick = 2 }"
+    return f"""# yeto bench e2e run ({mode}, generated from the tuned quickstart)
 name = "e2e-{mode}"
 run_dir = {json.dumps(str(run_dir.absolute()))}
 seed = {int(seed)}
@@ -72,26 +88,28 @@ name = {json.dumps(task)}
 [[samplers]]
 name = "sampler"
 engine = "hf"
-count = 2
+count = {int(samplers)}
 group_size = 8
-prompts_per_call = 1
-min_round_s = 0.0
-backlog_cap = {cap}
+prompts_per_call = {per_call}
+min_round_s = {0.0 if sync else 0.3}
+backlog_cap = 64
+sync_rounds = {"true" if sync else "false"}
 engine_options = {{ threads = 1 }}
 [samplers.sampling]
-max_new_tokens = 3
+max_new_tokens = 6
 temperature = 1.0
 
 [trainer]
 backend = "torch"
-backend_options = {{ lr = 0.003, threads = 1 }}
+backend_options = {{ lr = 0.0005, threads = 1 }}
 groups_per_round = {int(groups_per_round)}
-max_policy_age = 2
+max_policy_age = 3
 total_rounds = 0
 
 [scheduler]
 name = "{scheduler}"
-tick_s = 0.2
+tick_s = 0.1
+{options}
 
 [backstops]
 wall_clock_s = {float(timeout_s) + 120.0}
@@ -217,7 +235,9 @@ def run_mode(
     store = get_plugins().open_store(store_url)
     buf = open_buffer(store_url, read_only=True)
     try:
-        appended_at = {int(e.position): float(e.appended_at) for e in buf.entries(0)}
+        entries = buf.entries(0)
+        appended_at = {int(e.position): float(e.appended_at) for e in entries}
+        min_version = {int(e.position): int(e.min_version) for e in entries}
     finally:
         buf.close()
     t0 = min(appended_at.values(), default=t0)
@@ -237,7 +257,9 @@ def run_mode(
     rounds = [(e.time, [float(r) for r in e.data.get("rewards", ())]) for e in trained]
     hit, curve = time_to_target(rounds, target=target, t0=t0 or launched)
     paid, busy = trainer_seconds(run_dir, per_round, appended_at)
+    lag = policy_lag(trained, min_version)
     return {
+        "max_policy_lag": lag,
         "time_to_target_s": hit,
         "startup_s": round((t0 or launched) - launched, 2),
         "trainer_paid_s": paid,
@@ -247,6 +269,22 @@ def run_mode(
         "head_exit_code": head.returncode,
         "reward_curve": curve[:: max(1, len(curve) // 50)],
     }
+
+
+def policy_lag(trained: list[Any], min_version: dict[int, int]) -> Optional[int]:
+    """The largest (version trained from - oldest group version) over trained rounds.
+
+    Round ``k`` (``trained_rounds``, 1-based) is trained from version ``k - 1``;
+    synchronous GRPO has lag 0 on every round. None when no round was trained.
+    """
+    lags = [
+        int(e.data["trained_rounds"]) - 1 - min_version[int(p)]
+        for e in trained
+        if e.data.get("trained_rounds") is not None
+        for p in e.data.get("positions", ())
+        if int(p) in min_version
+    ]
+    return max(lags) if lags else None
 
 
 def _first_appended(store_url: str) -> Optional[float]:
@@ -289,7 +327,7 @@ def run_plain_loop(
 
 
 @click.command("e2e")
-@click.option("--task", default="add1", show_default=True)
+@click.option("--task", default="sort4", show_default=True)
 @click.option("--target", type=float, default=0.8, show_default=True)
 @click.option("--timeout-s", type=float, default=300.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -300,6 +338,7 @@ def run_plain_loop(
     help="The base model (default: runs/base/<task>; built when missing).",
 )
 @click.option("--plain-loop", type=click.Path(dir_okay=False), default=None)
+@click.option("--no-plain-loop", is_flag=True, help="Do not run benchmarks/plain_loop.py.")
 @click.option("--work-dir", type=click.Path(file_okay=False), default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def command(
@@ -309,6 +348,7 @@ def command(
     seed: int,
     base_dir: Optional[str],
     plain_loop: Optional[str],
+    no_plain_loop: bool,
     work_dir: Optional[str],
     as_json: bool,
 ) -> None:
@@ -321,7 +361,7 @@ def command(
         s = run_mode("sync", work=work, **common)
     script = Path(plain_loop) if plain_loop else Path("benchmarks/plain_loop.py")
     plain: Optional[dict[str, Any]] = None
-    if script.is_file():
+    if script.is_file() and not no_plain_loop:
         plain = run_plain_loop(script, **common)
     at, st = a["time_to_target_s"], s["time_to_target_s"]
     pt = (plain or {}).get("time_to_target_s")
@@ -337,6 +377,7 @@ def command(
         "startup_s": {"async": a["startup_s"], "sync": s["startup_s"]},
         "trainer_paid_s": {"async": a["trainer_paid_s"], "sync": s["trainer_paid_s"]},
         "trainer_busy_s": {"async": a["trainer_busy_s"], "sync": s["trainer_busy_s"]},
+        "max_policy_lag": {"async": a["max_policy_lag"], "sync": s["max_policy_lag"]},
         "reward_curves": {"async": a["reward_curve"], "sync": s["reward_curve"]},
         "runs": {
             k: {x: v[x] for x in ("rounds_trained", "groups_appended", "head_exit_code")}
