@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from yeto_core.bench.chaos import final_lineage, lineage_counts
+from yeto_core.bench.chaos import final_lineage, ledger_tail_skips, lineage_counts
 from yeto_core.records import Event
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +40,32 @@ def test_twice_and_skipped_with_reason() -> None:
     events = [_round(1, [0, 1]), _round(2, [1, 3], {"stale": [2]})]
     counts = lineage_counts({0, 1, 2, 3}, final_lineage(events), upto=4)
     assert counts == {"lost": [], "twice": [1]}
+
+
+def test_skip_only_event_at_the_data_end_adds_skips_to_the_last_round() -> None:
+    """Regression (found by `make chaos`, seed 0, run-000): the data-end stale-tail event
+    (``round_trained`` numbered like the last round, no positions) superseded that round,
+    so its 4 trained positions were reported lost and the tail's skips hid them."""
+    events = [
+        _round(22, [90, 91, 92, 93]),
+        _round(23, [94, 95, 96, 97]),
+        _round(23, [], {"stale": [98, 99, 100, 101, 102]}),
+    ]
+    lineage = final_lineage(events)
+    assert lineage[23]["positions"] == [94, 95, 96, 97]
+    assert lineage[23]["skipped"] == {"stale": [98, 99, 100, 101, 102]}
+    counts = lineage_counts(set(range(90, 103)), lineage, upto=103)
+    assert counts == {"lost": [], "twice": []}
+    # a restarted incarnation's skip-only event at round 1 still supersedes rounds 2..
+    lineage = final_lineage([_round(1, [0]), _round(2, [1]), _round(1, [], {"stale": [1]})])
+    assert sorted(lineage) == [1] and lineage[1]["skipped"] == {"stale": [1]}
+
+
+def test_ledger_tail_skips_only_excuses_skipped_positions() -> None:
+    lineage = final_lineage([_round(1, [0, 1]), _round(1, [], {"stale": [2, 3]})])
+    assert ledger_tail_skips(2, 4, lineage) == [2, 3]
+    assert ledger_tail_skips(1, 4, lineage) is None  # position 1 is trained: a real gap
+    assert ledger_tail_skips(2, 5, lineage) is None  # position 4 unaccounted for
 
 
 @pytest.mark.timeout(600)
@@ -78,4 +104,5 @@ def test_chaos_three_kills_nothing_lost_or_twice(tmp_path: Path) -> None:
     assert report["groups_trained_twice"] == 0, report
     assert report["torn_records_visible"] == 0, report
     assert report["ledger_replay_mismatches"] == 0, report
+    assert report["ledger_check_failures"] == 0, report
     assert proc.returncode == 0, proc.stderr
