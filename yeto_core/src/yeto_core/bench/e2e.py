@@ -374,6 +374,8 @@ def command(
         "async_time_to_target_s": at,
         "sync_time_to_target_s": st,
         "speedup": round(st / at, 3) if at and st else None,
+        # sync did not reach the target within the timeout: the speedup is at least this
+        "speedup_at_least": round(timeout_s / at, 3) if at and not st else None,
         "startup_s": {"async": a["startup_s"], "sync": s["startup_s"]},
         "trainer_paid_s": {"async": a["trainer_paid_s"], "sync": s["trainer_paid_s"]},
         "trainer_busy_s": {"async": a["trainer_busy_s"], "sync": s["trainer_busy_s"]},
