@@ -541,6 +541,22 @@ class BatchReader:
             self.sleep(self.poll_s)
         return self._build(current_version)
 
+    def flush_skips(self, current_version: int) -> Optional[ReaderBatch]:
+        """A skip-only batch of the skips found but not committed yet, or None.
+
+        At the data end (``take`` raised :class:`EndOfData`) the skips found after
+        the last trained round (a stale tail, duplicates, unconvertible groups) are
+        in no batch; committing this one moves the watermark past them with their
+        reasons, so every position is trained or skipped with a reason. None when
+        there is nothing to flush, or while usable groups are carried (those go into
+        the next round: a flush never drops a group).
+        """
+        if self._carry or not self._pending_skips:
+            return None
+        batch = self._build(current_version)
+        assert not batch.groups and batch.skipped
+        return batch
+
     def _data_ended(self) -> bool:
         fn = getattr(self.buffer, "data_ended", None)
         return bool(fn()) if callable(fn) else False

@@ -8,6 +8,14 @@ positions skipped by reason, the policy version, the incarnation and the cut it
 descends from (``parent_cut``), plus what a replay needs to rebuild the batch
 (group size, groups per round, padding template).
 
+Skips committed without a trained round (at the data end, a tail of only stale
+or otherwise unusable groups) get a skip-only record
+(:meth:`BatchLedger.record_skips`, ``skips_only=True``) under
+``ledger/rounds/<seq:012d>.skips<k:03d>.json``, ``seq`` being the trained-round
+counter it follows (it sorts after that round). So the records chain without a
+gap from watermark 0 to the buffer's watermark and every position is trained
+or skipped with a reason in exactly one record.
+
 - :meth:`BatchLedger.rebase` (at a restore from a cut): rounds after the cut,
   recorded by a dead incarnation, move to ``ledger/aside/<tag>/``.
 - :meth:`BatchLedger.start_from_base` (a restart without a cut): refuses a
@@ -62,10 +70,18 @@ class LedgerRound:
     n_padding: int
     padding_from: Optional[tuple[int, int]] = None
     time: float = 0.0
+    #: a skip-only record: no position trained, ``seq`` is the trained-round counter
+    #: it follows (not a round of its own)
+    skips_only: bool = False
 
 
 def _round_key(prefix: str, seq: int) -> str:
     return f"{prefix}/rounds/{seq:012d}.json"
+
+
+def _skips_key(prefix: str, seq: int, k: int) -> str:
+    # ".skips" sorts after ".json" ('s' > 'j') and before round seq + 1
+    return f"{prefix}/rounds/{seq:012d}.skips{k:03d}.json"
 
 
 def _stamp(t: float) -> str:
@@ -97,8 +113,12 @@ class BatchLedger:
         return serde.loads(self.store.get(key), LedgerRound, what="ledger round", root=key)
 
     def rounds(self) -> list[LedgerRound]:
-        """Every live round, in ``seq`` order."""
+        """Every live record, in ``seq`` order (skip-only records after the round they follow)."""
         return [self._read(k) for k in self._keys()]
+
+    def trained_rounds(self) -> list[LedgerRound]:
+        """The live records of trained rounds (no skip-only record), in ``seq`` order."""
+        return [r for r in self.rounds() if not r.skips_only]
 
     def __iter__(self) -> Iterator[LedgerRound]:
         return iter(self.rounds())
@@ -154,6 +174,58 @@ class BatchLedger:
             )
         return rec
 
+    def record_skips(
+        self,
+        batch: Any,
+        *,
+        seq: int,
+        incarnation: int,
+        parent_cut: Optional[str],
+    ) -> LedgerRound:
+        """Record a skip-only :class:`~yeto_core.batch_reader.ReaderBatch` (no groups).
+
+        ``seq`` is the trained-round counter now (the round the skips follow). Call
+        before the buffer commit, like :meth:`record`. Refuses a batch with groups
+        and one that does not start where the ledger ends.
+        """
+        if batch.positions or not any(batch.skipped.values()):
+            raise LedgerError(
+                f"record_skips takes a skip-only batch; this one trains {len(batch.positions)} "
+                f"positions and skips {sum(len(p) for p in batch.skipped.values())}; "
+                "record a trained round with BatchLedger.record"
+            )
+        rec = LedgerRound(
+            seq=int(seq),
+            incarnation=int(incarnation),
+            parent_cut=parent_cut,
+            policy_version=int(batch.policy_version),
+            positions=(),
+            skipped={r: tuple(int(p) for p in ps) for r, ps in sorted(batch.skipped.items()) if ps},
+            watermark_before=int(batch.watermark_before),
+            watermark=int(batch.watermark),
+            group_size=int(batch.group_size),
+            groups_per_round=int(batch.groups_per_round),
+            n_real=0,
+            n_padding=0,
+            padding_from=None,
+            time=float(self.clock()),
+            skips_only=True,
+        )
+        last = self.last()
+        if last is not None and (last.seq > rec.seq or last.watermark != rec.watermark_before):
+            raise LedgerError(
+                f"skip-only ledger record after round {rec.seq} (watermark "
+                f"{rec.watermark_before}..{rec.watermark}, incarnation {rec.incarnation}) does "
+                f"not follow the ledger's last record, round {last.seq} ending at watermark "
+                f"{last.watermark}; restore through BatchLedger.rebase"
+            )
+        k = 1
+        while not self.store.put_if_absent(
+            _skips_key(self.prefix, rec.seq, k), serde.dumps(rec).encode()
+        ):
+            k += 1  # an earlier flush after the same round (taken again after a restore)
+        return rec
+
     def _move(self, keys: list[str], dest_prefix: str) -> list[str]:
         moved = []
         for key in keys:
@@ -184,11 +256,21 @@ class BatchLedger:
         they were moved to.
         """
         keys = self._keys()
-        after = [k for k in keys if self._read(k).seq > trained_rounds]
+        # a skip-only record at seq == trained_rounds is after the cut when it ends past
+        # the cut's watermark (the dead incarnation committed those skips after the cut)
+        after = [
+            k
+            for k in keys
+            for r in [self._read(k)]
+            if r.seq > trained_rounds or (r.skips_only and r.watermark > watermark)
+        ]
         kept = [k for k in keys if k not in after]
         if kept:
             last = self._read(kept[-1])
-            if last.seq != trained_rounds or last.watermark != watermark:
+            if (
+                sum(1 for k in kept if not self._read(k).skips_only) != trained_rounds
+                or last.watermark != watermark
+            ):
                 raise LedgerError(
                     f"the ledger's round {last.seq} ends at watermark {last.watermark}, but "
                     f"cut {cut_id} holds {trained_rounds} rounds at watermark {watermark}; "
@@ -257,7 +339,7 @@ class BatchLedger:
         prev_seq = 0
         trained = skipped = 0
         for r in self.rounds():
-            if r.seq <= prev_seq:
+            if r.seq < prev_seq or (r.seq == prev_seq and not r.skips_only):
                 raise LedgerError(f"ledger round {r.seq} follows round {prev_seq}")
             if r.watermark_before != wm:
                 raise LedgerError(
@@ -380,9 +462,15 @@ def replay(
         if found is None:
             raise LedgerError("no valid cut to compare the replay with; take a cut first")
         cut, cut_dir = found
-        rounds = [r for r in ledger.rounds() if r.seq <= cut.trained_rounds]
+        upto = [
+            r
+            for r in ledger.rounds()
+            if r.seq <= cut.trained_rounds
+            and not (r.skips_only and r.watermark > cut.buffer_watermark)
+        ]
+        rounds = [r for r in upto if not r.skips_only]
         if len(rounds) != cut.trained_rounds or (
-            rounds and rounds[-1].watermark != cut.buffer_watermark
+            upto and upto[-1].watermark != cut.buffer_watermark
         ):
             raise LedgerError(
                 f"the ledger holds {len(rounds)} rounds up to cut {cut.cut_id}, which records "

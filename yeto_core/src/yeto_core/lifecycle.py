@@ -410,15 +410,21 @@ class DriverLifecycle(TrainerLifecycle):
         """The data ended with only skipped groups (a stale tail) left: commit their skips.
 
         Without it the watermark would stop before them for ever and they would be
-        neither trained nor counted (``yeto run up`` checks every group is one or the other).
+        neither trained nor counted (``yeto run up`` checks every group is one or the
+        other). The skips go to the ledger as a skip-only record first, so the ledger
+        ends at the buffer's watermark like after a trained round.
         """
-        if not getattr(reader, "_pending_skips", None):
-            return
-        batch = reader._build(self.counters.policy_version)
-        if batch.groups:  # cannot happen at EndOfData; never drop a group
-            reader.reset()
-            return
+        assert self.incarnation is not None
         c = self.counters
+        batch = reader.flush_skips(c.policy_version)
+        if batch is None:
+            return
+        self.ledger.record_skips(
+            batch,
+            seq=c.trained_rounds,
+            incarnation=self.incarnation,
+            parent_cut=self.restored_cut.cut_id if self.restored_cut else None,
+        )
         watermark = reader.commit(batch)
         skipped = {r: list(ps) for r, ps in sorted(batch.skipped.items()) if ps}
         counts = {r: len(ps) for r, ps in skipped.items()}
@@ -434,6 +440,7 @@ class DriverLifecycle(TrainerLifecycle):
             "trainer_skips_committed",
             skipped=skipped,
             skipped_counts=counts,
+            watermark_before=batch.watermark_before,
             **attrs.asdict(self.counters),
         )
 
