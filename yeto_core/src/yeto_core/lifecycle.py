@@ -235,6 +235,7 @@ class DriverLifecycle(TrainerLifecycle):
         """
         self.sm.go(S.STARTING, "start")
         t0 = self._clock()
+        self.start_seconds = None  # this incarnation's, once it started
         self.incarnation = incarnation
         self._event("trainer_join", incarnation=incarnation)
         try:
@@ -575,6 +576,7 @@ class RemoteTrainerLifecycle(TrainerLifecycle):
     def start(self, incarnation: int, cut: Optional[Any] = None) -> None:
         self.sm.go(S.STARTING, "start")
         self.incarnation = incarnation
+        self.start_summary = None  # this incarnation's, from its ``ready`` message
         self._commands = Channel(self.store, incarnation, "commands")
         self._events = Channel(self.store, incarnation, "events")
         env = dict(self.env, YETO_TRAINER_INCARNATION=str(incarnation))

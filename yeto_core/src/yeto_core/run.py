@@ -46,7 +46,7 @@ from yeto_core.cost import CostLedger
 from yeto_core.errors import ConfigError, YetoError
 from yeto_core.event_stream import EventStream, read_all
 from yeto_core.island_main import CONFIG_FILE, ENV_LEDGER_SET_ASIDE, ENV_ROLE, ENV_RUN_DIR
-from yeto_core.records import LifecycleState, StopReason
+from yeto_core.records import StopReason
 from yeto_core.run_summary import summarize
 
 # -- exit codes (docs/run-config.md#exit-codes) ---------------------------------------
@@ -353,20 +353,12 @@ class Head:
 
     def stop_trainer(self) -> None:
         """Take the final cut (FINISHED → FINAL trigger) and release the trainer island."""
-        lifecycle, loop = self.lifecycle, self.trainer_loop
-        if lifecycle is None or loop is None:
+        if self.lifecycle is None or self.trainer_loop is None:
             return
-        state = lifecycle.state()
-        if state == LifecycleState.STARTING:
-            state = lifecycle.wait_ready()
-        if state == LifecycleState.READY:
-            loop._drain(StopReason.FINISHED)
-        state = lifecycle.state()
-        if state != LifecycleState.STOPPED:
-            # LEFT after the drain; FAILED, or a drain that failed: release it anyway
-            # (the provider verifies the island is gone); rounds after the newest cut
-            # are trained again by the next incarnation.
-            loop._release(failed=state == LifecycleState.FAILED)
+        # waits for a STARTING trainer, drains a READY one, releases anything else (the
+        # provider verifies the island is gone); rounds after the newest cut are trained
+        # again by the next incarnation.
+        self.trainer_loop.stop(StopReason.FINISHED)
 
     # -- the loop --------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import attrs
 
@@ -23,7 +23,13 @@ from yeto_core.ports import ObjectStore
 from yeto_core.records import Action, Event, LifecycleState, StopReason
 from yeto_core.s1 import Decision, SchedulerInputs, resolve_start_seconds
 
+if TYPE_CHECKING:
+    from yeto_core.cut import ConsistentCut
+
 S = LifecycleState
+
+#: states a lifecycle reaches only after its start finished (a start measurement exists)
+_PAST_START = frozenset({S.READY, S.TRAINING, S.DRAINING, S.LEFT})
 
 
 class TrainerLoopGaveUp(YetoError):
@@ -93,7 +99,15 @@ class TrainerLoop:
     :param has_release: whether a policy release exists (``ReleaseStore.latest() is not None``).
     :param journal: where decisions go.
     :param clock: seconds (simulated in tests and the bench).
-    :param start_seconds: returns the trainer's last measured start seconds, or None.
+    :param start_seconds: returns the measured start seconds of the current
+        incarnation (None until it finished starting); default: the lifecycle's
+        ``start_seconds``.
+
+    The start of every incarnation is recorded once (journal ``started`` with
+    ``start_s``, which S1 uses as ``T_s``) when the loop first sees it past STARTING,
+    whichever call saw the lifecycle get there: ``start`` itself (in-process), or any
+    ``state()`` poll (a remote trainer reporting ``ready``), also when the
+    incarnation failed right after reporting its start.
     """
 
     def __init__(
@@ -123,6 +137,8 @@ class TrainerLoop:
         self.data_end_at: Optional[float] = None
         self.finished: Optional[str] = None
         self._last_decision: Optional[tuple[str, str]] = None
+        #: an incarnation was started and its start not recorded yet
+        self._awaiting_start = False
         self._resume()
 
     # -- journal ------------------------------------------------------------------------
@@ -198,6 +214,7 @@ class TrainerLoop:
         """Observe, decide, act once. Raises :class:`TrainerLoopGaveUp` when giving up."""
         now = self._clock()
         state = self.lifecycle.state()
+        self._note_started(state)
         if state in (S.FAILED, S.LEFT):
             self._release(failed=state == S.FAILED)
             state = self.lifecycle.state()
@@ -238,6 +255,7 @@ class TrainerLoop:
             self.incarnation += 1
             self.first_policy = d.reason == "first_policy"
             self.rounds_this_incarnation = 0
+            self._awaiting_start = True
             self._log(
                 "start",
                 incarnation=self.incarnation,
@@ -252,8 +270,7 @@ class TrainerLoop:
             handle = getattr(self.lifecycle, "handle", None)
             if handle is not None:
                 self._log("launched", incarnation=self.incarnation, handle=handle)
-            if self.lifecycle.state() == S.READY:
-                self._started()
+            self._note_started(self.lifecycle.state())
         elif d.action == Action.STOP:
             self._drain(StopReason.STOPPED)
         elif d.action == Action.FINISH:
@@ -271,8 +288,7 @@ class TrainerLoop:
             self.finished = d.reason
             self._log("finish", reason=d.reason)
         elif state == S.STARTING:
-            if self.lifecycle.state() == S.READY:
-                self._started()
+            self._note_started(self.lifecycle.state())
         elif state == S.READY and d.reason == "train":
             try:
                 n = self.lifecycle.train(self.config.rounds_per_tick)
@@ -284,17 +300,51 @@ class TrainerLoop:
                 self.failures = 0
                 self._log("trained", incarnation=self.incarnation, rounds=n, failures=0)
 
-    def _started(self) -> None:
-        self.measured_start_s = self._start_seconds()
-        self._log("started", incarnation=self.incarnation, start_s=self.measured_start_s)
+    def _note_started(self, state: LifecycleState) -> None:
+        """Record the start of the current incarnation once it is seen past STARTING."""
+        if not self._awaiting_start:
+            return
+        if state in _PAST_START or (state == S.FAILED and self._start_seconds() is not None):
+            self._started()
 
-    def _drain(self, reason: StopReason) -> None:
+    def _started(self) -> None:
+        self._awaiting_start = False
+        start_s = self._start_seconds()
+        if start_s is not None:  # T_s stays the last measurement when none was reported
+            self.measured_start_s = float(start_s)
+        self._log("started", incarnation=self.incarnation, start_s=start_s)
+
+    def stop(self, reason: StopReason = StopReason.FINISHED) -> Optional[ConsistentCut]:
+        """Stop the trainer now, outside the scheduler (e.g. ``yeto run up`` finishing).
+
+        A STARTING incarnation is waited for (the lifecycle's ``wait_ready``, when it
+        has one); a READY one drains (a cut with ``reason``'s trigger) and is released;
+        anything else not STOPPED (LEFT, FAILED, a drain that failed) is released. Every
+        step goes to the journal like a scheduled stop (``started``, ``stop`` or
+        ``drain_failed``, ``release``). Returns the cut, or None when none was taken
+        (rounds after the newest cut are then trained again by the next incarnation).
+        """
+        state = self.lifecycle.state()
+        self._note_started(state)
+        if state == S.STARTING:
+            wait_ready = getattr(self.lifecycle, "wait_ready", None)
+            if wait_ready is not None:
+                state = wait_ready()
+                self._note_started(state)
+        cut = self._drain(reason) if state == S.READY else None
+        state = self.lifecycle.state()
+        if state != S.STOPPED:
+            self._release(failed=state == S.FAILED)
+        return cut
+
+    def _drain(self, reason: StopReason) -> Optional[ConsistentCut]:
         try:
             cut = self.lifecycle.drain(reason)
         except Exception as exc:
             self._log("drain_failed", incarnation=self.incarnation, error=str(exc))
-            return
+            return None
         self.lifecycle.release()
+        self._awaiting_start = False
         self.idle_since = None
         self._log(
             "stop",
@@ -303,11 +353,13 @@ class TrainerLoop:
             cut_id=getattr(cut, "cut_id", None),
             idle_since=None,
         )
+        return cut
 
     def _release(self, *, failed: bool) -> None:
         if failed and self.rounds_this_incarnation == 0:
             self.failures += 1
         self.lifecycle.release()
+        self._awaiting_start = False
         self.idle_since = None
         self._log(
             "release",
