@@ -125,10 +125,13 @@ def trainer(args: argparse.Namespace) -> None:
     version = 0
     position = 0
     held: list = []
+    first = None  # when the first group was written (from its file name)
     with open(work / "rounds.jsonl", "a") as log:
         while True:
             files = _groups(gdir)
             for f in files:
+                created = float(f.name.split("-", 1)[0])
+                first = created if first is None else min(first, created)
                 g = decode_group(f.read_bytes(), where=str(f))
                 f.unlink()
                 if version - min(s.weight_version for s in g.samples) > args.max_policy_age:
@@ -150,7 +153,7 @@ def trainer(args: argparse.Namespace) -> None:
             backend.publish_release(out)
             os.replace(out, rdir / f"v{version}")
             rewards = [sum(s.reward for s in g.samples) / len(g.samples) for g in batch.groups]
-            log.write(json.dumps({"time": time.time(), "rewards": rewards}) + "\n")
+            log.write(json.dumps({"time": time.time(), "first": first, "rewards": rewards}) + "\n")
             log.flush()
 
 
@@ -223,18 +226,19 @@ def main(argv: list[str] | None = None) -> int:
                     raise SystemExit(
                         f"a plain-loop process exited: {[p.returncode for p in procs]}"
                     )
-                if t0 is None:
-                    firsts = [float(f.name.split("-", 1)[0]) for f in _groups(work / "groups")]
-                    if firsts:
-                        t0 = min(firsts)
-                        deadline = t0 + args.timeout_s
-                    elif time.time() - launched > args.timeout_s + 300:
-                        break
                 log = work / "rounds.jsonl"
-                if t0 is not None and log.exists():
-                    rounds = [
-                        json.loads(x) for x in log.read_text().splitlines() if x.endswith("}")
-                    ]
+                if log.exists():
+                    lines = log.read_text().splitlines()
+                    rounds = [json.loads(x) for x in lines if x.endswith("}")]
+                # t0: the first group written (the trainer logs it; files are consumed at once)
+                firsts = [float(f.name.split("-", 1)[0]) for f in _groups(work / "groups")]
+                firsts += [r["first"] for r in rounds[:1] if r.get("first") is not None]
+                if firsts and (t0 is None or min(firsts) < t0):
+                    t0 = min(firsts)
+                    deadline = t0 + args.timeout_s
+                if t0 is None and time.time() - launched > args.timeout_s + 300:
+                    break
+                if t0 is not None and rounds:
                     hit, curve = time_to_target(
                         rounds, target=args.target, t0=t0, window=args.window
                     )
