@@ -116,3 +116,33 @@ def test_e2e_smoke_json_keys(tmp_path: Path) -> None:
     # synchronous GRPO: every round is trained from the version its groups were sampled with
     assert report["max_policy_lag"]["sync"] == 0, report["max_policy_lag"]
     assert report["runs"]["sync"]["rounds_trained"] >= 2, report["runs"]
+
+
+@pytest.mark.timeout(200)
+def test_plain_loop_reports_time_from_its_first_group() -> None:
+    """benchmarks/plain_loop.py end to end with a tiny target (no timing asserts).
+
+    Regression: t0 was taken from the group files seen at the parent's polls, after
+    the trainer had consumed the first ones, so early rounds had negative times.
+    """
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "plain_loop.py"),
+            "--base-dir",
+            str(ROOT / "runs" / "base" / "sort4"),
+            "--target",
+            "0.05",
+            "--timeout-s",
+            "10",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=200,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {"time_to_target_s", "startup_s", "rounds_trained", "reward_curve"} <= set(report)
+    assert report["rounds_trained"] > 0, report
+    assert all(t >= 0 for t, _ in report["reward_curve"]), report["reward_curve"][:3]
