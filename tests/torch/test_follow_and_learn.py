@@ -67,8 +67,10 @@ def test_grpo_learns_sorting_from_the_warm_base(sort_base, tmp_path):
         if r % 4 == 3:
             _publish(be, releases, tmp_path, r + 1)
             assert follower.poll() == "loaded"
-        if len(hist) >= 10 and np.mean(hist[-10:]) >= 0.8:
-            break
+        if len(hist) >= 10 and (
+            np.mean(hist[-10:]) >= 0.8 or np.mean(hist[-10:]) - np.mean(hist[:10]) >= 0.3
+        ):
+            break  # what the assertion below asks for holds: stop early
     start, end = np.mean(hist[:10]), np.mean(hist[-10:])
     print(f"rounds={len(hist)} start={start:.3f} end={end:.3f}")
     assert end >= 0.8 or end - start >= 0.3, (start, end, len(hist))
