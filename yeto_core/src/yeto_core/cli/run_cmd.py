@@ -135,6 +135,16 @@ def up(config_path: str, run_dir: Optional[str], dry_run: bool) -> None:
             err=True,
         )
         sys.exit(run_mod.EXIT_BUSY)
+    finished = run_mod.read_json(Path(config.run_dir) / run_mod.FINISHED_FILE)
+    if finished is not None:
+        # A finished run is not started again: its summary and final cut stay as they are.
+        click.echo(
+            f"yeto: the run in {config.run_dir} already finished ({finished.get('reason')}); "
+            "its summary follows. Use another --run-dir to start a new run."
+        )
+        summary = run_mod.read_json(Path(config.run_dir) / run_mod.SUMMARY_FILE) or {}
+        click.echo(json.dumps(summary, indent=2, sort_keys=True))
+        sys.exit(run_mod.EXIT_OK)
     head = run_mod.Head(config, plugins)
     head.prepare_base(_say)
     progress = _Progress(live=sys.stdout.isatty())
