@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from yeto_core.bench.e2e import e2e_config, time_to_target
+from yeto_core.bench.e2e import aggregate, combine, e2e_config, one_report, time_to_target
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,6 +82,81 @@ def test_policy_lag_is_zero_for_synchronous_rounds() -> None:
     assert policy_lag([], {}) is None
 
 
+def test_aggregate_medians_over_repetitions_count_misses_as_slowest() -> None:
+    reps = [
+        {"async": 60.0, "sync": 90.0, "plain": 50.0},
+        {"async": 80.0, "sync": 80.0, "plain": 70.0},
+        {"async": 40.0, "sync": 100.0, "plain": 40.0},
+    ]
+    agg = aggregate(reps)
+    assert agg["speedups"] == [1.5, 1.0, 2.5]
+    assert agg["speedup_median"] == 1.5  # median of per-repetition ratios
+    assert agg["speedup_of_medians"] == 1.5  # median sync 90 / median async 60
+    assert (agg["speedup_min"], agg["speedup_max"]) == (1.0, 2.5)
+    assert agg["overhead_vs_plain_loop_median"] == 1.143  # 60/50=1.2, 80/70, 40/40=1
+    assert agg["overhead_of_medians"] == 1.2  # 60 / 50
+    assert agg["time_to_target_s"]["sync"] == {
+        "median": 90.0,
+        "min": 80.0,
+        "max": 100.0,
+        "reached": 3,
+        "of": 3,
+    }
+    # the two medians differ when the ratios and the times do not rank alike
+    two = aggregate([{"async": 60.0, "sync": 90.0}, {"async": 80.0, "sync": 80.0}])
+    assert (two["speedup_median"], two["speedup_of_medians"]) == (1.25, 1.214)
+    assert two["overheads_vs_plain_loop"] == [] and two["overhead_vs_plain_loop_median"] is None
+    # a sync miss is slower than any hit: it still pulls the medians up, never down
+    miss = aggregate(
+        [
+            {"async": 60.0, "sync": None},
+            {"async": 80.0, "sync": 80.0},
+            {"async": 70.0, "sync": 70.0},
+        ]
+    )
+    assert miss["speedups"] == [None, 1.0, 1.0] and miss["speedup_median"] == 1.0
+    assert miss["time_to_target_s"]["sync"]["median"] == 80.0
+    assert miss["time_to_target_s"]["sync"]["reached"] == 2
+    assert (
+        aggregate([{"async": 1.0, "sync": None}, {"async": 1.0, "sync": None}])[
+            "speedup_of_medians"
+        ]
+        is None
+    )
+
+
+def _run(t: float) -> dict:
+    return {
+        "time_to_target_s": t,
+        "startup_s": 5.0,
+        "trainer_paid_s": t,
+        "trainer_busy_s": t / 2,
+        "max_policy_lag": 1,
+        "reward_curve": [[0.0, 0.1]],
+        "rounds_trained": 3,
+        "groups_appended": 48,
+        "head_exit_code": 0,
+    }
+
+
+def test_combine_keeps_single_run_keys_as_medians() -> None:
+    def rep(a: float, s: float, p: float | None) -> dict:
+        plain = None if p is None else {"time_to_target_s": p}
+        return one_report(_run(a), _run(s), plain, task="sort4", target=0.8, timeout_s=240)
+
+    one = rep(60, 90, 50)
+    assert combine([one], [0]) is one  # N = 1: exactly the single-run report
+    both = combine([rep(60, 90, 50), rep(80, 80, 70), rep(40, 100, None)], [0, 1, 2])
+    assert KEYS <= set(both), sorted(KEYS - set(both))
+    assert both["speedup"] == both["speedup_of_medians"] == 1.5
+    assert both["speedup_median"] == 1.5
+    assert both["async_time_to_target_s"] == 60.0 and both["sync_time_to_target_s"] == 90.0
+    assert both["overhead_vs_plain_loop_median"] == 1.171  # 1.2, 8/7: rep 2 had no plain loop
+    assert both["trainer_paid_s"] == {"async": 60.0, "sync": 90.0}
+    assert [r["seed"] for r in both["repetitions"]] == [0, 1, 2]
+    assert [r["speedup"] for r in both["repetitions"]] == [1.5, 1.0, 2.5]
+
+
 @pytest.mark.timeout(300)
 def test_e2e_smoke_json_keys(tmp_path: Path) -> None:
     proc = subprocess.run(
@@ -95,6 +170,8 @@ def test_e2e_smoke_json_keys(tmp_path: Path) -> None:
             "0.05",
             "--timeout-s",
             "8",
+            "--repeat",
+            "2",
             "--base-dir",
             str(ROOT / "runs" / "base" / "sort4"),
             "--no-plain-loop",
@@ -110,6 +187,14 @@ def test_e2e_smoke_json_keys(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert KEYS <= set(report), sorted(KEYS - set(report))
+    # --repeat 2: two interleaved repetitions, seeds 0 and 1, and their medians
+    assert report["repeat"] == 2 and report["seeds"] == [0, 1]
+    assert [r["seed"] for r in report["repetitions"]] == [0, 1]
+    assert report["aggregate"]["repetitions"] == 2
+    assert report["speedup"] == report["speedup_of_medians"]
+    assert all((tmp_path / f"rep{i}" / m).is_dir() for i in (0, 1) for m in ("async", "sync"))
+    for rep in report["repetitions"]:
+        assert rep["max_policy_lag"]["sync"] == 0, rep["max_policy_lag"]
     for mode in ("async", "sync"):
         assert report["runs"][mode]["rounds_trained"] > 0, report["runs"]
         assert report["trainer_paid_s"][mode] > 0 and report["trainer_busy_s"][mode] > 0

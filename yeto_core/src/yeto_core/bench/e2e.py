@@ -31,11 +31,20 @@ current directory or given with ``--plain-loop``; ``--no-plain-loop`` skips
 it) is run as a subprocess on the same base, task and hyperparameters and
 must print one JSON object with ``time_to_target_s``; the ratio is yeto
 async over it.
+
+``--repeat N`` runs the modes N times, interleaved (async, sync, plain loop,
+async, sync, plain loop, ...) so that drifts in machine load hit every mode
+alike; repetition ``i`` (0-based) uses seed ``--seed + i`` for all its modes.
+The report then has the per-repetition figures (``repetitions``) and
+``aggregate``: the medians, min and max (see :func:`aggregate`); the
+single-run keys then hold medians (``speedup`` = ``speedup_of_medians``).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -326,46 +335,100 @@ def run_plain_loop(
         return {"error": f"{script} did not report: {exc}"}
 
 
-@click.command("e2e")
-@click.option("--task", default="sort4", show_default=True)
-@click.option("--target", type=float, default=0.8, show_default=True)
-@click.option("--timeout-s", type=float, default=300.0, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option(
-    "--base-dir",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="The base model (default: runs/base/<task>; built when missing).",
-)
-@click.option("--plain-loop", type=click.Path(dir_okay=False), default=None)
-@click.option("--no-plain-loop", is_flag=True, help="Do not run benchmarks/plain_loop.py.")
-@click.option("--work-dir", type=click.Path(file_okay=False), default=None)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def command(
+def _ratio(num: Optional[float], den: Optional[float]) -> Optional[float]:
+    """``num / den`` with a miss (None) counted as infinitely slow; None when undefined."""
+    n = math.inf if num is None else float(num)
+    d = math.inf if den is None else float(den)
+    if math.isinf(n) and math.isinf(d) or d == 0:
+        return None
+    return math.inf if math.isinf(n) else (0.0 if math.isinf(d) else n / d)
+
+
+def _median(values: list[Optional[float]]) -> Optional[float]:
+    """Median with misses (None) counted as +inf; None when the median is a miss or empty."""
+    if not values:
+        return None
+    med = statistics.median([math.inf if v is None else float(v) for v in values])
+    return None if math.isinf(med) else round(med, 3)
+
+
+def _spread(values: list[Optional[float]]) -> dict[str, Any]:
+    """median/min/max (misses as +inf, shown as None) and how many reached the target."""
+    keyed = [math.inf if v is None else float(v) for v in values]
+    fin = [v for v in keyed if not math.isinf(v)]
+    return {
+        "median": _median(values),
+        "min": round(min(keyed), 3) if fin else None,
+        "max": None if not keyed or any(math.isinf(v) for v in keyed) else round(max(keyed), 3),
+        "reached": len(fin),
+        "of": len(values),
+    }
+
+
+def aggregate(reps: list[dict[str, Optional[float]]]) -> dict[str, Any]:
+    """Medians over repetitions (a pure function of their times to target).
+
+    ``reps``: per repetition ``async``, ``sync`` and ``plain`` (plain loop) times
+    to target in seconds, None for a miss (counted as slower than any hit, so a
+    median of ``None`` means half or more missed); no ``plain`` key: the plain
+    loop was not run in that repetition. In the per-repetition lists a ratio
+    whose numerator missed is shown as None (unbounded) and one whose
+    denominator missed as 0.0; both still count in the medians as +inf / 0.
+    Returns:
+
+    - ``speedup_median``: median over repetitions of sync/async of that repetition;
+    - ``speedup_of_medians``: median(sync times) / median(async times);
+    - ``overhead_vs_plain_loop_median``: median over repetitions of async/plain;
+    - ``overhead_of_medians``: median(async) / median(plain);
+    - min/max of each, and the per-mode time spreads (``time_to_target_s``).
+    """
+    speedups = [_ratio(r.get("sync"), r.get("async")) for r in reps]
+    # a repetition without a "plain" key did not run the plain loop (or it failed)
+    overheads = [_ratio(r.get("async"), r["plain"]) for r in reps if "plain" in r]
+    speedups_k = [s for s in speedups if s is not None]
+    overheads_k = [o for o in overheads if o is not None]
+    med = {m: _median([r.get(m) for r in reps if m in r]) for m in ("async", "sync", "plain")}
+
+    def fin(v: Optional[float]) -> Optional[float]:
+        return None if v is None or math.isinf(v) else round(v, 3)
+
+    return {
+        "repetitions": len(reps),
+        "time_to_target_s": {
+            m: _spread([r.get(m) for r in reps if m in r]) for m in ("async", "sync", "plain")
+        },
+        "speedups": [fin(s) for s in speedups],
+        "speedup_median": fin(statistics.median(speedups_k)) if speedups_k else None,
+        "speedup_min": fin(min(speedups_k)) if speedups_k else None,
+        "speedup_max": fin(max(speedups_k)) if speedups_k else None,
+        "speedup_of_medians": round(med["sync"] / med["async"], 3)
+        if med["sync"] and med["async"]
+        else None,
+        "overheads_vs_plain_loop": [fin(o) for o in overheads],
+        "overhead_vs_plain_loop_median": fin(statistics.median(overheads_k))
+        if overheads_k
+        else None,
+        "overhead_vs_plain_loop_min": fin(min(overheads_k)) if overheads_k else None,
+        "overhead_vs_plain_loop_max": fin(max(overheads_k)) if overheads_k else None,
+        "overhead_of_medians": round(med["async"] / med["plain"], 3)
+        if med["async"] and med["plain"]
+        else None,
+    }
+
+
+def one_report(
+    a: dict[str, Any],
+    s: dict[str, Any],
+    plain: Optional[dict[str, Any]],
+    *,
     task: str,
     target: float,
     timeout_s: float,
-    seed: int,
-    base_dir: Optional[str],
-    plain_loop: Optional[str],
-    no_plain_loop: bool,
-    work_dir: Optional[str],
-    as_json: bool,
-) -> None:
-    """Asynchronous vs synchronous GRPO: time to a target reward (prints JSON)."""
-    base = Path(base_dir or f"runs/base/{task}").absolute()
-    with tempfile.TemporaryDirectory(prefix="yeto-e2e-") as tmp:
-        work = Path(work_dir) if work_dir else Path(tmp)
-        common = dict(base_dir=base, task=task, seed=seed, target=target, timeout_s=timeout_s)
-        a = run_mode("async", work=work, **common)
-        s = run_mode("sync", work=work, **common)
-    script = Path(plain_loop) if plain_loop else Path("benchmarks/plain_loop.py")
-    plain: Optional[dict[str, Any]] = None
-    if script.is_file() and not no_plain_loop:
-        plain = run_plain_loop(script, **common)
+) -> dict[str, Any]:
+    """The single-run report of one repetition (async run ``a``, sync run ``s``)."""
     at, st = a["time_to_target_s"], s["time_to_target_s"]
     pt = (plain or {}).get("time_to_target_s")
-    report = {
+    return {
         "bench": "e2e",
         "task": task,
         "target": target,
@@ -388,8 +451,128 @@ def command(
         "plain_loop": plain,
         "overhead_vs_plain_loop": round(at / pt, 3) if at and pt else None,
     }
+
+
+def combine(reports: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
+    """The report of N > 1 repetitions: single-run keys hold medians, plus ``aggregate``.
+
+    ``speedup`` is ``speedup_of_medians``; ``overhead_vs_plain_loop`` is
+    ``overhead_vs_plain_loop_median``; per-mode dict figures (``startup_s``,
+    trainer seconds) are medians, ``max_policy_lag`` the maximum;
+    ``reward_curves``/``plain_loop`` are those of repetition 0; every
+    repetition's own report (with its seed) is in ``repetitions``.
+    """
+    if len(reports) == 1:
+        return reports[0]
+    times: list[dict[str, Optional[float]]] = []
+    for r in reports:
+        t = {"async": r["async_time_to_target_s"], "sync": r["sync_time_to_target_s"]}
+        plain = r["plain_loop"]
+        if plain and "time_to_target_s" in plain:  # ran (not skipped, not failed)
+            t["plain"] = plain["time_to_target_s"]
+        times.append(t)
+    agg = aggregate(times)
+    first = reports[0]
+
+    def per_mode(key: str, how: Any) -> dict[str, Any]:
+        out = {}
+        for m in ("async", "sync"):
+            vals = [r[key][m] for r in reports if r[key][m] is not None]
+            out[m] = how(vals) if vals else None
+        return out
+
+    spread = agg["time_to_target_s"]
+    timeout_s = first["timeout_s"]
+    return {
+        **{k: first[k] for k in ("bench", "task", "target", "window_groups", "timeout_s")},
+        "repeat": len(reports),
+        "seeds": seeds,
+        "async_time_to_target_s": spread["async"]["median"],
+        "sync_time_to_target_s": spread["sync"]["median"],
+        "speedup": agg["speedup_of_medians"],
+        "speedup_at_least": round(timeout_s / spread["async"]["median"], 3)
+        if spread["async"]["median"] and not spread["sync"]["median"]
+        else None,
+        "speedup_median": agg["speedup_median"],
+        "speedup_of_medians": agg["speedup_of_medians"],
+        "overhead_vs_plain_loop": agg["overhead_vs_plain_loop_median"],
+        "overhead_vs_plain_loop_median": agg["overhead_vs_plain_loop_median"],
+        "startup_s": per_mode("startup_s", lambda v: round(statistics.median(v), 2)),
+        "trainer_paid_s": per_mode("trainer_paid_s", lambda v: round(statistics.median(v), 2)),
+        "trainer_busy_s": per_mode("trainer_busy_s", lambda v: round(statistics.median(v), 2)),
+        "max_policy_lag": per_mode("max_policy_lag", max),
+        "reward_curves": first["reward_curves"],
+        "runs": first["runs"],
+        "plain_loop": first["plain_loop"],
+        "aggregate": agg,
+        "repetitions": [dict(r, seed=sd) for r, sd in zip(reports, seeds, strict=True)],
+    }
+
+
+@click.command("e2e")
+@click.option("--task", default="sort4", show_default=True)
+@click.option("--target", type=float, default=0.8, show_default=True)
+@click.option("--timeout-s", type=float, default=300.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--repeat",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Run every mode N times, interleaved, repetition i with seed --seed + i; report medians.",
+)
+@click.option(
+    "--base-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="The base model (default: runs/base/<task>; built when missing).",
+)
+@click.option("--plain-loop", type=click.Path(dir_okay=False), default=None)
+@click.option("--no-plain-loop", is_flag=True, help="Do not run benchmarks/plain_loop.py.")
+@click.option("--work-dir", type=click.Path(file_okay=False), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def command(
+    task: str,
+    target: float,
+    timeout_s: float,
+    seed: int,
+    repeat: int,
+    base_dir: Optional[str],
+    plain_loop: Optional[str],
+    no_plain_loop: bool,
+    work_dir: Optional[str],
+    as_json: bool,
+) -> None:
+    """Asynchronous vs synchronous GRPO: time to a target reward (prints JSON)."""
+    base = Path(base_dir or f"runs/base/{task}").absolute()
+    script = Path(plain_loop) if plain_loop else Path("benchmarks/plain_loop.py")
+    use_plain = script.is_file() and not no_plain_loop
+    reports: list[dict[str, Any]] = []
+    seeds = [seed + i for i in range(repeat)]
+    with tempfile.TemporaryDirectory(prefix="yeto-e2e-") as tmp:
+        root = Path(work_dir) if work_dir else Path(tmp)
+        for i, rep_seed in enumerate(seeds):
+            work = root if repeat == 1 else root / f"rep{i}"
+            common = dict(
+                base_dir=base, task=task, seed=rep_seed, target=target, timeout_s=timeout_s
+            )
+            a = run_mode("async", work=work, **common)
+            s = run_mode("sync", work=work, **common)
+            plain = run_plain_loop(script, **common) if use_plain else None
+            reports.append(one_report(a, s, plain, task=task, target=target, timeout_s=timeout_s))
+            if not as_json and repeat > 1:
+                r = reports[-1]
+                click.echo(
+                    f"repetition {i} (seed {rep_seed}): async {r['async_time_to_target_s']} s, "
+                    f"sync {r['sync_time_to_target_s']} s, speedup {r['speedup']}",
+                    err=True,
+                )
+    report = combine(reports, seeds)
     if as_json:
         click.echo(json.dumps(report, sort_keys=True))
     else:
-        for k in ("async_time_to_target_s", "sync_time_to_target_s", "speedup", "startup_s"):
-            click.echo(f"{k:>24}: {report[k]}")
+        keys = ["async_time_to_target_s", "sync_time_to_target_s", "speedup", "startup_s"]
+        if repeat > 1:
+            keys += ["speedup_median", "overhead_vs_plain_loop_median"]
+        for k in keys:
+            click.echo(f"{k:>30}: {report[k]}")
