@@ -62,6 +62,26 @@ def test_sync_mode_makes_one_round_per_sampler_call_and_waits_for_versions(
         assert config.trainer.backend_options == {"lr": 0.0005, "threads": 1}
         if sync:  # the islands' calls together make exactly one round
             assert sampler.count * sampler.prompts_per_call == config.trainer.groups_per_round
+    for throttle in (0.3, 0.0):  # --async-min-round-s: only the async samplers' throttle
+        text = e2e_config(
+            tmp_path,
+            mode="async",
+            base_dir=tmp_path,
+            task="sort4",
+            seed=0,
+            timeout_s=1,
+            async_min_round_s=throttle,
+        )
+        assert f"min_round_s = {throttle}" in text
+    assert "min_round_s = 0.0" in e2e_config(
+        tmp_path,
+        mode="sync",
+        base_dir=tmp_path,
+        task="sort4",
+        seed=0,
+        timeout_s=1,
+        async_min_round_s=5,
+    )
     with pytest.raises(ValueError, match="multiple"):
         e2e_config(
             tmp_path, mode="sync", base_dir=tmp_path, task="sort4", seed=0, timeout_s=1, samplers=3

@@ -69,6 +69,7 @@ def e2e_config(
     timeout_s: float,
     groups_per_round: int = 16,
     samplers: int = 2,
+    async_min_round_s: float = 0.3,
 ) -> str:
     """The TOML of one e2e run (``mode``: ``async`` or ``sync``)."""
     if mode not in ("async", "sync"):
@@ -100,7 +101,7 @@ engine = "hf"
 count = {int(samplers)}
 group_size = 8
 prompts_per_call = {per_call}
-min_round_s = {0.0 if sync else 0.3}
+min_round_s = {0.0 if sync else float(async_min_round_s)}
 backlog_cap = 64
 sync_rounds = {"true" if sync else "false"}
 engine_options = {{ threads = 1 }}
@@ -188,6 +189,7 @@ def run_mode(
     target: float,
     timeout_s: float,
     poll_s: float = 0.5,
+    async_min_round_s: float = 0.3,
 ) -> dict[str, Any]:
     """One run of ``mode`` until the target (or the timeout); its figures."""
     from yeto_core.event_stream import read_events
@@ -199,7 +201,15 @@ def run_mode(
     run_dir.mkdir(parents=True, exist_ok=True)
     toml = run_dir / "run.toml"
     toml.write_text(
-        e2e_config(run_dir, mode=mode, base_dir=base_dir, task=task, seed=seed, timeout_s=timeout_s)
+        e2e_config(
+            run_dir,
+            mode=mode,
+            base_dir=base_dir,
+            task=task,
+            seed=seed,
+            timeout_s=timeout_s,
+            async_min_round_s=async_min_round_s,
+        )
     )
     launched = time.time()
     with open(run_dir / "head.log", "wb") as log:
@@ -522,6 +532,13 @@ def combine(reports: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
     help="Run every mode N times, interleaved, repetition i with seed --seed + i; report medians.",
 )
 @click.option(
+    "--async-min-round-s",
+    type=float,
+    default=0.3,
+    show_default=True,
+    help="Async mode's samplers[].min_round_s (caps async at 2 x 8 groups per this many s).",
+)
+@click.option(
     "--base-dir",
     type=click.Path(file_okay=False),
     default=None,
@@ -537,6 +554,7 @@ def command(
     timeout_s: float,
     seed: int,
     repeat: int,
+    async_min_round_s: float,
     base_dir: Optional[str],
     plain_loop: Optional[str],
     no_plain_loop: bool,
@@ -556,7 +574,7 @@ def command(
             common = dict(
                 base_dir=base, task=task, seed=rep_seed, target=target, timeout_s=timeout_s
             )
-            a = run_mode("async", work=work, **common)
+            a = run_mode("async", work=work, async_min_round_s=async_min_round_s, **common)
             s = run_mode("sync", work=work, **common)
             plain = run_plain_loop(script, **common) if use_plain else None
             reports.append(one_report(a, s, plain, task=task, target=target, timeout_s=timeout_s))
@@ -567,7 +585,7 @@ def command(
                     f"sync {r['sync_time_to_target_s']} s, speedup {r['speedup']}",
                     err=True,
                 )
-    report = combine(reports, seeds)
+    report = dict(combine(reports, seeds), async_min_round_s=async_min_round_s)
     if as_json:
         click.echo(json.dumps(report, sort_keys=True))
     else:
