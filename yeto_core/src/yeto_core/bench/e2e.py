@@ -69,7 +69,7 @@ def e2e_config(
     timeout_s: float,
     groups_per_round: int = 16,
     samplers: int = 2,
-    async_min_round_s: float = 0.3,
+    async_min_round_s: float = 0.0,
 ) -> str:
     """The TOML of one e2e run (``mode``: ``async`` or ``sync``)."""
     if mode not in ("async", "sync"):
@@ -189,7 +189,7 @@ def run_mode(
     target: float,
     timeout_s: float,
     poll_s: float = 0.5,
-    async_min_round_s: float = 0.3,
+    async_min_round_s: float = 0.0,
 ) -> dict[str, Any]:
     """One run of ``mode`` until the target (or the timeout); its figures."""
     from yeto_core.event_stream import read_events
@@ -321,9 +321,19 @@ def _first_appended(store_url: str) -> Optional[float]:
 
 
 def run_plain_loop(
-    script: Path, *, base_dir: Path, task: str, seed: int, target: float, timeout_s: float
+    script: Path,
+    *,
+    base_dir: Path,
+    task: str,
+    seed: int,
+    target: float,
+    timeout_s: float,
+    min_round_s: float = 0.0,
 ) -> dict[str, Any]:
-    """``benchmarks/plain_loop.py`` as a subprocess; its JSON (or the reason it failed)."""
+    """``benchmarks/plain_loop.py`` as a subprocess; its JSON (or the reason it failed).
+
+    Its samplers get the async mode's throttle, so both loops pace sampling alike.
+    """
     cmd = [
         sys.executable,
         str(script),
@@ -337,6 +347,8 @@ def run_plain_loop(
         str(target),
         "--timeout-s",
         str(timeout_s),
+        "--min-round-s",
+        str(min_round_s),
     ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s + 300)
@@ -534,9 +546,10 @@ def combine(reports: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
 @click.option(
     "--async-min-round-s",
     type=float,
-    default=0.3,
+    default=0.0,
     show_default=True,
-    help="Async mode's samplers[].min_round_s (caps async at 2 x 8 groups per this many s).",
+    help="Async mode's (and the plain loop's) samplers[].min_round_s; 0 lets samplers run "
+    "free (a positive value caps async at 2 x 8 groups per this many s).",
 )
 @click.option(
     "--base-dir",
@@ -576,7 +589,11 @@ def command(
             )
             a = run_mode("async", work=work, async_min_round_s=async_min_round_s, **common)
             s = run_mode("sync", work=work, **common)
-            plain = run_plain_loop(script, **common) if use_plain else None
+            plain = (
+                run_plain_loop(script, min_round_s=async_min_round_s, **common)
+                if use_plain
+                else None
+            )
             reports.append(one_report(a, s, plain, task=task, target=target, timeout_s=timeout_s))
             if not as_json and repeat > 1:
                 r = reports[-1]
