@@ -41,6 +41,8 @@ from typing import Any, Optional
 
 import click
 
+from yeto_core.bench.run_toml import bench_run_toml
+
 #: The ``yeto`` command line, as a list (a subprocess; the bench never imports adapters).
 YETO = [sys.executable, "-c", "import sys; from yeto_core.cli import main; sys.exit(main())"]
 
@@ -55,46 +57,27 @@ def chaos_config(
     task: str = "add1",
 ) -> str:
     """The TOML of one chaos run: the quickstart, shorter, samplers not throttled."""
-    return f"""# yeto bench chaos run (generated)
-name = "chaos"
-run_dir = {json.dumps(str(run_dir.absolute()))}
-seed = {int(seed)}
-
-[model]
-path = {json.dumps(str(base_dir.absolute()))}
-base_options = {{ task = {json.dumps(task)} }}
-
-[task]
-name = {json.dumps(task)}
-
-[[samplers]]
-name = "sampler"
-engine = "hf"
-count = {int(samplers)}
-group_size = 8
-prompts_per_call = 1
-min_round_s = 0.1
-backlog_cap = 16
-engine_options = {{ threads = 1 }}
-[samplers.sampling]
-max_new_tokens = 3
-temperature = 1.0
-
-[trainer]
-backend = "torch"
-backend_options = {{ lr = 0.003, threads = 1 }}
-groups_per_round = 4
-max_policy_age = 2
-total_rounds = {int(total_rounds)}
-
-[scheduler]
-name = "s1"
-tick_s = 0.2
-
-[backstops]
-wall_clock_s = 600
-silence_s = 120
-"""
+    return bench_run_toml(
+        comment="yeto bench chaos run (generated)",
+        name="chaos",
+        run_dir=run_dir,
+        base_dir=base_dir,
+        task=task,
+        seed=seed,
+        samplers=samplers,
+        prompts_per_call=1,
+        min_round_s=0.1,
+        backlog_cap=16,
+        max_new_tokens=3,
+        lr=0.003,
+        groups_per_round=4,
+        max_policy_age=2,
+        total_rounds=total_rounds,
+        scheduler="s1",
+        tick_s=0.2,
+        wall_clock_s=600,
+        silence_s=120,
+    )
 
 
 # -- the final lineage and the checks (pure functions of what the store holds) ---------

@@ -55,6 +55,7 @@ from typing import Any, Optional
 import click
 
 from yeto_core.bench.chaos import YETO
+from yeto_core.bench.run_toml import bench_run_toml
 
 WINDOW = 64
 
@@ -83,48 +84,29 @@ def e2e_config(
     per_call = groups_per_round // samplers if sync else 8
     scheduler = "always-on" if sync else "s1"
     options = "" if sync else "options = { start_seconds_fallback = 3.0, rounds_per_tick = 2 }"
-    return f"""# yeto bench e2e run ({mode}, generated from the tuned quickstart)
-name = "e2e-{mode}"
-run_dir = {json.dumps(str(run_dir.absolute()))}
-seed = {int(seed)}
-
-[model]
-path = {json.dumps(str(base_dir.absolute()))}
-base_options = {{ task = {json.dumps(task)} }}
-
-[task]
-name = {json.dumps(task)}
-
-[[samplers]]
-name = "sampler"
-engine = "hf"
-count = {int(samplers)}
-group_size = 8
-prompts_per_call = {per_call}
-min_round_s = {0.0 if sync else float(async_min_round_s)}
-backlog_cap = 64
-sync_rounds = {"true" if sync else "false"}
-engine_options = {{ threads = 1 }}
-[samplers.sampling]
-max_new_tokens = 6
-temperature = 1.0
-
-[trainer]
-backend = "torch"
-backend_options = {{ lr = 0.0005, threads = 1 }}
-groups_per_round = {int(groups_per_round)}
-max_policy_age = 3
-total_rounds = 0
-
-[scheduler]
-name = "{scheduler}"
-tick_s = 0.1
-{options}
-
-[backstops]
-wall_clock_s = {float(timeout_s) + 120.0}
-silence_s = 120
-"""
+    return bench_run_toml(
+        comment=f"yeto bench e2e run ({mode}, generated from the tuned quickstart)",
+        name=f"e2e-{mode}",
+        run_dir=run_dir,
+        base_dir=base_dir,
+        task=task,
+        seed=seed,
+        samplers=samplers,
+        prompts_per_call=per_call,
+        min_round_s=0.0 if sync else float(async_min_round_s),
+        backlog_cap=64,
+        sync_rounds=sync,
+        max_new_tokens=6,
+        lr=0.0005,
+        groups_per_round=groups_per_round,
+        max_policy_age=3,
+        total_rounds=0,
+        scheduler=scheduler,
+        tick_s=0.1,
+        scheduler_options=options,
+        wall_clock_s=float(timeout_s) + 120.0,
+        silence_s=120,
+    )
 
 
 def time_to_target(
