@@ -57,6 +57,7 @@ Layout (all tables optional except ``model``, ``task``, ``samplers`` and ``train
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 import typing
@@ -232,10 +233,31 @@ def _check_keys(data: Any, cls: type, path: str) -> list[str]:
     return errors
 
 
-def _positive(errors: list[str], path: str, value: float, *, zero_ok: bool = False) -> None:
+#: The largest value any numeric key may take (counts, sizes, seconds, dollars):
+#: far above any real run, low enough that arithmetic on it stays exact.
+MAX_NUMBER = 1e12
+
+
+def _positive(
+    errors: list[str],
+    path: str,
+    value: float,
+    *,
+    zero_ok: bool = False,
+    most: float = MAX_NUMBER,
+) -> None:
+    """``value`` must be finite, > 0 (or >= 0 with ``zero_ok``) and at most ``most``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        errors.append(f"{path} = {value!r}; it must be a number")
+        return
+    if not math.isfinite(value):
+        errors.append(f"{path} = {value!r}; it must be a finite number")
+        return
     if value < 0 or (value == 0 and not zero_ok):
         bound = ">= 0" if zero_ok else "> 0"
         errors.append(f"{path} = {value!r}; it must be {bound}")
+    elif value > most:
+        errors.append(f"{path} = {value!r}; it must be at most {most:g}")
 
 
 def validate(config: RunConfig) -> list[str]:
@@ -263,11 +285,11 @@ def validate(config: RunConfig) -> list[str]:
             errors.append(f"{p}.name = {s.name!r} is the trainer's name; pick another")
         if not s.engine:
             errors.append(f"{p}.engine is empty; give an engine name such as 'hf'")
-        _positive(errors, f"{p}.count", s.count)
-        _positive(errors, f"{p}.group_size", s.group_size)
+        _positive(errors, f"{p}.count", s.count, most=100_000)
+        _positive(errors, f"{p}.group_size", s.group_size, most=65_536)
         if s.group_size == 1:
             errors.append(f"{p}.group_size = 1; GRPO needs at least 2 samples per prompt")
-        _positive(errors, f"{p}.prompts_per_call", s.prompts_per_call)
+        _positive(errors, f"{p}.prompts_per_call", s.prompts_per_call, most=65_536)
         _positive(errors, f"{p}.min_round_s", s.min_round_s, zero_ok=True)
         _positive(errors, f"{p}.pause_every_s", s.pause_every_s, zero_ok=True)
         _positive(errors, f"{p}.pause_s", s.pause_s, zero_ok=True)
@@ -281,7 +303,7 @@ def validate(config: RunConfig) -> list[str]:
         sp = s.sampling
         _positive(errors, f"{p}.sampling.max_new_tokens", sp.max_new_tokens)
         _positive(errors, f"{p}.sampling.temperature", sp.temperature)
-        if not 0 < sp.top_p <= 1:
+        if not (isinstance(sp.top_p, (int, float)) and 0 < sp.top_p <= 1):
             errors.append(f"{p}.sampling.top_p = {sp.top_p!r}; it must be in (0, 1]")
         _positive(errors, f"{p}.sampling.top_k", sp.top_k, zero_ok=True)
     t = config.trainer
@@ -293,6 +315,8 @@ def validate(config: RunConfig) -> list[str]:
     _positive(errors, "trainer.max_policy_age", t.max_policy_age, zero_ok=True)
     _positive(errors, "trainer.price_per_hour", t.price_per_hour, zero_ok=True)
     _positive(errors, "trainer.total_rounds", t.total_rounds, zero_ok=True)
+    if not 0 <= config.seed < 2**63:
+        errors.append(f"seed = {config.seed!r}; it must be an integer in [0, 2**63)")
     if not config.scheduler.name:
         errors.append(f"scheduler.name is empty; allowed: {', '.join(SCHEDULERS)}")
     _positive(errors, "scheduler.tick_s", config.scheduler.tick_s)
