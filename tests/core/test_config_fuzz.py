@@ -8,12 +8,12 @@ the TOML path of what was broken.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 from typing import Any
 
 import pytest
-import contextlib
-import io
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -87,9 +87,7 @@ STRINGS = [
 SECTIONS = ["model", "task", "samplers", "trainer"]
 TABLES = ["", "model", "task", "samplers.0", "samplers.0.sampling", "trainer", "scheduler"]
 
-BAD_NUMBERS = st.sampled_from(
-    [math.nan, math.inf, -math.inf, -1, -0.5, 2**62, 1e300, -(2**62)]
-)
+BAD_NUMBERS = st.sampled_from([math.nan, math.inf, -math.inf, -1, -0.5, 2**62, 1e300, -(2**62)])
 WRONG_TYPES = st.sampled_from(["ten", True, [1, 2], {"a": 1}, ""])
 
 
