@@ -233,3 +233,39 @@ def test_a_killed_head_is_continued_by_the_next_one(tmp_path: Path) -> None:
     assert "orphan_released" in kinds or "release" in kinds
     _no_islands_left(config)
     assert os.path.exists(Path(config.run_dir) / "FINISHED")
+
+
+def test_a_tripped_breaker_stops_the_run_cleanly_with_its_exit_code(tmp_path: Path) -> None:
+    """The fake groups' rewards are random: any drop of the rolling mean below its best
+    trips a reward_drop of 1e-9; the head stops with a cut and exit code 8."""
+    import attrs
+
+    from yeto_core.breakers import BreakersConfig
+    from yeto_core.run import EXIT_BREAKER
+
+    config = attrs.evolve(
+        _config(tmp_path, total_rounds=0),
+        breakers=BreakersConfig(reward_drop=1e-9, reward_window=4),
+    )
+    assert _head(config).run(lambda m: None) == EXIT_BREAKER
+    s = _summary(config)
+    assert s["exit_code"] == EXIT_BREAKER and s["reason"] == "breaker"
+    assert s["trainer_stops"] == s["trainer_starts"] >= 1  # drained with a cut
+    assert (
+        s["groups_trained"] + sum(s["groups_skipped"].values()) + s["groups_untrained"]
+        == (s["groups_appended"])
+    )
+    _no_islands_left(config)
+    head_events = [
+        json.loads(line)
+        for line in (Path(config.run_dir) / "store" / "events" / "head.jsonl")
+        .read_text()
+        .splitlines()
+    ]
+    trips = [e for e in head_events if e["kind"] == "breaker"]
+    assert len(trips) == 1
+    assert trips[0]["data"]["breaker"] == "reward_collapse"
+    assert trips[0]["data"]["threshold"] == 1e-9
+    assert (
+        trips[0]["data"]["inputs"]["best_reward_mean"] > trips[0]["data"]["inputs"]["reward_mean"]
+    )

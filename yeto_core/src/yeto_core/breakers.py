@@ -236,3 +236,29 @@ class Breakers:
 
     def _set(self, name: str, threshold: float, inputs: dict[str, Any], message: str) -> None:
         self._trip = Trip(breaker=name, threshold=float(threshold), inputs=inputs, message=message)
+
+
+class BreakerWatch:
+    """Feeds :class:`Breakers` with the events the islands added to the store's streams.
+
+    :param read_all: returns every stream as ``{island: [events]}``
+        (:func:`yeto_core.event_stream.read_all` bound to the run's store).
+    """
+
+    def __init__(self, breakers: Breakers, read_all: Any) -> None:
+        self.breakers = breakers
+        self._read_all = read_all
+        self._seen: dict[str, int] = {}
+
+    def poll(self) -> Optional[Trip]:
+        """Read the new events of every stream; the trip, once one breaker tripped."""
+        if self.breakers.tripped() is not None:
+            return self.breakers.tripped()
+        for island, events in sorted(self._read_all().items()):
+            start = self._seen.get(island, 0)
+            if len(events) < start:
+                start = 0  # a stream rewritten shorter (a fresh store): read it again
+            self._seen[island] = len(events)
+            if self.breakers.observe_all(events[start:]) is not None:
+                break
+        return self.breakers.tripped()

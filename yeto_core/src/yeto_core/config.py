@@ -81,6 +81,7 @@ from typing import Any, Optional
 import attrs
 
 from yeto_core import serde
+from yeto_core.breakers import BreakersConfig, validate_breakers
 from yeto_core.errors import ConfigError
 from yeto_core.records import SamplingParams
 
@@ -210,6 +211,7 @@ class RunConfig:
     backstops: BackstopsConfig = attrs.field(factory=BackstopsConfig)
     buffer: BufferConfig = attrs.field(factory=BufferConfig)
     conversion: ConversionConfig = attrs.field(factory=ConversionConfig)
+    breakers: BreakersConfig = attrs.field(factory=BreakersConfig)
     #: Where the config was read from (set by :func:`load_config`; not a TOML key).
     source: str = ""
 
@@ -387,6 +389,7 @@ def validate(config: RunConfig) -> list[str]:
     _positive(errors, "backstops.budget_usd", b.budget_usd, zero_ok=True)
     _positive(errors, "backstops.wall_clock_s", b.wall_clock_s, zero_ok=True)
     _positive(errors, "backstops.silence_s", b.silence_s, zero_ok=True)
+    validate_breakers(config.breakers, errors)
     return errors
 
 

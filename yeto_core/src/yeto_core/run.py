@@ -47,6 +47,7 @@ from typing import Any, Optional
 import attrs
 
 from yeto_core import run_store
+from yeto_core.breakers import Breakers, BreakerWatch
 from yeto_core.config import RunConfig, config_to_dict
 from yeto_core.cost import CostLedger
 from yeto_core.errors import ConfigError, YetoError
@@ -58,6 +59,7 @@ from yeto_core.run_dir import (  # noqa: F401 (the run-dir protocol, re-exported
     BACKSTOP_EXIT,
     CONFIG_FILE,
     DOWN_FILE,
+    EXIT_BREAKER,
     EXIT_BUDGET,
     EXIT_BUSY,
     EXIT_CODES,
@@ -171,6 +173,7 @@ class Head:
             self.store, "head", clock=clock, flush_s=0.0, observer=plugins.emit
         )
         self.state = HeadState(started_at=clock())
+        self.breakers = BreakerWatch(Breakers(config.breakers), lambda: read_all(self.store))
         self.sampler_handles: dict[str, str] = {}
         self._stop_requested: Optional[str] = None
         self.trainer_loop: Any = None
@@ -494,6 +497,13 @@ class Head:
         self.display(status)
         return status
 
+    def check_breakers(self) -> None:
+        """Stop the run cleanly when a run health breaker tripped (an event with its inputs)."""
+        trip = self.breakers.poll()
+        if trip is not None and self._stop_requested is None:
+            self.events.emit("breaker", **trip.event_data())
+            self.request_stop("breaker")
+
     def finish_data(self) -> None:
         """The target is reached: stop the samplers and let the trainer drain the backlog."""
         self.state.finishing = True
@@ -564,6 +574,7 @@ class Head:
             while self._stop_requested is None and self.trainer_loop.finished is None:
                 if self.clock() - last_rewards >= 2.0:
                     self.update_rewards()
+                    self.check_breakers()
                     last_rewards = self.clock()
                 self.tick()
                 if self._stop_requested is not None:

@@ -34,6 +34,7 @@ EXIT_BUDGET = 4  # backstop: the budget was reached
 EXIT_WALL_CLOCK = 5  # backstop: the wall-clock limit was reached
 EXIT_SILENCE = 6  # backstop: no new group for silence_s
 EXIT_BUSY = 7  # another head is running on this run dir
+EXIT_BREAKER = 8  # a run health breaker tripped (docs/run-config.md#breakers)
 EXIT_INTERRUPTED = 130  # Ctrl-C (the run was still stopped cleanly)
 
 EXIT_CODES: dict[int, str] = {
@@ -45,10 +46,16 @@ EXIT_CODES: dict[int, str] = {
     EXIT_WALL_CLOCK: "stopped by the wall-clock backstop",
     EXIT_SILENCE: "stopped by the silence backstop",
     EXIT_BUSY: "another head runs on this run dir",
+    EXIT_BREAKER: "stopped by a run health breaker",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C); stopped cleanly",
 }
 
-BACKSTOP_EXIT = {"budget": EXIT_BUDGET, "wall_clock": EXIT_WALL_CLOCK, "silence": EXIT_SILENCE}
+BACKSTOP_EXIT = {
+    "budget": EXIT_BUDGET,
+    "wall_clock": EXIT_WALL_CLOCK,
+    "silence": EXIT_SILENCE,
+    "breaker": EXIT_BREAKER,
+}
 
 CONFIG_FILE = "config.json"
 HEAD_FILE = "head.json"
