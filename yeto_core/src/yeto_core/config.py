@@ -12,8 +12,8 @@ Layout (all tables optional except ``model``, ``task``, ``samplers`` and ``train
     seed = 0
 
     [model]
-    path = "runs/base/tiny"            # a model dir; built by the backend when missing
-    base_options = {}                  # how the backend builds it (prepare_base)
+    path = "runs/base/tiny"            # a model dir (its config.json must exist) ...
+    base_options = {}                  # ... unless this asks the backend to build one there
 
     [task]
     name = "..."

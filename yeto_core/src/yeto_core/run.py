@@ -214,10 +214,16 @@ class Head:
                 self.events.emit("model_published", path=str(model.absolute()))
 
     def prepare_base(self, say: Callable[[str], None] = print) -> None:
-        """Build the base model through the backend when ``model.path`` is missing."""
+        """Build the base model through the backend when ``model.path`` holds none and
+        ``model.base_options`` asks for one (never for a mistyped path)."""
         path = Path(self.config.model.path)
         if (path / "config.json").is_file():
             return
+        if not self.config.model.base_options:
+            raise YetoError(
+                f"model.path {str(path)!r} holds no model (no config.json); check it for a "
+                "typo, or set model.base_options to have the backend build a base"
+            )
         backend_cls = self.plugins.trainer_backend(self.config.trainer.backend)
         if not backend_cls.implements("prepare_base"):
             raise YetoError(
