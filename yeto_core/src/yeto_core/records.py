@@ -223,6 +223,12 @@ class GroupEntry:
     seq: int = -1  # sequence number in its host shard (layout "shards"), else -1
 
 
+#: The ``host`` of the index entry that stands in for an index line that is complete
+#: but fails its checksum: the position stays taken, the reader skips it as
+#: ``quarantined``, nothing truncates it (no sampler host is named like this).
+CORRUPT_INDEX_HOST = "!corrupt-index-line"
+
+
 @attrs.frozen
 class BufferRound:
     """A selection: trainable ``entries`` and consumed-but-not-trained ``stale``/``duplicates``.

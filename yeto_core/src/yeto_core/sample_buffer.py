@@ -83,7 +83,15 @@ from yeto_core import serde
 from yeto_core.errors import NotFoundError, SampleBufferError
 from yeto_core.group_codec import decode_group, encode_group
 from yeto_core.ports import DurableSampleBuffer, ObjectStore
-from yeto_core.records import Backlog, BufferRound, Event, GroupEntry, RoundSpec, SampleGroup
+from yeto_core.records import (
+    CORRUPT_INDEX_HOST,
+    Backlog,
+    BufferRound,
+    Event,
+    GroupEntry,
+    RoundSpec,
+    SampleGroup,
+)
 
 log = logging.getLogger("yeto.buffer")
 
@@ -219,6 +227,7 @@ class JsonlIndex:
         self.fsync = fsync
         self.offset = 0  # bytes of complete, checked lines read
         self.count = 0  # records read (the next position)
+        self.quarantined = 0  # complete lines that failed their checksum
         self.ids: dict[str, int] = {}
         self.events = events if events is not None else []
         self._rfd: Optional[int] = None
@@ -260,13 +269,10 @@ class JsonlIndex:
                 break  # an unterminated tail: being written now, or torn by a crash
             rec = decode_record(data[start:nl])
             if rec is None:
-                if data.find(b"\n", nl + 1) >= 0:
-                    raise SampleBufferError(
-                        f"{self.path}: the line at byte {self.offset} fails its checksum and is "
-                        "followed by good lines; this is corruption, not a crash. Restore the "
-                        "index from a backup"
-                    )
-                break  # a torn last line: never parsed; the next appender repairs it
+                # A complete line (it ends in a newline) that fails its checksum is
+                # damage, not a torn write: only an unterminated tail is torn. Its
+                # position stays taken by a quarantined stand-in, nothing is cut.
+                rec = self._quarantine(data[start:nl])
             if rec.get("position") != self.count:
                 raise SampleBufferError(
                     f"{self.path}: line at byte {self.offset} holds position "
@@ -278,6 +284,42 @@ class JsonlIndex:
             self.offset += nl + 1 - start
             start = nl + 1
         return out
+
+    def _quarantine(self, line: bytes) -> dict[str, Any]:
+        """The stand-in record of a complete line that fails its checksum (counted)."""
+        self.quarantined += 1
+        msg = (
+            f"{self.path}: the complete line at byte {self.offset} (position {self.count}) "
+            "fails its checksum; it is quarantined (its group is skipped as 'quarantined'), "
+            "not truncated"
+        )
+        log.warning(msg)
+        self.events.append(
+            Event(
+                kind="buffer.index_line_quarantined",
+                time=time.time(),
+                source=str(self.path),
+                data={
+                    "offset": self.offset,
+                    "position": self.count,
+                    "bytes": len(line) + 1,
+                    "head": line[:80].hex(),
+                    "quarantined": self.quarantined,
+                },
+            )
+        )
+        return {
+            "position": self.count,
+            "group_id": f"corrupt-index-line-{self.count}",
+            "prompt_id": "",
+            "host": CORRUPT_INDEX_HOST,
+            "incarnation": -1,
+            "n_samples": 0,
+            "min_version": 0,
+            "max_version": 0,
+            "appended_at": 0.0,
+            "payload": "",
+        }
 
     # writing ------------------------------------------------------------------------
 
