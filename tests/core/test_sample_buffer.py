@@ -401,3 +401,25 @@ def test_a_malformed_payload_is_an_unconvertible_skip_not_a_crash(store):
     batch = reader.take(0, short_ok=True)
     assert [g.group_id for g in batch.groups] == ["g1"]
     assert tuple(batch.skipped["unconvertible"]) == (0,)
+
+
+@pytest.mark.parametrize("layout", ["jsonl", "objects", "shards"])
+def test_a_flipped_byte_in_a_payload_is_detected_and_never_trained(store, layout):
+    """Regression: a payload whose token bytes were damaged in the store loaded fine and was
+    trained; the index record now takes the payload's sha256 at append."""
+    buf = open_buf(store, layout)  # shards: the merging head appends its own shard too
+    for i in range(3):
+        buf.append(make_group(f"g{i}"))
+    head = buf
+    head.backlog()  # shards: the head merges what the host shards hold
+    entries = head.entries()
+    assert all(len(e.digest) == 64 for e in entries)
+    data = bytearray(store.get(entries[1].payload))
+    data[-3] ^= 0x01  # inside the arrays: still a readable safetensors file
+    store.put(entries[1].payload, bytes(data))
+    with pytest.raises(SampleBufferError, match="digest"):
+        head.load(entries[1])
+    reader = BatchReader(head, group_size=2, groups_per_round=2, max_policy_age=10)
+    batch = reader.take(0, short_ok=True)
+    assert [g.group_id for g in batch.groups] == ["g0", "g2"]
+    assert tuple(batch.skipped["unconvertible"]) == (1,)
