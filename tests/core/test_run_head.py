@@ -214,3 +214,39 @@ def test_a_tripped_breaker_stops_the_run_cleanly_with_its_exit_code(tmp_path: Pa
     assert (
         trips[0]["data"]["inputs"]["best_reward_mean"] > trips[0]["data"]["inputs"]["reward_mean"]
     )
+
+
+def test_the_head_rides_out_a_store_that_fails_for_a_while(tmp_path: Path, monkeypatch) -> None:
+    """Regression (found by `yeto bench chaos --faults store`): one failed store read in a
+    tick (a 503 past the store's retries, a full disk) failed the whole head."""
+    import errno
+
+    from yeto_core.stores.dir_store import DirStore
+
+    failing = {"n": 0, "armed": False, "raised": 0}
+    real_get, real_exists = DirStore.get, DirStore.exists
+
+    def flaky(real):
+        def call(self, key):
+            if failing["n"] > 0:
+                failing["n"] -= 1
+                failing["raised"] += 1
+                raise OSError(errno.ENOSPC, f"No space left on device (test): {key}")
+            return real(self, key)
+
+        return call
+
+    def display(status):
+        if not failing["armed"] and (status.get("trained_rounds") or 0) >= 1:
+            failing["armed"], failing["n"] = True, 12  # the next 12 reads of the head fail
+
+    monkeypatch.setattr(DirStore, "get", flaky(real_get))
+    monkeypatch.setattr(DirStore, "exists", flaky(real_exists))
+    config = _config(tmp_path)
+    head = fake_head(config, display=display)
+    assert head.run(lambda m: None) == EXIT_OK
+    assert failing["raised"] == 12
+    s = _summary(config)
+    assert s["groups_trained"] + sum(s["groups_skipped"].values()) == s["groups_appended"]
+    events = (Path(config.run_dir) / "store" / "events" / "head.jsonl").read_text()
+    assert '"kind":"store_outage_survived"' in events

@@ -50,7 +50,7 @@ from yeto_core import run_store
 from yeto_core.breakers import Breakers, BreakerWatch
 from yeto_core.config import RunConfig, config_to_dict
 from yeto_core.cost import CostLedger
-from yeto_core.errors import ConfigError, YetoError
+from yeto_core.errors import ConfigError, StoreError, YetoError
 from yeto_core.event_stream import EventStream, read_all
 from yeto_core.island_env import island_launch
 from yeto_core.ports import IslandProvider, LifecycleContext, TrainerLifecycle
@@ -85,6 +85,9 @@ from yeto_core.run_summary import summarize
 
 #: A sampler island that exits this many times is not relaunched again.
 MAX_SAMPLER_RESTARTS = 3
+#: The head rides out a store that fails (a 503 storm past the store's own retries, a
+#: full disk) for this long with failing ticks in a row, then stops the run cleanly.
+STORE_OUTAGE_LIMIT_S = 120.0
 
 
 def backstop_reason(
@@ -578,15 +581,39 @@ class Head:
             self.start(say)
             tick_s = self.config.scheduler.tick_s
             last_rewards = 0.0
+            outage: Optional[tuple[float, int, str]] = None  # (since, ticks, last error)
             while self._stop_requested is None and self.trainer_loop.finished is None:
-                if self.clock() - last_rewards >= 2.0:
-                    self.update_rewards()
-                    self.check_breakers()
-                    last_rewards = self.clock()
-                self.tick()
-                if self._stop_requested is not None:
-                    break
-                self.trainer_loop.tick()
+                try:
+                    if self.clock() - last_rewards >= 2.0:
+                        self.update_rewards()
+                        self.check_breakers()
+                        last_rewards = self.clock()
+                    self.tick()
+                    if self._stop_requested is not None:
+                        break
+                    self.trainer_loop.tick()
+                except (StoreError, OSError) as exc:
+                    # Every tick observes before it acts, and its decisions are journaled:
+                    # a tick that failed on the store is simply taken again.
+                    since, ticks = (outage[0], outage[1]) if outage else (self.clock(), 0)
+                    outage = (since, ticks + 1, f"{type(exc).__name__}: {exc}")
+                    if self.clock() - since > STORE_OUTAGE_LIMIT_S:
+                        raise YetoError(
+                            f"the store kept failing for {self.clock() - since:.0f} s "
+                            f"({ticks + 1} ticks in a row); last error: {outage[2]}"
+                        ) from exc
+                    if ticks == 0:
+                        say(f"yeto: the store failed ({exc}); retrying")
+                    self.sleep(min(5.0, tick_s * 2 ** min(ticks, 6)))
+                    continue
+                if outage is not None:
+                    self.events.emit(
+                        "store_outage_survived",
+                        seconds=round(self.clock() - outage[0], 3),
+                        failed_ticks=outage[1],
+                        last_error=outage[2],
+                    )
+                    outage = None
                 if self.trainer_loop.finished is None:
                     self.sleep(tick_s)
             reason = self._stop_requested or f"finished ({self.trainer_loop.finished})"
