@@ -10,9 +10,11 @@ one trainer process pass safetensors files through a directory.
   ``--backlog-cap`` groups wait for the trainer, keeps at least
   ``--min-round-s`` per call, and loads the newest release from
   ``releases/`` before each call;
-- the trainer (the ``torch`` backend of yeto_torch) takes the oldest
-  ``--groups-per-round`` group files, drops groups more than
-  ``--max-policy-age`` versions old, trains one GRPO step, exports a release
+- the trainer (the ``torch`` backend of yeto_torch) takes the oldest group
+  files only as the round it fills needs them (the others stay in ``groups/``,
+  so the samplers' backlog cap binds), drops groups more than
+  ``--max-policy-age`` versions older than the policy the round trains, trains
+  one GRPO step, exports a release
   (``releases/v<N>``, renamed into place) and appends one JSON line per round
   (time, per-group mean rewards) to ``rounds.jsonl``.
 
@@ -124,24 +126,27 @@ def trainer(args: argparse.Namespace) -> None:
     backend.restore(None)
     version = 0
     position = 0
-    held: list = []
+    held: list = []  # at most groups_per_round - 1 groups: the round being filled
     first = None  # when the first group was written (from its file name)
     with open(work / "rounds.jsonl", "a") as log:
         while True:
-            files = _groups(gdir)
-            for f in files:
+            # Take files only as the round needs them, oldest first: the rest stay in
+            # groups/, so the samplers' backlog cap binds as yeto's does.
+            for f in _groups(gdir)[: args.groups_per_round - len(held)]:
                 created = float(f.name.split("-", 1)[0])
                 first = created if first is None else min(first, created)
                 g = decode_group(f.read_bytes(), where=str(f))
                 f.unlink()
+                # The policy-age gate at training time: ``version`` only changes when a
+                # round is trained, and this round trains at ``version``.
                 if version - min(s.weight_version for s in g.samples) > args.max_policy_age:
                     continue  # stale: dropped, as yeto's policy-age gate does
                 held.append((position, g))
                 position += 1
             if len(held) < args.groups_per_round:
-                time.sleep(0.01)
+                time.sleep(0.005)
                 continue
-            batch_items, held = held[: args.groups_per_round], held[args.groups_per_round :]
+            batch_items, held = held, []
             batch = Batch(
                 groups=tuple(g for _, g in batch_items),
                 positions=tuple(p for p, _ in batch_items),
@@ -153,7 +158,12 @@ def trainer(args: argparse.Namespace) -> None:
             backend.publish_release(out)
             os.replace(out, rdir / f"v{version}")
             rewards = [sum(s.reward for s in g.samples) / len(g.samples) for g in batch.groups]
-            log.write(json.dumps({"time": time.time(), "first": first, "rewards": rewards}) + "\n")
+            ages = [
+                batch.policy_version - min(s.weight_version for s in g.samples)
+                for g in batch.groups
+            ]
+            entry = {"time": time.time(), "first": first, "rewards": rewards, "ages": ages}
+            log.write(json.dumps(entry) + "\n")
             log.flush()
 
 
@@ -259,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
                 "time_to_target_s": hit,
                 "startup_s": round((t0 or launched) - launched, 2),
                 "rounds_trained": len(rounds),
+                # the policy age of every trained group, at the version its round trained
+                "max_trained_age": max(
+                    (a for r in rounds for a in r.get("ages", [])), default=None
+                ),
                 "reward_curve": curve[:: max(1, len(curve) // 50)],
             },
             sort_keys=True,

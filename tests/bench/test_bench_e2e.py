@@ -177,8 +177,20 @@ def test_combine_keeps_single_run_keys_as_medians() -> None:
     assert [r["speedup"] for r in both["repetitions"]] == [1.5, 1.0, 2.5]
 
 
-@pytest.mark.timeout(300)
-def test_e2e_smoke_json_keys(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def sort4_base() -> Path:
+    """The base ``yeto bench e2e`` uses (runs/base/sort4), built here when missing.
+
+    Each test builds what it needs: the plain-loop test used to rely on the e2e
+    smoke test having built it first.
+    """
+    from yeto_torch.warmup import make_base
+
+    return make_base(ROOT / "runs" / "base" / "sort4", "sort4", seed=0)
+
+
+@pytest.mark.timeout(600)
+def test_e2e_smoke_json_keys(tmp_path: Path, sort4_base: Path) -> None:
     proc = subprocess.run(
         [
             sys.executable,
@@ -193,7 +205,7 @@ def test_e2e_smoke_json_keys(tmp_path: Path) -> None:
             "--repeat",
             "2",
             "--base-dir",
-            str(ROOT / "runs" / "base" / "sort4"),
+            str(sort4_base),
             "--no-plain-loop",
             "--work-dir",
             str(tmp_path),
@@ -223,8 +235,8 @@ def test_e2e_smoke_json_keys(tmp_path: Path) -> None:
     assert report["runs"]["sync"]["rounds_trained"] >= 2, report["runs"]
 
 
-@pytest.mark.timeout(200)
-def test_plain_loop_reports_time_from_its_first_group() -> None:
+@pytest.mark.timeout(500)
+def test_plain_loop_reports_time_from_its_first_group(sort4_base: Path) -> None:
     """benchmarks/plain_loop.py end to end with a tiny target (no timing asserts).
 
     Regression: t0 was taken from the group files seen at the parent's polls, after
@@ -235,7 +247,7 @@ def test_plain_loop_reports_time_from_its_first_group() -> None:
             sys.executable,
             str(ROOT / "benchmarks" / "plain_loop.py"),
             "--base-dir",
-            str(ROOT / "runs" / "base" / "sort4"),
+            str(sort4_base),
             "--target",
             "0.05",
             "--timeout-s",
@@ -250,4 +262,7 @@ def test_plain_loop_reports_time_from_its_first_group() -> None:
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert {"time_to_target_s", "startup_s", "rounds_trained", "reward_curve"} <= set(report)
     assert report["rounds_trained"] > 0, report
+    # Regression: the age gate ran when a file was read, not when its round trained,
+    # so groups read early and trained later were older than max_policy_age (3).
+    assert report["max_trained_age"] is not None and report["max_trained_age"] <= 3, report
     assert all(t >= 0 for t, _ in report["reward_curve"]), report["reward_curve"][:3]

@@ -106,3 +106,34 @@ def test_chaos_three_kills_nothing_lost_or_twice(tmp_path: Path) -> None:
     assert report["ledger_replay_mismatches"] == 0, report
     assert report["ledger_check_failures"] == 0, report
     assert proc.returncode == 0, proc.stderr
+
+
+def _result(**over):
+    base = {
+        "run": "r0",
+        "kills": [{"role": "head"}],
+        "completed": True,
+        "groups_lost": 0,
+        "groups_trained_twice": 0,
+        "ledger_replay_mismatch": 0,
+        "torn_records_visible": 0,
+        "ledger_check_failures": 0,
+        "ledger_unrecorded_tail_skips": 0,
+    }
+    return {**base, **over}
+
+
+def test_no_replay_reports_not_checked_instead_of_zero() -> None:
+    """Regression: --no-replay reported ledger_replay_mismatches: 0, a check that never ran."""
+    from yeto_bench.chaos import campaign_report
+
+    unchecked = campaign_report(
+        [_result(ledger_replay_mismatch=None)] * 2, seed=0, kills=2, replay=False
+    )
+    assert unchecked["ledger_replay_mismatches"] == "not checked"
+    assert unchecked["ok"] is True
+    checked = campaign_report(
+        [_result(), _result(ledger_replay_mismatch=1)], seed=0, kills=2, replay=True
+    )
+    assert checked["ledger_replay_mismatches"] == 1 and checked["ok"] is False
+    assert checked["kills_by_role"] == {"head": 2}

@@ -118,6 +118,25 @@ def test_restart_from_base_refuses_earlier_rounds_unless_set_aside(run: dict[str
     assert run["ledger"].rounds() == [] and run["ledger"].start_from_base() == []
 
 
+def test_a_start_from_the_base_sets_aside_this_runs_rounds_of_an_incarnation_without_a_cut(
+    run: dict[str, Any],
+) -> None:
+    """Regression: an incarnation that trained rounds and died before its first cut made
+    every later start in the same head refuse ("recorded at or after ..."), until the
+    head gave up."""
+    backend = FakeBackend()
+    train(run, backend, 1, inc=1, seq0=0, parent=None)  # an earlier run's round
+    head_started = run["clock"].t + 0.5
+    run["clock"].t += 1.0
+    train(run, backend, 2, inc=3, seq0=1, parent=None)  # this run's incarnation 3, no cut
+    moved = run["ledger"].start_from_base(set_aside_before=head_started, incarnation=4)
+    assert len(moved) == 3
+    assert sum(k.startswith("ledger.before-") for k in moved) == 1
+    assert sum(k.startswith("ledger/aside/base-i4-") for k in moved) == 2
+    assert run["ledger"].rounds() == []  # the new incarnation starts at round 0
+    assert all(run["store"].exists(k) for k in moved)  # kept, never deleted
+
+
 def test_check_names_a_position_trained_twice(run: dict[str, Any]) -> None:
     backend = FakeBackend()
     train(run, backend, 1, inc=1, seq0=0, parent=None)

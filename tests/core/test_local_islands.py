@@ -141,3 +141,77 @@ def test_release_reports_false_when_the_group_survives(tmp_path: Path, monkeypat
     assert islands.handles() == [handle]  # still recorded, so it can be released later
     monkeypatch.undo()
     assert islands.release(handle) is True
+
+
+def _own_session_sleeper(env_handle: str | None = None):
+    """An unrelated program of the same user: a process group of its own."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("YETO_")}
+    if env_handle is not None:
+        env["YETO_HANDLE"] = env_handle
+    return subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True, env=env
+    )
+
+
+def _forge_record(islands: LocalIslands, handle: str, pid: int, start_time: str) -> None:
+    record = {
+        "handle": handle,
+        "island": handle.rsplit("-i", 1)[0],
+        "incarnation": int(handle.rsplit("-i", 1)[1]),
+        "pid": pid,
+        "pgid": pid,
+        "start_time": start_time,
+        "command": ["python", "-m", "yeto_core.island_main"],
+        "launched_at": 0.0,
+    }
+    islands._record_path(handle).write_text(json.dumps(record))
+
+
+def test_orphan_release_spares_a_process_group_that_is_no_longer_the_islands(tmp_path):
+    """Regression: a recorded pgid reused by another program (PID reuse, a reboot) was killed.
+
+    The record says sampler-0-i1 is pid P; P is now an unrelated program (another
+    start time, no YETO_HANDLE). A restarted head's release must not signal it.
+    """
+    stranger = _own_session_sleeper()
+    try:
+        previous = LocalIslands(tmp_path / "run")
+        _forge_record(previous, "sampler-0-i1", stranger.pid, start_time="1")
+        seen = []
+        head = LocalIslands(tmp_path / "run", on_event=seen.append, term_timeout_s=0.5)
+        assert head.orphans() == ["sampler-0-i1"]
+        assert head.release("sampler-0-i1") is True
+        assert stranger.poll() is None, "an unrelated process was killed"
+        assert head.record("sampler-0-i1") is None
+        assert [e.kind for e in seen] == ["orphan_spared"]
+        assert seen[0].data["spared"][0]["pid"] == stranger.pid
+        assert "YETO_HANDLE" in seen[0].data["spared"][0]["why"]
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_orphan_release_still_kills_an_island_that_is_really_the_previous_heads(tmp_path):
+    """The identity check keeps real orphans killable: the leader or the handle marker match."""
+    from yeto_core.local_islands import _start_time
+
+    # Leader matches by start time (YETO_HANDLE absent): ours.
+    leader = _own_session_sleeper()
+    # Members carrying the island's marker (the leader exited): ours.
+    marked = _own_session_sleeper(env_handle="trainer-i4")
+    try:
+        previous = LocalIslands(tmp_path / "run")
+        _forge_record(previous, "sampler-1-i2", leader.pid, _start_time(leader.pid))
+        _forge_record(previous, "trainer-i4", marked.pid, start_time="1")
+        head = LocalIslands(tmp_path / "run", term_timeout_s=2.0)
+        assert head.release("sampler-1-i2") is True
+        assert head.release("trainer-i4") is True
+        assert leader.wait(timeout=10) is not None and marked.wait(timeout=10) is not None
+        assert head.spared == []
+    finally:
+        for p in (leader, marked):
+            if p.poll() is None:
+                p.kill()
+                p.wait()

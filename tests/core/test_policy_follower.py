@@ -153,3 +153,55 @@ def test_sampler_loop_appends_scored_groups_and_stops_at_the_cap(setup):
     ]
     assert all(s.weight_version == 1 and s.prompt_len == len(f"p{off + 1}") for s in g.samples)
     assert g.samples[0].response_len == 1 and len(g.samples[0].logprobs) == 1
+
+
+class _BlockingEngine(WeightFileEngine):
+    """generate() waits for ``go``: a long round a forced load lands in."""
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def generate(self, prompts, n, sampling):
+        start_version = self.version
+        self.entered.set()
+        assert self.go.wait(30)
+        outs = super().generate(prompts, n, sampling)
+        # stamped with the version at the start, as an engine that samples token by token
+        for comps in outs:
+            for c in comps:
+                object.__setattr__(c, "weight_version", start_version)
+        return outs
+
+
+def test_a_forced_load_mid_generation_throws_that_round_away(tmp_path):
+    """Regression: a forced reload swapped weights while a generation ran, and its samples
+    were appended stamped with the old version though they used both policies."""
+    releases = ReleaseStore(DirStore(tmp_path / "store"))
+    engine, events = _BlockingEngine(), []
+    follower = PolicyFollower(
+        releases, engine, work_dir=tmp_path / "w", reload_max_defer_s=0.05, emit=events.append
+    )
+    buf, stop = MemoryBuffer(), threading.Event()
+    loop = SamplerLoop(
+        buf, engine, DigitsTask(), follower, host="h", incarnation=0, group_size=2,
+        prompts_per_call=3, sampling=SamplingParams(), seed=1, backlog_cap=100,
+        backlog_poll_s=0.01, stop=stop, emit=events.append,
+    )  # fmt: skip
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.setdefault("positions", loop.run_round()))
+    t.start()
+    assert engine.entered.wait(10)
+    publish(releases, tmp_path, 1, b"one")
+    assert follower.poll() == "forced"  # the round outlived reload_max_defer_s
+    engine.go.set()
+    t.join(10)
+    assert result["positions"] == [] and buf.groups == []  # nothing mixed reached the buffer
+    assert loop.groups_discarded == 3 and follower.counters.straddled_rounds == 1
+    discarded = [e for e in events if e.kind == "sampler_round_discarded"]
+    assert len(discarded) == 1 and discarded[0].data["reason"] == "forced_reload"
+    # the next round runs entirely on the new policy and is kept
+    engine.entered.clear()
+    assert len(loop.run_round()) == 3
+    assert all(s.weight_version == 1 for g in buf.groups for s in g.samples)
+    assert follower.last_round_straddled is False

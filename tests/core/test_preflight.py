@@ -81,7 +81,7 @@ def _plugins(*extra) -> Plugins:
 def _config(tmp_path: Path, **edits):
     data = {
         "run_dir": str(tmp_path / "run"),
-        "model": {"path": str(tmp_path / "base")},
+        "model": {"path": str(tmp_path / "base"), "base_options": {"task": "fake-task"}},
         "task": {"name": "fake-task"},
         "samplers": [{"engine": "fake-engine", "group_size": 4, "backlog_cap": 8}],
         "trainer": {"backend": "fake-backend", "groups_per_round": 2},
@@ -193,3 +193,34 @@ def test_s1_start_threshold_above_the_backlog_cap_fails(tmp_path: Path) -> None:
     check = _by_name(run_preflight(cfg, _plugins()))["samplers.backlog_cap"]
     assert check.status == "fail"
     assert "12 groups wait" in check.detail and "backlog of 8" in check.detail
+
+
+def test_a_mistyped_model_path_is_a_preflight_error_not_a_toy_base(tmp_path: Path) -> None:
+    """Regression: a missing model.path only warned, and the backend built a tiny base there."""
+    cfg = _config(tmp_path, model={"path": str(tmp_path / "modle")})
+    report = run_preflight(cfg, _plugins())
+    check = _by_name(report)["model.path"]
+    assert not report.passed and check.status == "fail"
+    assert "modle" in check.detail and "typo" in check.detail
+
+
+def test_a_directory_that_is_not_a_model_fails_in_preflight(tmp_path: Path) -> None:
+    """Regression: a directory without a model failed after the warm-up with a traceback."""
+    (tmp_path / "notamodel").mkdir()
+    (tmp_path / "notamodel" / "README").write_text("hello")
+    for options in ({}, {"task": "fake-task"}):
+        cfg = _config(
+            tmp_path, model={"path": str(tmp_path / "notamodel"), "base_options": options}
+        )
+        check = _by_name(run_preflight(cfg, _plugins()))["model.path"]
+        assert check.status == "fail", (options, check)
+        assert "no config.json" in check.detail
+
+
+def test_an_existing_model_passes_and_the_build_is_asked_for_explicitly(tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    ok = _by_name(run_preflight(_config(tmp_path, model={"path": str(tmp_path / "m")}), _plugins()))
+    assert ok["model.path"].status == "ok"
+    build = _config(tmp_path, model={"path": str(tmp_path / "new"), "base_options": {"task": "x"}})
+    assert _by_name(run_preflight(build, _plugins()))["model.path"].status == "warn"

@@ -178,3 +178,75 @@ def test_a_killed_head_is_continued_by_the_next_one(tmp_path: Path) -> None:
     assert "orphan_released" in kinds or "release" in kinds
     _no_islands_left(config)
     assert os.path.exists(Path(config.run_dir) / "FINISHED")
+
+
+def test_a_tripped_breaker_stops_the_run_cleanly_with_its_exit_code(tmp_path: Path) -> None:
+    """The fake groups' rewards are random: any drop of the rolling mean below its best
+    trips a reward_drop of 1e-9; the head stops with a cut and exit code 8."""
+    import attrs
+
+    from yeto_core.breakers import BreakersConfig
+    from yeto_core.run import EXIT_BREAKER
+
+    config = attrs.evolve(
+        _config(tmp_path, total_rounds=0),
+        breakers=BreakersConfig(reward_drop=1e-9, reward_window=4),
+    )
+    assert _head(config).run(lambda m: None) == EXIT_BREAKER
+    s = _summary(config)
+    assert s["exit_code"] == EXIT_BREAKER and s["reason"] == "breaker"
+    assert s["trainer_stops"] == s["trainer_starts"] >= 1  # drained with a cut
+    assert (
+        s["groups_trained"] + sum(s["groups_skipped"].values()) + s["groups_untrained"]
+        == (s["groups_appended"])
+    )
+    _no_islands_left(config)
+    head_events = [
+        json.loads(line)
+        for line in (Path(config.run_dir) / "store" / "events" / "head.jsonl")
+        .read_text()
+        .splitlines()
+    ]
+    trips = [e for e in head_events if e["kind"] == "breaker"]
+    assert len(trips) == 1
+    assert trips[0]["data"]["breaker"] == "reward_collapse"
+    assert trips[0]["data"]["threshold"] == 1e-9
+    assert (
+        trips[0]["data"]["inputs"]["best_reward_mean"] > trips[0]["data"]["inputs"]["reward_mean"]
+    )
+
+
+def test_the_head_rides_out_a_store_that_fails_for_a_while(tmp_path: Path, monkeypatch) -> None:
+    """Regression (found by `yeto bench chaos --faults store`): one failed store read in a
+    tick (a 503 past the store's retries, a full disk) failed the whole head."""
+    import errno
+
+    from yeto_core.stores.dir_store import DirStore
+
+    failing = {"n": 0, "armed": False, "raised": 0}
+    real_get, real_exists = DirStore.get, DirStore.exists
+
+    def flaky(real):
+        def call(self, key):
+            if failing["n"] > 0:
+                failing["n"] -= 1
+                failing["raised"] += 1
+                raise OSError(errno.ENOSPC, f"No space left on device (test): {key}")
+            return real(self, key)
+
+        return call
+
+    def display(status):
+        if not failing["armed"] and (status.get("trained_rounds") or 0) >= 1:
+            failing["armed"], failing["n"] = True, 12  # the next 12 reads of the head fail
+
+    monkeypatch.setattr(DirStore, "get", flaky(real_get))
+    monkeypatch.setattr(DirStore, "exists", flaky(real_exists))
+    config = _config(tmp_path)
+    head = fake_head(config, display=display)
+    assert head.run(lambda m: None) == EXIT_OK
+    assert failing["raised"] == 12
+    s = _summary(config)
+    assert s["groups_trained"] + sum(s["groups_skipped"].values()) == s["groups_appended"]
+    events = (Path(config.run_dir) / "store" / "events" / "head.jsonl").read_text()
+    assert '"kind":"store_outage_survived"' in events

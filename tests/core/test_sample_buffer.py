@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from yeto_core.batch_reader import BatchReader
 from yeto_core.errors import SampleBufferError
 from yeto_core.group_codec import decode_group, encode_group
 from yeto_core.plugins import Plugins
-from yeto_core.records import RoundSpec, Sample, SampleGroup, SampleStatus
+from yeto_core.records import CORRUPT_INDEX_HOST, RoundSpec, Sample, SampleGroup, SampleStatus
 from yeto_core.sample_buffer import (
     FileSampleBuffer,
     GroupEntry,
@@ -290,13 +291,30 @@ def test_torn_last_line_is_invisible_then_repaired_on_reopen(store):
     assert index.read_bytes() == good  # repaired
     assert [e.kind for e in writer.events] == ["buffer.index_repaired"]
     assert writer.append(make_group("g3")) == 3
-    # A complete last line with a bad checksum (garbage after a crash) is torn too.
-    index.write_bytes(index.read_bytes() + b'{"position":4,"crc":"00000000"}\n')
-    assert open_buf(store, "jsonl").head_position == 4
-    assert index.read_bytes().count(b"\n") == 4
 
 
-def test_bad_line_in_the_middle_is_corruption_not_a_crash(store):
+def test_a_complete_last_line_that_fails_its_checksum_is_quarantined_not_truncated(store):
+    """Regression: a complete final line with a bad checksum was cut off as a torn write,
+    orphaning its group; only an unterminated tail is a torn write."""
+    buf = open_buf(store, "jsonl")
+    for i in range(4):
+        buf.append(make_group(f"g{i}"))
+    index = store.root / "buffer/index.jsonl"
+    lines = index.read_bytes().split(b"\n")
+    lines[3] = lines[3].replace(b'"g3"', b'"gX"')  # one flipped name: the crc fails
+    damaged = b"\n".join(lines)
+    index.write_bytes(damaged)
+    writer = open_buf(store, "jsonl")
+    assert index.read_bytes() == damaged  # nothing cut
+    assert writer.head_position == 4  # position 3 stays taken
+    assert [e.kind for e in writer.events] == ["buffer.index_line_quarantined"]
+    assert writer.events[0].data["position"] == 3
+    assert writer.append(make_group("g4")) == 4  # positions stay dense
+    entries = writer.entries()
+    assert [e.host for e in entries][3] == CORRUPT_INDEX_HOST
+
+
+def test_a_bad_line_in_the_middle_is_quarantined_and_the_reader_skips_it(store):
     buf = open_buf(store, "jsonl")
     for i in range(3):
         buf.append(make_group(f"g{i}"))
@@ -304,8 +322,13 @@ def test_bad_line_in_the_middle_is_corruption_not_a_crash(store):
     lines = index.read_bytes().split(b"\n")
     lines[1] = lines[1].replace(b'"g1"', b'"gX"')
     index.write_bytes(b"\n".join(lines))
-    with pytest.raises(SampleBufferError, match="corruption"):
-        open_buf(store, "jsonl")
+    reopened = open_buf(store, "jsonl")
+    assert [e.position for e in reopened.entries()] == [0, 1, 2]
+    assert reopened.entries()[1].host == CORRUPT_INDEX_HOST
+    reader = BatchReader(reopened, group_size=2, groups_per_round=2, max_policy_age=10)
+    batch = reader.take(0, short_ok=True)
+    assert [g.group_id for g in batch.groups] == ["g0", "g2"]
+    assert tuple(batch.skipped["quarantined"]) == (1,)
 
 
 def test_backlog_reads_only_new_index_bytes(store, monkeypatch):
@@ -353,3 +376,50 @@ def test_buffer_stats_cli_json_and_table(store):
     assert info["data_ended"] is True and info["layout"] == "jsonl"
     res = runner.invoke(cli, ["buffer", "stats", str(store.root)])
     assert res.exit_code == 0 and "watermark" in res.output and "stale total" in res.output
+
+
+def test_a_malformed_payload_is_an_unconvertible_skip_not_a_crash(store):
+    """Regression: an IndexError from the codec on a payload whose arrays do not fit
+    together escaped the reader and crash-looped the trainer."""
+    from safetensors.numpy import save
+
+    buf = open_buf(store, "jsonl")
+    good = encode_group(make_group("g0"))
+    arrays = {
+        k: v for k, v in __import__("safetensors.numpy", fromlist=["load"]).load(good).items()
+    }
+    arrays["token_offsets"] = arrays["token_offsets"][:1]  # one offset for two samples
+    meta = json.loads(good[8 : 8 + int.from_bytes(good[:8], "little")])["__metadata__"]
+    bad = save(arrays, metadata=meta)
+    with pytest.raises(SampleBufferError, match="malformed"):
+        decode_group(bad)
+    buf.append(make_group("g0"))
+    buf.append(make_group("g1"))
+    entry = buf.entries()[0]
+    store.put(entry.payload, bad)
+    reader = BatchReader(buf, group_size=2, groups_per_round=1, max_policy_age=10)
+    batch = reader.take(0, short_ok=True)
+    assert [g.group_id for g in batch.groups] == ["g1"]
+    assert tuple(batch.skipped["unconvertible"]) == (0,)
+
+
+@pytest.mark.parametrize("layout", ["jsonl", "objects", "shards"])
+def test_a_flipped_byte_in_a_payload_is_detected_and_never_trained(store, layout):
+    """Regression: a payload whose token bytes were damaged in the store loaded fine and was
+    trained; the index record now takes the payload's sha256 at append."""
+    buf = open_buf(store, layout)  # shards: the merging head appends its own shard too
+    for i in range(3):
+        buf.append(make_group(f"g{i}"))
+    head = buf
+    head.backlog()  # shards: the head merges what the host shards hold
+    entries = head.entries()
+    assert all(len(e.digest) == 64 for e in entries)
+    data = bytearray(store.get(entries[1].payload))
+    data[-3] ^= 0x01  # inside the arrays: still a readable safetensors file
+    store.put(entries[1].payload, bytes(data))
+    with pytest.raises(SampleBufferError, match="digest"):
+        head.load(entries[1])
+    reader = BatchReader(head, group_size=2, groups_per_round=2, max_policy_age=10)
+    batch = reader.take(0, short_ok=True)
+    assert [g.group_id for g in batch.groups] == ["g0", "g2"]
+    assert tuple(batch.skipped["unconvertible"]) == (1,)

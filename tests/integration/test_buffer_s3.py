@@ -1,4 +1,4 @@
-"""The sample buffer on S3 (a real moto server on 127.0.0.1): concurrent appender processes.
+"""The sample buffer on S3 (moto, and a real SeaweedFS server, on 127.0.0.1): concurrent appenders.
 
 8 processes x 40 groups by default (``YETO_BUFFER_S3_GROUPS=200`` runs the full
 8 x 200 of the issue, about 4 minutes on 2 cores) append through
@@ -45,20 +45,26 @@ with open(side, "w") as out:
 """
 
 
-@pytest.fixture(scope="module")
-def moto():
-    endpoint, stop = testing.start_moto_server()
-    testing.create_bucket(endpoint, "buffer-tests")
-    yield endpoint
-    stop()
+@pytest.fixture(scope="module", params=["moto", "seaweedfs"])
+def server(request):
+    if request.param == "moto":
+        endpoint, stop = testing.start_moto_server()
+        testing.create_bucket(endpoint, "buffer-tests")
+    else:
+        endpoint, stop = testing.start_seaweedfs_server()
+        testing.create_bucket_when_ready(endpoint, "buffer-tests")
+    try:
+        yield endpoint
+    finally:
+        stop()
 
 
-def test_eight_appender_processes_get_distinct_dense_positions(moto, tmp_path):
+def test_eight_appender_processes_get_distinct_dense_positions(server, tmp_path):
     procs_n, per = 8, int(os.environ.get("YETO_BUFFER_S3_GROUPS", "40"))
     url = "s3://buffer-tests/concurrent"
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    env = {**os.environ, **testing.s3_env(moto)}
+    env = {**os.environ, **testing.s3_env(server)}
     go = tmp_path / "go"
     sides = [tmp_path / f"side{k}.txt" for k in range(procs_n)]
     procs = [
@@ -80,7 +86,7 @@ def test_eight_appender_processes_get_distinct_dense_positions(moto, tmp_path):
     positions = sorted(int(pos) for _, pos in confirmed)
     assert positions == list(range(procs_n * per))  # distinct and dense
 
-    store = get_plugins().open_store(url, **testing.s3_options(moto))
+    store = get_plugins().open_store(url, **testing.s3_options(server))
     buf = FileSampleBuffer(store, layout="objects")
     entries = buf.entries()
     assert [e.position for e in entries] == list(range(procs_n * per))

@@ -1,4 +1,4 @@
-"""The `s3` store against a real S3-compatible server (moto) on loopback."""
+"""The `s3` store against real S3-compatible servers on loopback (moto, and SeaweedFS)."""
 
 from __future__ import annotations
 
@@ -27,16 +27,63 @@ class TestS3StoreContract(ObjectStoreContract):
         return s3_store
 
 
+class TestS3StoreContractSeaweedFS(ObjectStoreContract):
+    """The same contract against a production S3-compatible server, not a mock."""
+
+    @pytest.fixture
+    def store(self, seaweedfs_store):
+        return seaweedfs_store
+
+
 # -- the server itself -------------------------------------------------------------------
 
 
-def test_server_answers_412_to_a_second_conditional_put(moto_endpoint):
-    client = make_client(**s3_options(moto_endpoint))
+@pytest.mark.parametrize("server", ["moto_endpoint", "seaweedfs_endpoint"])
+def test_server_answers_412_to_a_second_conditional_put(server, request):
+    client = make_client(**s3_options(request.getfixturevalue(server)))
     client.put_object(Bucket="yeto-tests", Key="raw/412", Body=b"1", IfNoneMatch="*")
     with pytest.raises(botocore.exceptions.ClientError) as info:
         client.put_object(Bucket="yeto-tests", Key="raw/412", Body=b"2", IfNoneMatch="*")
     assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
     assert info.value.response["Error"]["Code"] == "PreconditionFailed"
+
+
+def test_seaweedfs_lists_in_tree_order_and_the_default_store_refuses_it(seaweedfs_endpoint, s3_url):
+    """Found by running the contract on SeaweedFS: its listing is not in S3's key order.
+
+    The default ``list_order = "s3"`` checks the order while listing and stops with
+    an error naming the option, rather than handing a prefix scan keys out of order.
+    """
+    store = S3Store.from_url(s3_url, **s3_options(seaweedfs_endpoint))
+    for key in ("x/a/b", "x/a-b"):
+        store.put(key, b"")
+    with pytest.raises(StoreError, match="list_order = 'sorted'"):
+        list(store.list("x/"))
+    sorted_store = S3Store.from_url(s3_url, list_order="sorted", **s3_options(seaweedfs_endpoint))
+    assert list(sorted_store.list("x/")) == ["x/a-b", "x/a/b"]
+    assert list(sorted_store.list("x/", after="x/a-b")) == ["x/a/b"]
+
+
+def test_list_order_option_is_checked(moto_endpoint, s3_url):
+    with pytest.raises(ConfigError, match="list_order"):
+        S3Store.from_url(s3_url, list_order="tree", **s3_options(moto_endpoint))
+
+
+def test_list_skips_keys_no_store_key_could_name(moto_endpoint, s3_store):
+    client = make_client(**s3_options(moto_endpoint))
+    base = s3_store.prefix
+    for raw in ("odd//double", "odd/./dot", "odd/back\\slash", "odd/ok"):
+        client.put_object(Bucket="yeto-tests", Key=base + raw, Body=b"")
+    assert list(s3_store.list("odd/")) == ["odd/ok"]
+
+
+def test_raw_put_checks_its_key(s3_store):
+    from yeto_core.errors import InvalidKeyError
+
+    with pytest.raises(InvalidKeyError):
+        s3_store.raw_put("../escape", b"x")
+    with pytest.raises(InvalidKeyError):
+        s3_store.raw_put("a//b", b"x")
 
 
 # -- URLs, options, credentials -----------------------------------------------------------
@@ -284,7 +331,14 @@ def _contender(url, options, key, i, start, out):
     out.put((i, store.put_if_absent(key, f"proc-{i}".encode())))
 
 
-def test_concurrent_put_if_absent_from_processes_has_one_winner(moto_endpoint, s3_store):
+@pytest.mark.parametrize(
+    "server,store_fixture",
+    [("moto_endpoint", "s3_store"), ("seaweedfs_endpoint", "seaweedfs_store")],
+    ids=["moto", "seaweedfs"],
+)
+def test_concurrent_put_if_absent_from_processes_has_one_winner(server, store_fixture, request):
+    endpoint = request.getfixturevalue(server)
+    s3_store = request.getfixturevalue(store_fixture)
     # Not plain fork: this process runs the moto server thread, whose locks a fork could
     # copy while held. A fork server starts clean and imports boto once for all children.
     ctx = multiprocessing.get_context("forkserver")
@@ -296,7 +350,7 @@ def test_concurrent_put_if_absent_from_processes_has_one_winner(moto_endpoint, s
         procs = [
             ctx.Process(
                 target=_contender,
-                args=(s3_store.url(), s3_options(moto_endpoint), key, i, start, out),
+                args=(s3_store.url(), s3_options(endpoint), key, i, start, out),
             )
             for i in range(n)
         ]

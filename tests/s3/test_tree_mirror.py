@@ -202,3 +202,18 @@ def test_pull_removes_local_files_not_remote_and_ignores_local_temp(tmp_path, s3
     result = TreeMirror(dst, s3_store, prefix="m").pull()
     assert _tree(dst) == RUN
     assert "stray/file" in result.removed and "head/journal.jsonl" in result.downloaded
+
+
+def test_pull_from_an_empty_or_wrong_prefix_refuses_to_wipe_the_local_copy(tmp_path, s3_store):
+    local = tmp_path / "copy"
+    (local / "sub").mkdir(parents=True)
+    (local / "sub" / "weights.bin").write_bytes(b"w" * 10)
+    (local / "LATEST").write_bytes(b"sub")
+    wrong = TreeMirror(local, s3_store, "no/mirror/here")
+    with pytest.raises(MirrorError, match="no mirror was pushed there"):
+        wrong.pull()
+    assert (local / "sub" / "weights.bin").read_bytes() == b"w" * 10
+    # Forced, the local copy becomes the (empty) remote tree.
+    result = wrong.pull(force=True)
+    assert set(result.removed) == {"sub/weights.bin", "LATEST"}
+    assert not (local / "sub" / "weights.bin").exists()

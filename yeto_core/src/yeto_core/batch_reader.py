@@ -44,7 +44,7 @@ from yeto_core.reader_batches import (  # noqa: F401 (re-exported)
     make_padding,
     padding_template,
 )
-from yeto_core.records import BufferRound, RoundSpec, Sample, SampleGroup
+from yeto_core.records import CORRUPT_INDEX_HOST, BufferRound, RoundSpec, Sample, SampleGroup
 
 
 @attrs.define
@@ -211,6 +211,8 @@ class BatchReader:
     def _classify_entry(self, entry: Any) -> Optional[tuple[str, str]]:
         if self._fenced(entry.host, int(entry.incarnation)):
             return "fenced_incarnation", f"host {entry.host} incarnation {entry.incarnation}"
+        if entry.host == CORRUPT_INDEX_HOST:
+            return "quarantined", f"index line of position {entry.position} fails its checksum"
         if self._quarantined(entry):
             return "quarantined", f"host {entry.host} group {entry.group_id}"
         if int(entry.n_samples) < self.group_size:
@@ -223,7 +225,7 @@ class BatchReader:
             return None, why
         try:
             group = self.buffer.load(entry)
-        except (SampleBufferError, ValueError, KeyError, OSError) as exc:
+        except (SampleBufferError, ValueError, KeyError, IndexError, TypeError, OSError) as exc:
             return None, ("unconvertible", f"payload does not load: {exc}")
         if len(group.samples) != int(entry.n_samples):
             return None, (

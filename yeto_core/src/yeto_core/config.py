@@ -12,8 +12,8 @@ Layout (all tables optional except ``model``, ``task``, ``samplers`` and ``train
     seed = 0
 
     [model]
-    path = "runs/base/tiny"            # a model dir; built by the backend when missing
-    base_options = {}                  # how the backend builds it (prepare_base)
+    path = "runs/base/tiny"            # a model dir (its config.json must exist) ...
+    base_options = {}                  # ... unless this asks the backend to build one there
 
     [task]
     name = "..."
@@ -71,6 +71,7 @@ Layout (all tables optional except ``model``, ``task``, ``samplers`` and ``train
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 import typing
@@ -80,6 +81,7 @@ from typing import Any, Optional
 import attrs
 
 from yeto_core import serde
+from yeto_core.breakers import BreakersConfig, validate_breakers
 from yeto_core.errors import ConfigError
 from yeto_core.records import SamplingParams
 
@@ -209,6 +211,7 @@ class RunConfig:
     backstops: BackstopsConfig = attrs.field(factory=BackstopsConfig)
     buffer: BufferConfig = attrs.field(factory=BufferConfig)
     conversion: ConversionConfig = attrs.field(factory=ConversionConfig)
+    breakers: BreakersConfig = attrs.field(factory=BreakersConfig)
     #: Where the config was read from (set by :func:`load_config`; not a TOML key).
     source: str = ""
 
@@ -285,10 +288,31 @@ def _check_keys(data: Any, cls: type, path: str) -> list[str]:
     return errors
 
 
-def _positive(errors: list[str], path: str, value: float, *, zero_ok: bool = False) -> None:
+#: The largest value any numeric key may take (counts, sizes, seconds, dollars):
+#: far above any real run, low enough that arithmetic on it stays exact.
+MAX_NUMBER = 1e12
+
+
+def _positive(
+    errors: list[str],
+    path: str,
+    value: float,
+    *,
+    zero_ok: bool = False,
+    most: float = MAX_NUMBER,
+) -> None:
+    """``value`` must be finite, > 0 (or >= 0 with ``zero_ok``) and at most ``most``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        errors.append(f"{path} = {value!r}; it must be a number")
+        return
+    if not math.isfinite(value):
+        errors.append(f"{path} = {value!r}; it must be a finite number")
+        return
     if value < 0 or (value == 0 and not zero_ok):
         bound = ">= 0" if zero_ok else "> 0"
         errors.append(f"{path} = {value!r}; it must be {bound}")
+    elif value > most:
+        errors.append(f"{path} = {value!r}; it must be at most {most:g}")
 
 
 def validate(config: RunConfig) -> list[str]:
@@ -318,11 +342,11 @@ def validate(config: RunConfig) -> list[str]:
             errors.append(f"{p}.engine is empty; give an engine name such as 'hf'")
         if not s.provider:
             errors.append(f"{p}.provider is empty; give an island provider such as 'local'")
-        _positive(errors, f"{p}.count", s.count)
-        _positive(errors, f"{p}.group_size", s.group_size)
+        _positive(errors, f"{p}.count", s.count, most=100_000)
+        _positive(errors, f"{p}.group_size", s.group_size, most=65_536)
         if s.group_size == 1:
             errors.append(f"{p}.group_size = 1; GRPO needs at least 2 samples per prompt")
-        _positive(errors, f"{p}.prompts_per_call", s.prompts_per_call)
+        _positive(errors, f"{p}.prompts_per_call", s.prompts_per_call, most=65_536)
         _positive(errors, f"{p}.min_round_s", s.min_round_s, zero_ok=True)
         _positive(errors, f"{p}.pause_every_s", s.pause_every_s, zero_ok=True)
         _positive(errors, f"{p}.pause_s", s.pause_s, zero_ok=True)
@@ -336,7 +360,7 @@ def validate(config: RunConfig) -> list[str]:
         sp = s.sampling
         _positive(errors, f"{p}.sampling.max_new_tokens", sp.max_new_tokens)
         _positive(errors, f"{p}.sampling.temperature", sp.temperature)
-        if not 0 < sp.top_p <= 1:
+        if not (isinstance(sp.top_p, (int, float)) and 0 < sp.top_p <= 1):
             errors.append(f"{p}.sampling.top_p = {sp.top_p!r}; it must be in (0, 1]")
         _positive(errors, f"{p}.sampling.top_k", sp.top_k, zero_ok=True)
     t = config.trainer
@@ -356,6 +380,8 @@ def validate(config: RunConfig) -> list[str]:
     _positive(errors, "trainer.max_policy_age", t.max_policy_age, zero_ok=True)
     _positive(errors, "trainer.price_per_hour", t.price_per_hour, zero_ok=True)
     _positive(errors, "trainer.total_rounds", t.total_rounds, zero_ok=True)
+    if not 0 <= config.seed < 2**63:
+        errors.append(f"seed = {config.seed!r}; it must be an integer in [0, 2**63)")
     if not config.scheduler.name:
         errors.append(f"scheduler.name is empty; allowed: {', '.join(SCHEDULERS)}")
     _positive(errors, "scheduler.tick_s", config.scheduler.tick_s)
@@ -363,6 +389,7 @@ def validate(config: RunConfig) -> list[str]:
     _positive(errors, "backstops.budget_usd", b.budget_usd, zero_ok=True)
     _positive(errors, "backstops.wall_clock_s", b.wall_clock_s, zero_ok=True)
     _positive(errors, "backstops.silence_s", b.silence_s, zero_ok=True)
+    validate_breakers(config.breakers, errors)
     return errors
 
 

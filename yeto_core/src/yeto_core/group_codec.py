@@ -27,6 +27,8 @@ per sample). No pickle: only arrays and strings.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from safetensors.numpy import load as _st_load
 from safetensors.numpy import save as _st_save
@@ -126,6 +128,16 @@ def decode_group(data: bytes, *, where: str = "payload") -> SampleGroup:
             f"{where}: unknown payload format {meta.get('format')!r} (expected {FORMAT!r}); "
             "upgrade yeto-core"
         )
+    try:
+        return _samples_group(arrays, meta)
+    except (IndexError, KeyError, TypeError, ValueError) as exc:
+        raise SampleBufferError(
+            f"{where}: a malformed group payload ({type(exc).__name__}: {exc}); its arrays "
+            "do not fit together, so it cannot be trained"
+        ) from None
+
+
+def _samples_group(arrays: dict[str, Any], meta: dict[str, str]) -> SampleGroup:
     off = arrays["token_offsets"]
     plens = arrays["prompt_lens"]
     tokens, logprobs, mask = arrays["tokens"], arrays["logprobs"], arrays["loss_mask"]

@@ -294,12 +294,17 @@ class BatchLedger:
         tag = f"{cut_id or 'base'}-i{incarnation}-{_stamp(self.clock())}"
         return self._move(after, f"{self.prefix}/aside/{tag}")
 
-    def start_from_base(self, *, set_aside_before: Optional[float] = None) -> list[str]:
+    def start_from_base(
+        self, *, set_aside_before: Optional[float] = None, incarnation: Optional[int] = None
+    ) -> list[str]:
         """A restart from the base (no cut): the ledger must be empty.
 
         ``set_aside_before`` (seconds since the epoch) moves rounds recorded
-        before it to ``ledger.before-<ts>/rounds/``; any round left refuses the
-        start. Returns the keys rounds were moved to.
+        before it (an earlier run's) to ``ledger.before-<ts>/rounds/``. Rounds
+        recorded at or after it were trained by an incarnation of this run that
+        died before its first cut: with ``incarnation`` (the one starting now)
+        they are set aside to round 0 as :meth:`rebase` does; without it they
+        refuse the start. Returns the keys rounds were moved to.
         """
         keys = self._keys()
         if not keys:
@@ -314,17 +319,26 @@ class BatchLedger:
             )
         old = [k for k in keys if self._read(k).time < set_aside_before]
         left = len(keys) - len(old)
-        if left:
+        if left and incarnation is None:
             raise LedgerError(
                 f"{left} ledger rounds in {self.prefix}/rounds were recorded at or after "
                 f"{_stamp(set_aside_before)}; pass a later --ledger-set-aside-before"
             )
-        dest = f"{self.prefix}.before-{_stamp(set_aside_before)}"
-        n = 1
-        while any(True for _ in self.store.list(dest + "/")):
-            n += 1
-            dest = f"{self.prefix}.before-{_stamp(set_aside_before)}-{n}"
-        return self._move(old, f"{dest}/rounds")
+        moved: list[str] = []
+        if old:
+            dest = f"{self.prefix}.before-{_stamp(set_aside_before)}"
+            n = 1
+            while any(True for _ in self.store.list(dest + "/")):
+                n += 1
+                dest = f"{self.prefix}.before-{_stamp(set_aside_before)}-{n}"
+            moved = self._move(old, f"{dest}/rounds")
+        if left:
+            assert incarnation is not None
+            # this run's rounds whose incarnation died before any cut: back to round 0
+            moved += self.rebase(
+                trained_rounds=0, cut_id=None, watermark=0, incarnation=incarnation
+            )
+        return moved
 
     # -- checks ---------------------------------------------------------------------------
 

@@ -14,6 +14,13 @@ head that was killed and restarted finds the islands it started
 (:meth:`LocalIslands.orphans`) and releases them. A release sends SIGTERM to
 the group, waits up to ``term_timeout_s``, then SIGKILL, and returns True
 only once no process of the group is left.
+
+A recorded process group id can outlive the island (a reboot, PID reuse), so
+before any signal the provider checks that the group is still the island's:
+each live member is either the recorded leader (same start time) or carries
+the island's ``YETO_HANDLE`` in its environment. A group that is not the
+island's is spared, never signalled; the handle counts as released and an
+``orphan_spared`` event says which processes were spared and why.
 """
 
 from __future__ import annotations
@@ -65,6 +72,30 @@ def _start_time(pid: int) -> Optional[str]:
     return fields[19] if fields else None  # field 22 of stat: starttime
 
 
+def _group_members(pgid: int) -> list[int]:
+    """The live (non-zombie) processes of group ``pgid`` (Linux ``/proc``)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _proc_stat(int(entry.name))
+            if fields and fields[0] != "Z" and fields[2] == str(pgid):
+                members.append(int(entry.name))
+    return members
+
+
+def _environ_handle(pid: int) -> Optional[str]:
+    """The ``YETO_HANDLE`` in ``pid``'s environment ("" if absent, None if unreadable)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    prefix = (ENV_HANDLE + "=").encode()
+    for item in raw.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix) :].decode(errors="replace")
+    return ""
+
+
 def _group_alive(pgid: int) -> bool:
     """Whether any live (non-zombie) process is in group ``pgid``."""
     proc = Path("/proc")
@@ -95,6 +126,7 @@ class LocalIslands(IslandProvider):
     :param clock: monotonic seconds (for release deadlines).
     :param term_timeout_s: how long a group gets after SIGTERM before SIGKILL.
     :param kill_timeout_s: how long to wait for the group to vanish after SIGKILL.
+    :param on_event: called with each ``orphan_spared`` event.
     """
 
     PLUGIN_NAME = "local"
@@ -109,8 +141,12 @@ class LocalIslands(IslandProvider):
         sleep: Callable[[float], None] = time.sleep,
         term_timeout_s: float = 10.0,
         kill_timeout_s: float = 10.0,
+        on_event: Optional[Callable[[Event], None]] = None,
     ) -> None:
         self.run_dir = Path(run_dir)
+        self.on_event = on_event
+        #: ``orphan_spared`` events of this provider (also passed to ``on_event``).
+        self.spared: list[Event] = []
         self.command = list(command) if command is not None else None
         self.launcher = launcher
         self.clock = clock
@@ -255,12 +291,63 @@ class LocalIslands(IslandProvider):
                 return False
             self.sleep(0.05)
 
+    def strangers(self, handle: str, rec: dict[str, Any]) -> list[dict[str, Any]]:
+        """Live members of the recorded group that are not ``handle``'s processes.
+
+        Empty when the group is the island's (or gone). Only checkable where
+        ``/proc`` exists; elsewhere the group is taken as recorded.
+        """
+        if handle in self._procs or not Path("/proc").is_dir():
+            return []  # launched by this provider: the group is ours
+        out = []
+        for pid in _group_members(int(rec["pgid"])):
+            if pid == int(rec["pid"]) and _start_time(pid) == rec.get("start_time"):
+                continue
+            marker = _environ_handle(pid)
+            if marker == handle:
+                continue
+            out.append(
+                {
+                    "pid": pid,
+                    "start_time": _start_time(pid),
+                    "why": "unreadable environment"
+                    if marker is None
+                    else f"YETO_HANDLE is {marker!r}, not {handle!r}",
+                }
+            )
+        return out
+
     def release(self, handle: str) -> bool:
-        """SIGTERM the group, then SIGKILL after ``term_timeout_s``; True once it is gone."""
+        """SIGTERM the group, then SIGKILL after ``term_timeout_s``; True once it is gone.
+
+        A group whose members are not all the island's (see :meth:`strangers`) is
+        not signalled: the island is gone, its group id now names other processes.
+        """
         rec = self.record(handle)
         if rec is None:
             return True
         pgid = int(rec["pgid"])
+        strangers = self.strangers(handle, rec)
+        if strangers:
+            event = Event(
+                kind="orphan_spared",
+                time=time.time(),
+                source=handle,
+                data={
+                    "handle": handle,
+                    "pgid": pgid,
+                    "recorded_pid": int(rec["pid"]),
+                    "recorded_start_time": rec.get("start_time"),
+                    "spared": strangers,
+                    "why": "the recorded process group now holds processes that are not "
+                    "this island's (PID reuse or a reboot); none was signalled",
+                },
+            )
+            self.spared.append(event)
+            if self.on_event is not None:
+                self.on_event(event)
+            self._record_path(handle).unlink(missing_ok=True)
+            return True
         if self._alive(handle, rec):
             self._signal(pgid, signal.SIGTERM)
             if not self._wait_gone(handle, rec, self.term_timeout_s):

@@ -43,6 +43,8 @@ class FollowerCounters:
     deferrals: int = 0
     forced_loads: int = 0
     refusals: int = 0
+    #: rounds a forced load landed in: their samples mixed two policies (thrown away)
+    straddled_rounds: int = 0
 
 
 class PolicyFollower:
@@ -88,6 +90,11 @@ class PolicyFollower:
         self._pending: Optional[tuple[str, float]] = None  # (release_id, first seen)
         self._deferred_ids: set[str] = set()
         self._update_lock = threading.Lock()  # held by a round; taken by a load
+        self._round_seq = 0
+        self._active_round: Optional[int] = None  # the round holding the update lock
+        self._straddled: set[int] = set()
+        #: whether the round that ended last had a forced load land in it
+        self.last_round_straddled = False
         self._load_mutex = threading.Lock()  # one load at a time
         self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
@@ -96,9 +103,24 @@ class PolicyFollower:
 
     @contextlib.contextmanager
     def round(self) -> Iterator[int]:
-        """Hold the update lock for one round; yields the version served at its start."""
+        """Hold the update lock for one round; yields the version served at its start.
+
+        A forced load (the round outlived ``reload_max_defer_s``) swaps the weights
+        while the round still generates, so its samples mixed two policies: after
+        the round, :attr:`last_round_straddled` is True and the caller must throw
+        its samples away (never stamp them with either version).
+        """
         with self._update_lock:
-            yield self.version
+            self._round_seq += 1
+            token = self._round_seq
+            self._active_round = token
+            self.last_round_straddled = False
+            try:
+                yield self.version
+            finally:
+                self._active_round = None
+                self.last_round_straddled = token in self._straddled
+                self._straddled.discard(token)
 
     # -- following ------------------------------------------------------------------
 
@@ -133,7 +155,12 @@ class PolicyFollower:
                 finally:
                     self._update_lock.release()
             self.counters.forced_loads += 1
-            return self._load(rel, forced=True, waited=self.clock() - first_seen)
+            straddled = self._active_round
+            result = self._load(rel, forced=True, waited=self.clock() - first_seen)
+            if result == "forced" and straddled is not None:
+                self._straddled.add(straddled)
+                self.counters.straddled_rounds += 1
+            return result
 
     def _load(self, rel: Any, *, forced: bool, waited: float) -> str:
         self._pending = None

@@ -137,19 +137,51 @@ def check_plugins(config: RunConfig, plugins: Any, report: Report) -> None:
     _resolve(plugins, report, "scheduler.name", ports.TrainerScheduler.PORT, config.scheduler.name)
     _resolve(plugins, report, "buffer.kind", ports.DurableSampleBuffer.PORT, config.buffer.kind)
     _resolve(plugins, report, "conversion.name", ports.ConversionPort.PORT, config.conversion.name)
+    check_model(config, backend, report)
+
+
+def check_model(config: RunConfig, backend: Any, report: Report) -> None:
+    """``model.path`` holds a model, or the config asks the backend to build one there.
+
+    Building a base happens only when ``model.base_options`` asks for it: a typo
+    in ``model.path`` must not quietly train a toy model in its place.
+    """
     model = Path(config.model.path)
+    name = config.trainer.backend
+    if (model / "config.json").is_file():
+        report.ok("model.path", f"{model} holds a model")
+        return
+    if config.model.base_options:
+        if backend is not None and not backend.implements("prepare_base"):
+            report.fail(
+                "model.path",
+                f"{model} holds no model and the {name!r} backend cannot build one "
+                "(model.base_options is set); point model.path at a model directory",
+            )
+        elif model.exists() and (not model.is_dir() or any(model.iterdir())):
+            report.fail(
+                "model.path",
+                f"{model} exists but holds no model (no config.json), so the base cannot be "
+                "built there; point model.path at a model directory or an empty/new one",
+            )
+        elif backend is not None:
+            report.warn(
+                "model.path",
+                f"{model} does not exist; the {name!r} backend will build a base there "
+                f"(model.base_options = {dict(config.model.base_options)})",
+            )
+        return
     if model.is_dir():
-        report.ok("model.path", f"{model} exists")
-    elif backend is not None and backend.implements("prepare_base"):
-        report.warn(
-            "model.path",
-            f"{model} does not exist; the {config.trainer.backend!r} backend will build it",
-        )
-    elif backend is not None:
         report.fail(
             "model.path",
-            f"{model} does not exist and the {config.trainer.backend!r} backend cannot build "
-            "one; point model.path at a model directory",
+            f"{model} is a directory but holds no model (no config.json); point model.path "
+            "at a model directory, or set model.base_options to have the backend build one",
+        )
+    else:
+        report.fail(
+            "model.path",
+            f"{model} does not exist; check model.path for a typo, or set "
+            'model.base_options (e.g. { task = "sort4" }) to have the backend build a base',
         )
 
 

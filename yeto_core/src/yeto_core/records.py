@@ -247,6 +247,15 @@ class GroupEntry:
     appended_at: float
     payload: str
     seq: int = -1  # sequence number in its host shard (layout "shards"), else -1
+    #: sha256 of the payload bytes, checked at every load ("" in records written before
+    #: payloads carried one: those load unchecked)
+    digest: str = ""
+
+
+#: The ``host`` of the index entry that stands in for an index line that is complete
+#: but fails its checksum: the position stays taken, the reader skips it as
+#: ``quarantined``, nothing truncates it (no sampler host is named like this).
+CORRUPT_INDEX_HOST = "!corrupt-index-line"
 
 
 @attrs.frozen

@@ -47,9 +47,10 @@ from typing import Any, Optional
 import attrs
 
 from yeto_core import run_store
+from yeto_core.breakers import Breakers, BreakerWatch
 from yeto_core.config import RunConfig, config_to_dict
 from yeto_core.cost import CostLedger
-from yeto_core.errors import ConfigError, YetoError
+from yeto_core.errors import ConfigError, StoreError, YetoError
 from yeto_core.event_stream import EventStream, read_all
 from yeto_core.head_islands import (  # noqa: F401 (re-exported)
     MAX_SAMPLER_RESTARTS,
@@ -64,6 +65,7 @@ from yeto_core.run_dir import (  # noqa: F401 (the run-dir protocol, re-exported
     BACKSTOP_EXIT,
     CONFIG_FILE,
     DOWN_FILE,
+    EXIT_BREAKER,
     EXIT_BUDGET,
     EXIT_BUSY,
     EXIT_CODES,
@@ -87,6 +89,9 @@ from yeto_core.run_dir import (  # noqa: F401 (the run-dir protocol, re-exported
 )
 from yeto_core.run_summary import summarize
 
+#: The head rides out a store that fails (a 503 storm past the store's own retries, a
+#: full disk) for this long with failing ticks in a row, then stops the run cleanly.
+STORE_OUTAGE_LIMIT_S = 120.0
 
 def backstop_reason(
     *,
@@ -183,6 +188,7 @@ class Head(HeadIslands):
             self.store, "head", clock=clock, flush_s=0.0, observer=plugins.emit
         )
         self.state = HeadState(started_at=clock())
+        self.breakers = BreakerWatch(Breakers(config.breakers), lambda: read_all(self.store))
         self.sampler_handles: dict[str, str] = {}
         self._stop_requested: Optional[str] = None
         self.trainer_loop: Any = None
@@ -200,10 +206,16 @@ class Head(HeadIslands):
                 self.events.emit("model_published", path=str(model.absolute()))
 
     def prepare_base(self, say: Callable[[str], None] = print) -> None:
-        """Build the base model through the backend when ``model.path`` is missing."""
+        """Build the base model through the backend when ``model.path`` holds none and
+        ``model.base_options`` asks for one (never for a mistyped path)."""
         path = Path(self.config.model.path)
         if (path / "config.json").is_file():
             return
+        if not self.config.model.base_options:
+            raise YetoError(
+                f"model.path {str(path)!r} holds no model (no config.json); check it for a "
+                "typo, or set model.base_options to have the backend build a base"
+            )
         backend_cls = self.plugins.trainer_backend(self.config.trainer.backend)
         if not backend_cls.implements("prepare_base"):
             raise YetoError(
@@ -383,6 +395,13 @@ class Head(HeadIslands):
         self.display(status)
         return status
 
+    def check_breakers(self) -> None:
+        """Stop the run cleanly when a run health breaker tripped (an event with its inputs)."""
+        trip = self.breakers.poll()
+        if trip is not None and self._stop_requested is None:
+            self.events.emit("breaker", **trip.event_data())
+            self.request_stop("breaker")
+
     def finish_data(self) -> None:
         """The target is reached: stop the samplers and let the trainer drain the backlog."""
         self.state.finishing = True
@@ -450,14 +469,39 @@ class Head(HeadIslands):
             self.start(say)
             tick_s = self.config.scheduler.tick_s
             last_rewards = 0.0
+            outage: Optional[tuple[float, int, str]] = None  # (since, ticks, last error)
             while self._stop_requested is None and self.trainer_loop.finished is None:
-                if self.clock() - last_rewards >= 2.0:
-                    self.update_rewards()
-                    last_rewards = self.clock()
-                self.tick()
-                if self._stop_requested is not None:
-                    break
-                self.trainer_loop.tick()
+                try:
+                    if self.clock() - last_rewards >= 2.0:
+                        self.update_rewards()
+                        self.check_breakers()
+                        last_rewards = self.clock()
+                    self.tick()
+                    if self._stop_requested is not None:
+                        break
+                    self.trainer_loop.tick()
+                except (StoreError, OSError) as exc:
+                    # Every tick observes before it acts, and its decisions are journaled:
+                    # a tick that failed on the store is simply taken again.
+                    since, ticks = (outage[0], outage[1]) if outage else (self.clock(), 0)
+                    outage = (since, ticks + 1, f"{type(exc).__name__}: {exc}")
+                    if self.clock() - since > STORE_OUTAGE_LIMIT_S:
+                        raise YetoError(
+                            f"the store kept failing for {self.clock() - since:.0f} s "
+                            f"({ticks + 1} ticks in a row); last error: {outage[2]}"
+                        ) from exc
+                    if ticks == 0:
+                        say(f"yeto: the store failed ({exc}); retrying")
+                    self.sleep(min(5.0, tick_s * 2 ** min(ticks, 6)))
+                    continue
+                if outage is not None:
+                    self.events.emit(
+                        "store_outage_survived",
+                        seconds=round(self.clock() - outage[0], 3),
+                        failed_ticks=outage[1],
+                        last_error=outage[2],
+                    )
+                    outage = None
                 if self.trainer_loop.finished is None:
                     self.sleep(tick_s)
             reason = self._stop_requested or f"finished ({self.trainer_loop.finished})"

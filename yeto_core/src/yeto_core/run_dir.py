@@ -17,6 +17,7 @@ TOML config whose ``run_dir`` it is (:func:`resolve_run`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -34,6 +35,7 @@ EXIT_BUDGET = 4  # backstop: the budget was reached
 EXIT_WALL_CLOCK = 5  # backstop: the wall-clock limit was reached
 EXIT_SILENCE = 6  # backstop: no new group for silence_s
 EXIT_BUSY = 7  # another head is running on this run dir
+EXIT_BREAKER = 8  # a run health breaker tripped (docs/run-config.md#breakers)
 EXIT_INTERRUPTED = 130  # Ctrl-C (the run was still stopped cleanly)
 
 EXIT_CODES: dict[int, str] = {
@@ -45,10 +47,16 @@ EXIT_CODES: dict[int, str] = {
     EXIT_WALL_CLOCK: "stopped by the wall-clock backstop",
     EXIT_SILENCE: "stopped by the silence backstop",
     EXIT_BUSY: "another head runs on this run dir",
+    EXIT_BREAKER: "stopped by a run health breaker",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C); stopped cleanly",
 }
 
-BACKSTOP_EXIT = {"budget": EXIT_BUDGET, "wall_clock": EXIT_WALL_CLOCK, "silence": EXIT_SILENCE}
+BACKSTOP_EXIT = {
+    "budget": EXIT_BUDGET,
+    "wall_clock": EXIT_WALL_CLOCK,
+    "silence": EXIT_SILENCE,
+    "breaker": EXIT_BREAKER,
+}
 
 CONFIG_FILE = "config.json"
 HEAD_FILE = "head.json"
@@ -58,10 +66,35 @@ SUMMARY_FILE = "summary.json"
 FINISHED_FILE = "FINISHED"
 
 
+def json_safe(data: Any) -> Any:
+    """``data`` with every non-finite float (NaN, inf) as None: strict JSON has none."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: json_safe(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [json_safe(v) for v in data]
+    return data
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` as strict JSON (non-finite numbers become null), durably.
+
+    The file is written under a temporary name, fsynced, renamed into place,
+    and the directory fsynced, so a crash leaves the old file or the new one.
+    """
+    text = json.dumps(json_safe(data), indent=2, sort_keys=True, default=str, allow_nan=False)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    with open(tmp, "w") as f:
+        f.write(text + "\n")
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_json(path: Path) -> Optional[dict[str, Any]]:

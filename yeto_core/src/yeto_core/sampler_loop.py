@@ -97,6 +97,8 @@ class SamplerLoop:
         self.next_index = 0
         self.rounds = 0
         self.groups_appended = 0
+        #: groups generated but thrown away (a forced reload landed mid-generation)
+        self.groups_discarded = 0
 
     def _event(self, kind: str, **data: Any) -> None:
         self._emit(Event(kind=kind, time=self.clock(), source=self.host, data=data))
@@ -152,6 +154,20 @@ class SamplerLoop:
         with guard:
             ids = [self.engine.encode(text) for text, _ in prompts]
             outs = self.engine.generate(ids, self.group_size, self.sampling)
+        if self.follower is not None and self.follower.last_round_straddled:
+            # A forced load swapped the weights mid-generation: these samples mixed two
+            # policies, so no version stamp would be true. Thrown away and counted.
+            self.next_index += self.prompts_per_call
+            self.groups_discarded += len(prompts)
+            self._event(
+                "sampler_round_discarded",
+                reason="forced_reload",
+                groups=len(prompts),
+                first_index=indices[0],
+                served_version=int(self.follower.version),
+                groups_discarded=self.groups_discarded,
+            )
+            return []
         if len(outs) != len(prompts):
             raise RuntimeError(
                 f"engine {type(self.engine).__name__} returned {len(outs)} groups for "

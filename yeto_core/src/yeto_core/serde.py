@@ -35,7 +35,37 @@ def make_converter() -> cattrs.Converter:
     conv.register_structure_hook_func(
         lambda t: isinstance(t, type) and issubclass(t, enum.Enum), _enum_structure
     )
+    # Scalars exactly as written: cattrs would turn ``true`` into 1.0, ``1.5`` into 1
+    # and ``"3"`` into 3, so a typo in a TOML file would pass as another value.
+    conv.register_structure_hook(int, _strict_int)
+    conv.register_structure_hook(float, _strict_float)
+    conv.register_structure_hook(str, _strict_str)
+    conv.register_structure_hook(bool, _strict_bool)
     return conv
+
+
+def _strict_int(value: Any, _: type) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{value!r} is not an integer")
+    return value
+
+
+def _strict_float(value: Any, _: type) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{value!r} is not a number")
+    return float(value)
+
+
+def _strict_str(value: Any, _: type) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{value!r} is not a string")
+    return value
+
+
+def _strict_bool(value: Any, _: type) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{value!r} is not true or false")
+    return value
 
 
 @lru_cache(maxsize=1)

@@ -41,6 +41,10 @@ from typing import Any, Optional
 
 import click
 
+from yeto_bench.faulty_store import ENV as FAULTS_ENV
+from yeto_bench.faulty_store import ENV_LOG as FAULTS_LOG_ENV
+from yeto_bench.faulty_store import SCHEME as FAULTY_SCHEME
+from yeto_bench.faulty_store import injected_faults
 from yeto_bench.run_toml import bench_run_toml
 
 #: The ``yeto`` command line, as a list (a subprocess; the bench never imports adapters).
@@ -55,9 +59,11 @@ def chaos_config(
     total_rounds: int,
     samplers: int = 2,
     task: str = "add1",
+    store: str = "",
 ) -> str:
     """The TOML of one chaos run: the quickstart, shorter, samplers not throttled."""
     return bench_run_toml(
+        store=store,
         comment="yeto bench chaos run (generated)",
         name="chaos",
         run_dir=run_dir,
@@ -232,7 +238,8 @@ def check_run(run_dir: Path, *, replay: bool = True) -> dict[str, Any]:
         "ledger_check_failures": ledger_failures,
         "ledger_unrecorded_tail_skips": len(unrecorded),
         "torn_records_visible": torn,
-        "ledger_replay_mismatch": 0,
+        # None: not checked (--no-replay), never a 0 that was not measured
+        "ledger_replay_mismatch": 0 if replay else None,
         "problems": problems,
     }
     if counts["lost"]:
@@ -301,8 +308,10 @@ class ChaosRun:
         deadline_s: float,
         launcher: Callable[..., subprocess.Popen] = subprocess.Popen,
         clock: Callable[[], float] = time.monotonic,
+        env: Optional[dict[str, str]] = None,
     ) -> None:
         self.run_dir = run_dir
+        self.env = env
         self.rng = rng
         self.kills_left = kills
         self.gap_s = gap_s
@@ -316,7 +325,10 @@ class ChaosRun:
     def start_head(self) -> subprocess.Popen:
         log = open(self.run_dir / f"head-{len(self.heads)}.log", "wb")
         cmd = [*YETO, "run", "up", str(self.run_dir / "run.toml"), "--run-dir", str(self.run_dir)]
-        proc = self.launcher(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        extra = {"env": {**os.environ, **self.env}} if self.env else {}
+        proc = self.launcher(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **extra
+        )
         log.close()
         self.heads.append(proc.pid)
         return proc
@@ -375,8 +387,14 @@ def run_campaign(
     gap_s: tuple[float, float] = (1.0, 6.0),
     run_deadline_s: float = 900.0,
     replay: bool = True,
+    store_fault_rate: float = 0.0,
 ) -> dict[str, Any]:
-    """``kills`` SIGKILLs spread over at least ``runs`` runs; the JSON report."""
+    """``kills`` SIGKILLs spread over at least ``runs`` runs; the JSON report.
+
+    ``store_fault_rate`` > 0 runs every run on a ``faulty://`` store (see
+    :mod:`yeto_bench.faulty_store`): each store operation of every role fails
+    with that probability, and the same invariants are checked.
+    """
     rng = random.Random(seed)
     per_run = max(1, math.ceil(kills / max(1, runs)))
     left = kills
@@ -386,8 +404,18 @@ def run_campaign(
     while (i < runs or left > 0) and i < runs + kills + 1:
         run_dir = work_dir / f"run-{i:03d}"
         run_dir.mkdir(parents=True, exist_ok=True)
+        faulty = store_fault_rate > 0
+        store = f"{FAULTY_SCHEME}://{(run_dir / 'store').absolute()}" if faulty else ""
+        env = None
+        if faulty:
+            env = {
+                FAULTS_ENV: json.dumps({"rate": store_fault_rate, "seed": seed + i}),
+                FAULTS_LOG_ENV: str((run_dir / "faults").absolute()),
+            }
         (run_dir / "run.toml").write_text(
-            chaos_config(run_dir, base_dir=base_dir, seed=seed + i, total_rounds=total_rounds)
+            chaos_config(
+                run_dir, base_dir=base_dir, seed=seed + i, total_rounds=total_rounds, store=store
+            )
         )
         quota = min(left, per_run)
         chaos = ChaosRun(
@@ -395,20 +423,55 @@ def run_campaign(
             rng=rng,
             kills=quota,
             gap_s=gap_s,
-            max_heads=quota + 5,
+            max_heads=quota + (25 if faulty else 5),
             deadline_s=run_deadline_s,
+            env=env,
         )
         outcome = chaos.run()
         left -= len(outcome["kills"])
         checks = check_run(run_dir, replay=replay)
+        if faulty:
+            faults = injected_faults(run_dir / "faults")
+            checks["store_faults_injected"] = len(faults)
+            checks["store_faults_by_mode"] = _count(faults, "mode")
+            checks["store_faults_by_op"] = _count(faults, "op")
         results.append({"run": run_dir.name, **outcome, **checks})
         i += 1
         if not outcome["kills"] and quota and not outcome["completed"]:
             break  # nothing to kill and not finishing: do not loop
+        if faulty and i >= runs and left <= 0:
+            break
+    return campaign_report(results, seed=seed, kills=kills, replay=replay)
+
+
+def _merge_counts(counts: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            out[k] = out.get(k, 0) + int(v)
+    return dict(sorted(out.items()))
+
+
+def _count(items: list[dict[str, Any]], key: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        out[str(item.get(key))] = out.get(str(item.get(key)), 0) + 1
+    return dict(sorted(out.items()))
+
+
+def campaign_report(
+    results: list[dict[str, Any]], *, seed: int, kills: int, replay: bool
+) -> dict[str, Any]:
+    """The campaign's JSON from its per-run results (pure).
+
+    Without replay, ``ledger_replay_mismatches`` is ``"not checked"``: a 0 would
+    claim a check that did not run.
+    """
     by_role: dict[str, int] = {}
     for r in results:
         for k in r["kills"]:
             by_role[k["role"]] = by_role.get(k["role"], 0) + 1
+    mismatches: Any = sum(r["ledger_replay_mismatch"] for r in results) if replay else "not checked"
     report = {
         "bench": "chaos",
         "seed": seed,
@@ -419,17 +482,25 @@ def run_campaign(
         "runs_completed": sum(1 for r in results if r["completed"]),
         "groups_lost": sum(r["groups_lost"] for r in results),
         "groups_trained_twice": sum(r["groups_trained_twice"] for r in results),
-        "ledger_replay_mismatches": sum(r["ledger_replay_mismatch"] for r in results),
+        "ledger_replay_mismatches": mismatches,
         "torn_records_visible": sum(r["torn_records_visible"] for r in results),
         "ledger_check_failures": sum(r["ledger_check_failures"] for r in results),
         "ledger_unrecorded_tail_skips": sum(r["ledger_unrecorded_tail_skips"] for r in results),
         "per_run": results,
     }
+    if any("store_faults_injected" in r for r in results):
+        report["faults"] = {
+            "store": {
+                "injected": sum(r.get("store_faults_injected", 0) for r in results),
+                "by_mode": _merge_counts(r.get("store_faults_by_mode", {}) for r in results),
+                "by_op": _merge_counts(r.get("store_faults_by_op", {}) for r in results),
+            }
+        }
     report["ok"] = (
         report["runs_completed"] == report["runs"]
         and report["groups_lost"] == 0
         and report["groups_trained_twice"] == 0
-        and report["ledger_replay_mismatches"] == 0
+        and (not replay or report["ledger_replay_mismatches"] == 0)
         and report["torn_records_visible"] == 0
         and report["ledger_check_failures"] == 0
     )
@@ -452,6 +523,15 @@ def run_campaign(
 )
 @click.option("--work-dir", type=click.Path(file_okay=False), default=None)
 @click.option("--no-replay", is_flag=True, help="Skip `yeto ledger replay` after each run.")
+@click.option(
+    "--faults",
+    "faults",
+    default="",
+    show_default=True,
+    help="Faults beyond SIGKILL, comma-separated: 'store' (every store operation of every "
+    "role fails with probability --store-fault-rate).",
+)
+@click.option("--store-fault-rate", type=float, default=0.002, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def command(
     kills: int,
@@ -461,12 +541,21 @@ def command(
     base_dir: str,
     work_dir: Optional[str],
     no_replay: bool,
+    faults: str,
+    store_fault_rate: float,
     as_json: bool,
 ) -> None:
     """SIGKILL random processes (head, samplers, trainer) of real runs; check nothing is lost.
 
     Exits 1 when a check fails or a run does not complete.
     """
+    kinds = {k.strip() for k in faults.split(",") if k.strip()}
+    unknown = sorted(kinds - {"store"})
+    if unknown:
+        raise click.BadParameter(
+            f"unknown fault kinds {unknown}; built so far: store (SIGKILLs: --kills)",
+            param_hint="--faults",
+        )
     runs = runs or max(1, math.ceil(kills / 5))
     with tempfile.TemporaryDirectory(prefix="yeto-chaos-") as tmp:
         root = Path(work_dir) if work_dir else Path(tmp)
@@ -478,6 +567,7 @@ def command(
             base_dir=Path(base_dir).absolute(),
             total_rounds=total_rounds,
             replay=not no_replay,
+            store_fault_rate=store_fault_rate if "store" in kinds else 0.0,
         )
     if as_json:
         click.echo(json.dumps(report, sort_keys=True))
@@ -493,5 +583,7 @@ def command(
             "torn_records_visible",
         ):
             click.echo(f"{key:>26}: {report[key]}")
+        if "faults" in report:
+            click.echo(f"{'faults':>26}: {report['faults']}")
     if not report["ok"]:
         raise SystemExit(1)

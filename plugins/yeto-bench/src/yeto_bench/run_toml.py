@@ -33,6 +33,7 @@ def bench_run_toml(
     silence_s: float,
     sync_rounds: bool | None = None,
     scheduler_options: str = "",
+    store: str = "",
 ) -> str:
     """The TOML text; ``sync_rounds=None`` leaves the key out, ``scheduler_options`` is a
     TOML inline table body line (``options = {...}``) or empty."""
@@ -40,10 +41,11 @@ def bench_run_toml(
         "" if sync_rounds is None else f"sync_rounds = {'true' if sync_rounds else 'false'}\n"
     )
     options_line = f"{scheduler_options}\n" if scheduler_options else ""
+    store_line = f"store = {json.dumps(store)}\n" if store else ""
     return f"""# {comment}
 name = {json.dumps(name)}
 run_dir = {json.dumps(str(run_dir.absolute()))}
-seed = {int(seed)}
+{store_line}seed = {int(seed)}
 
 [model]
 path = {json.dumps(str(base_dir.absolute()))}

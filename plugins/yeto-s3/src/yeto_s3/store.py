@@ -61,7 +61,13 @@ OPTIONS = (
     "connect_timeout",
     "read_timeout",
     "max_pool_connections",
+    "list_order",
 )
+#: ``list_order`` values: ``"s3"`` trusts the server to list in S3's key order
+#: (AWS S3, R2, MinIO; checked while listing), ``"sorted"`` lists the whole
+#: prefix and sorts it here (servers that list in directory-tree order, such as
+#: SeaweedFS, where ``a/b`` comes before ``a-b``).
+LIST_ORDERS = ("s3", "sorted")
 DEFAULT_REGION = "us-east-1"
 MAX_KEY_BYTES = 1024
 TOKEN_META = "yeto-put-token"
@@ -196,6 +202,14 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     return parts.netloc, prefix
 
 
+def _valid_key(key: str) -> bool:
+    try:
+        check_key(key)
+    except InvalidKeyError:
+        return False
+    return True
+
+
 class S3Store(ObjectStore):
     """Objects under ``s3://bucket/prefix`` (keys are relative to the prefix)."""
 
@@ -216,9 +230,15 @@ class S3Store(ObjectStore):
         sleep: Callable[[float], None] = time.sleep,
         seed: Optional[int] = None,
         secrets: tuple[str, ...] = (),
+        list_order: str = "s3",
     ) -> None:
         if max_attempts < 1:
             raise ConfigError(f"s3 store max_attempts must be >= 1, got {max_attempts}")
+        if list_order not in LIST_ORDERS:
+            raise ConfigError(
+                f"s3 store list_order must be one of {list(LIST_ORDERS)}, got {list_order!r}"
+            )
+        self.list_order = list_order
         if prefix and not prefix.endswith("/"):
             prefix += "/"
         self.bucket = bucket
@@ -274,6 +294,7 @@ class S3Store(ObjectStore):
             region=region or DEFAULT_REGION,
             max_attempts=int(options.get("max_attempts", 6)),
             secrets=(secret, session_token or ""),
+            list_order=str(options.get("list_order") or "s3"),
         )
         store._credentials_env = {
             ENV[name]: value
@@ -379,8 +400,12 @@ class S3Store(ObjectStore):
             raise self._fail("put", key, exc) from None
 
     def raw_put(self, key: str, data: bytes) -> None:
-        """A plain ``put_object`` (no retries, no checks): the baseline of ``yeto bench buffer``."""
-        self._client.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=data)
+        """A plain ``put_object`` (no retries): the baseline of ``yeto bench buffer``.
+
+        The key is checked like every other write's: a baseline must not write
+        what the store could never read back.
+        """
+        self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         full = self._key(key)
@@ -462,6 +487,26 @@ class S3Store(ObjectStore):
         return self._list(prefix, after)
 
     def _list(self, prefix: str, after: Optional[str]) -> Iterator[str]:
+        if self.list_order == "sorted":
+            keys = sorted(self._pages(prefix, None))
+            return iter(keys if after is None else [k for k in keys if k > after])
+        return self._in_order(prefix, self._pages(prefix, after))
+
+    def _in_order(self, prefix: str, keys: Iterator[str]) -> Iterator[str]:
+        """``keys`` as listed, checked to be in S3's order (every prefix scan relies on it)."""
+        last: Optional[str] = None
+        for key in keys:
+            if last is not None and key <= last:
+                raise StoreError(
+                    f"the server at {self.endpoint_url or 'AWS S3'} listed "
+                    f"{self._where(key)!r} after {self._where(last)!r}, not in S3's key order "
+                    "(SeaweedFS lists in directory-tree order); open the store with the "
+                    "option list_order = 'sorted'"
+                )
+            last = key
+            yield key
+
+    def _pages(self, prefix: str, after: Optional[str]) -> Iterator[str]:
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix + prefix}
         if after:
             kwargs["StartAfter"] = self.prefix + after
@@ -477,6 +522,8 @@ class S3Store(ObjectStore):
                 key = item["Key"][cut:]
                 if not key or key.endswith("/"):
                     continue  # "folder" markers made by consoles are not objects
+                if not _valid_key(key):
+                    continue  # written by another tool: no store key could name it
                 yield key
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:

@@ -278,12 +278,28 @@ class TreeMirror:
                     missing.append(f"{rel} -> {target}")
         return missing
 
-    def pull(self) -> PullResult:
-        """Make the local tree equal the newest committed remote tree."""
+    def pull(self, *, force: bool = False) -> PullResult:
+        """Make the local tree equal the newest committed remote tree.
+
+        A prefix that holds no mirror (no index a push writes, nothing listed) is
+        refused while the local tree has files, since pulling it would delete them
+        all: a wrong or empty prefix must not wipe a local copy. ``force=True``
+        pulls it anyway (the local tree is emptied).
+        """
         problem = ""
         for attempt in range(1, self.max_pull_attempts + 1):
             keys = self._remote_keys()
             key_set = set(keys)
+            if not force and not self.store.exists(self.prefix + INDEX_NAME):
+                local_now = self._local_files()
+                if local_now and not (key_set & set(local_now)):
+                    raise MirrorError(
+                        f"refusing to pull {self.store!r} prefix {self.prefix!r} into "
+                        f"{str(self.local_dir)!r}: no mirror was pushed there (no "
+                        f"{INDEX_NAME}) and pulling it would delete the "
+                        f"{len(local_now)} local file(s). Check the prefix, or pull with "
+                        "force=True to empty the local copy."
+                    )
             pointers = self._read_pointers(keys)
             if pointers is None:
                 problem = "a pointer file vanished while it was read"

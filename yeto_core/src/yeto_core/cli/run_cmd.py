@@ -109,6 +109,7 @@ def up(config_path: str, run_dir: Optional[str], dry_run: bool) -> None:
       5   stopped by the wall-clock backstop
       6   stopped by the silence backstop
       7   another head runs on this run dir
+      8   stopped by a run health breaker ([breakers])
       130 interrupted (Ctrl-C); the run was stopped cleanly
     """
     from yeto_core import run as run_mod

@@ -236,7 +236,7 @@ class DriverLifecycle(TrainerLifecycle):
         rec = self.restored_cut
         if rec is None and self.ledger_set_aside_before is not None:
             self.ledger_set_aside = self.ledger.start_from_base(
-                set_aside_before=self.ledger_set_aside_before
+                set_aside_before=self.ledger_set_aside_before, incarnation=incarnation
             )
             return
         self.ledger_set_aside = self.ledger.rebase(

@@ -282,7 +282,8 @@ class TrainerBackend(Port):
     def prepare_base(cls, options: Mapping[str, Any], model_dir: Path) -> Path:
         """Build the base checkpoint in ``model_dir`` (``[model] base_options``).
 
-        Optional: ``yeto run up`` calls it when ``model.path`` holds no model and
+        Optional: ``yeto run up`` calls it when ``model.path`` holds no model,
+        ``model.base_options`` asks for a build (never for a mistyped path) and
         ``cls.implements("prepare_base")``.
         """
         raise NotImplementedError(f"the {cls.PLUGIN_NAME!r} backend cannot build a base model")

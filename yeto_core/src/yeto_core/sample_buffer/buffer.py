@@ -7,6 +7,7 @@ rounds and incremental reads.
 from __future__ import annotations
 
 import collections
+import hashlib
 import socket
 import time
 from collections.abc import Callable, Iterable
@@ -208,14 +209,16 @@ class FileSampleBuffer(DurableSampleBuffer):
         if known is not None:
             return known
         payload = self.payload_key(gid)
-        if not self.store.put_if_absent(payload, encode_group(group)):
+        data = encode_group(group)
+        if not self.store.put_if_absent(payload, data):
             # A payload exists: an earlier append of this id (maybe one that crashed
             # before its index record). Look for it in the index.
             self._catch_up()
             known = self._ids.get(gid)
             if known is not None:
                 return known
-        make = self._record_maker(group, payload)
+            data = self.store.get(payload)  # the record must name the bytes that are there
+        make = self._record_maker(group, payload, _digest(data))
         if self._jsonl is not None:
             pos, recs, _ = self._jsonl.append(gid, make)
             self._ingest(r for r in recs if r["position"] >= self._head)
@@ -232,14 +235,18 @@ class FileSampleBuffer(DurableSampleBuffer):
         if gid in shard.ids:
             return shard.ids[gid]
         payload = self.payload_key(gid)
-        if not self.store.put_if_absent(payload, encode_group(group)):
+        data = encode_group(group)
+        if not self.store.put_if_absent(payload, data):
             shard.read_new()
             if gid in shard.ids:
                 return shard.ids[gid]
-        pos, _recs, _ = shard.append(gid, self._record_maker(group, payload))
+            data = self.store.get(payload)
+        pos, _recs, _ = shard.append(gid, self._record_maker(group, payload, _digest(data)))
         return pos
 
-    def _record_maker(self, group: SampleGroup, payload: str) -> Callable[[int], dict[str, Any]]:
+    def _record_maker(
+        self, group: SampleGroup, payload: str, digest: str
+    ) -> Callable[[int], dict[str, Any]]:
         versions = [int(s.weight_version) for s in group.samples]
         base = {
             "group_id": group.group_id,
@@ -252,6 +259,7 @@ class FileSampleBuffer(DurableSampleBuffer):
             "appended_at": float(self.clock()),
             "payload": payload,
             "seq": -1,
+            "digest": digest,
         }
         if self.layout == "shards":
             base["host"] = self.host
@@ -270,6 +278,12 @@ class FileSampleBuffer(DurableSampleBuffer):
                 f"payload {entry.payload!r} of position {entry.position} is missing from the "
                 "store; the buffer was pruned or copied partially"
             ) from None
+        if entry.digest and _digest(data) != entry.digest:
+            raise SampleBufferError(
+                f"payload {entry.payload!r} of position {entry.position} does not match the "
+                f"digest its index record took at append (sha256 {_digest(data)[:16]}..., "
+                f"recorded {entry.digest[:16]}...): the object was damaged in the store"
+            )
         group = decode_group(data, where=entry.payload)
         if group.group_id != entry.group_id:
             raise SampleBufferError(
@@ -452,3 +466,7 @@ def open_buffer(store: ObjectStore, **options: Any) -> FileSampleBuffer:
             "plugins.open_store(url) first"
         )
     return FileSampleBuffer(store, **options)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

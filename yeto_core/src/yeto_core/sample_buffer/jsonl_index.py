@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from yeto_core.errors import SampleBufferError
-from yeto_core.records import Event
+from yeto_core.records import CORRUPT_INDEX_HOST, Event
 from yeto_core.sample_buffer.codec import decode_record, encode_record
 from yeto_core.stores.fsync import fsync_dir
 
@@ -37,6 +37,7 @@ class JsonlIndex:
         self.fsync = fsync
         self.offset = 0  # bytes of complete, checked lines read
         self.count = 0  # records read (the next position)
+        self.quarantined = 0  # complete lines that failed their checksum
         self.ids: dict[str, int] = {}
         self.events = events if events is not None else []
         self._rfd: Optional[int] = None
@@ -78,13 +79,10 @@ class JsonlIndex:
                 break  # an unterminated tail: being written now, or torn by a crash
             rec = decode_record(data[start:nl])
             if rec is None:
-                if data.find(b"\n", nl + 1) >= 0:
-                    raise SampleBufferError(
-                        f"{self.path}: the line at byte {self.offset} fails its checksum and is "
-                        "followed by good lines; this is corruption, not a crash. Restore the "
-                        "index from a backup"
-                    )
-                break  # a torn last line: never parsed; the next appender repairs it
+                # A complete line (it ends in a newline) that fails its checksum is
+                # damage, not a torn write: only an unterminated tail is torn. Its
+                # position stays taken by a quarantined stand-in, nothing is cut.
+                rec = self._quarantine(data[start:nl])
             if rec.get("position") != self.count:
                 raise SampleBufferError(
                     f"{self.path}: line at byte {self.offset} holds position "
@@ -98,6 +96,42 @@ class JsonlIndex:
         return out
 
     # writing ------------------------------------------------------------------------
+
+    def _quarantine(self, line: bytes) -> dict[str, Any]:
+        """The stand-in record of a complete line that fails its checksum (counted)."""
+        self.quarantined += 1
+        msg = (
+            f"{self.path}: the complete line at byte {self.offset} (position {self.count}) "
+            "fails its checksum; it is quarantined (its group is skipped as 'quarantined'), "
+            "not truncated"
+        )
+        log.warning(msg)
+        self.events.append(
+            Event(
+                kind="buffer.index_line_quarantined",
+                time=time.time(),
+                source=str(self.path),
+                data={
+                    "offset": self.offset,
+                    "position": self.count,
+                    "bytes": len(line) + 1,
+                    "head": line[:80].hex(),
+                    "quarantined": self.quarantined,
+                },
+            )
+        )
+        return {
+            "position": self.count,
+            "group_id": f"corrupt-index-line-{self.count}",
+            "prompt_id": "",
+            "host": CORRUPT_INDEX_HOST,
+            "incarnation": -1,
+            "n_samples": 0,
+            "min_version": 0,
+            "max_version": 0,
+            "appended_at": 0.0,
+            "payload": "",
+        }
 
     def _open_for_write(self) -> None:
         if self._wfd is not None:
