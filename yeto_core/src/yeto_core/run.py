@@ -93,6 +93,7 @@ from yeto_core.run_summary import summarize
 #: full disk) for this long with failing ticks in a row, then stops the run cleanly.
 STORE_OUTAGE_LIMIT_S = 120.0
 
+
 def backstop_reason(
     *,
     cost_usd: float,
