@@ -1,0 +1,244 @@
+"""``yeto miles doctor``: does the installed Miles still fit yeto's adapter?
+
+:func:`describe` imports the live Miles and describes what yeto relies on:
+``Sample``'s fields and types, its ``Status`` values, the rollout input/output
+records, the default rollout log function's parameters and the option strings
+of Miles' argument parser. :func:`compare` checks a description against the
+one recorded from Miles' source at the pinned commit (``miles_interface.json``)
+and returns one row per check with what to change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import inspect
+import json
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import attrs
+
+from yeto_miles import inventory
+
+RECORDED = Path(__file__).with_name("miles_interface.json")
+#: Sample fields yeto writes or reads; a change to one of them breaks the adapter.
+USED_FIELDS = (
+    "group_index",
+    "index",
+    "tokens",
+    "response_length",
+    "reward",
+    "loss_mask",
+    "weight_versions",
+    "rollout_log_probs",
+    "rollout_routed_experts",
+    "remove_sample",
+    "status",
+    "metadata",
+)
+USED_STATUS = ("completed", "truncated", "aborted", "failed")
+_MODULE_PREFIX = re.compile(r"\b(?:[a-z_][a-z0-9_]*\.)+(?=[A-Z_])")
+
+
+def recorded() -> dict[str, Any]:
+    """The description recorded from Miles' source at the pinned commit."""
+    return json.loads(RECORDED.read_text())
+
+
+def type_name(tp: Any) -> str:
+    """A field type as text: ``int | None``, ``list[int]``, ``numpy.ndarray | None``."""
+    if isinstance(tp, str):
+        return tp
+    if isinstance(tp, type) and not getattr(tp, "__args__", None):
+        return tp.__qualname__.rsplit(".", 1)[-1] if "." in tp.__qualname__ else tp.__qualname__
+    return _MODULE_PREFIX.sub("", str(tp))
+
+
+def _fields(cls: Any) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _params(fn: Any) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+def describe(import_module: Any = importlib.import_module) -> dict[str, Any]:
+    """Describe the importable Miles; a part that does not import is an ``error``."""
+    out: dict[str, Any] = {"sample": None, "classes": {}, "functions": {}, "flags": None}
+    errors: dict[str, str] = {}
+    try:
+        sample = import_module("miles.utils.types").Sample
+        out["sample"] = {
+            "fields": {f.name: type_name(f.type) for f in dataclasses.fields(sample)},
+            "status": [m.value for m in sample.Status],
+            "methods": [m for m in ("validate", "to_dict", "from_dict") if hasattr(sample, m)],
+        }
+    except Exception as exc:  # noqa: BLE001 (the doctor reports whatever breaks)
+        errors["miles.utils.types"] = f"{type(exc).__name__}: {exc}"
+    for name in ("RolloutFnConstructorInput", "RolloutFnTrainInput", "RolloutFnTrainOutput"):
+        try:
+            out["classes"][name] = _fields(getattr(import_module("miles.rollout.base_types"), name))
+        except Exception as exc:  # noqa: BLE001
+            errors[f"miles.rollout.base_types.{name}"] = f"{type(exc).__name__}: {exc}"
+    for mod, fn in (
+        ("miles.ray.rollout.metrics", "log_rollout_data"),
+        ("miles.rollout.base_types", "call_rollout_fn"),
+    ):
+        try:
+            out["functions"][f"{mod}.{fn}"] = _params(getattr(import_module(mod), fn))
+        except Exception as exc:  # noqa: BLE001
+            errors[f"{mod}.{fn}"] = f"{type(exc).__name__}: {exc}"
+    try:
+        parser = argparse.ArgumentParser(add_help=False)
+        import_module("miles.utils.arguments").get_miles_extra_args_provider()(parser)
+        out["flags"] = sorted({s for a in parser._actions for s in a.option_strings})
+    except Exception as exc:  # noqa: BLE001
+        errors["miles.utils.arguments"] = f"{type(exc).__name__}: {exc}"
+    out["errors"] = errors
+    return out
+
+
+@attrs.frozen
+class Row:
+    check: str
+    status: str  # ok, FAIL, warn
+    found: str
+    change: str = ""
+
+
+def compare(live: dict[str, Any], expected: Optional[dict[str, Any]] = None) -> list[Row]:
+    """One row per check of ``live`` against ``expected`` (the recorded description)."""
+    exp = expected or recorded()
+    commit = exp.get("miles_commit", "?")[:9]
+    rows: list[Row] = []
+    for where, err in sorted((live.get("errors") or {}).items()):
+        rows.append(
+            Row(where, "FAIL", f"does not import: {err}", "run the doctor in the Miles image")
+        )
+    sample = live.get("sample")
+    if sample is not None:
+        have, want = sample["fields"], exp["sample"]["fields"]
+        for name in sorted(set(want) | set(have)):
+            used = name in USED_FIELDS
+            if name not in have:
+                rows.append(
+                    Row(
+                        f"Sample.{name}",
+                        "FAIL" if used else "warn",
+                        f"missing (was {want[name]} at {commit})",
+                        "yeto_miles.convert writes it: adapt to_miles_sample" if used else "",
+                    )
+                )
+            elif name not in want:
+                rows.append(Row(f"Sample.{name}", "warn", f"new field: {have[name]}", ""))
+            elif have[name] != want[name]:
+                rows.append(
+                    Row(
+                        f"Sample.{name}",
+                        "FAIL" if used else "warn",
+                        f"type {have[name]} (was {want[name]} at {commit})",
+                        "adapt yeto_miles.convert.to_miles_sample to the new type" if used else "",
+                    )
+                )
+            elif used:
+                rows.append(Row(f"Sample.{name}", "ok", have[name]))
+        missing = [s for s in USED_STATUS if s not in sample["status"]]
+        rows.append(
+            Row(
+                "Sample.Status",
+                "FAIL" if missing else "ok",
+                ", ".join(sample["status"]),
+                f"values {missing} are gone: map yeto's statuses anew" if missing else "",
+            )
+        )
+        if "validate" not in sample["methods"]:
+            rows.append(Row("Sample.validate", "warn", "missing", "samples go unchecked"))
+    for name, want in sorted(exp["classes"].items()):
+        have = live["classes"].get(name)
+        if have is None:
+            continue
+        lost = [f for f in want if f not in have]
+        rows.append(
+            Row(
+                name,
+                "FAIL" if lost else "ok",
+                f"fields {', '.join(have)}",
+                f"fields {lost} are gone: adapt yeto_miles.rollout" if lost else "",
+            )
+        )
+    for name, want in sorted(exp["functions"].items()):
+        have = live["functions"].get(name)
+        if have is None:
+            continue
+        rows.append(
+            Row(
+                f"{name}()",
+                "ok" if have == want else "FAIL",
+                f"({', '.join(have)})",
+                "" if have == want else f"was ({', '.join(want)}): adapt yeto_miles.rollout",
+            )
+        )
+    flags = live.get("flags")
+    if flags is not None:
+        have_flags = set(flags)
+        for name, flag in inventory.FLAGS.items():
+            ok = name in have_flags
+            rows.append(
+                Row(
+                    f"flag {name}",
+                    "ok" if ok else ("warn" if flag.role == "refuses" else "FAIL"),
+                    f"{flag.role}: {'in' if ok else 'not in'} Miles' parser",
+                    "" if ok else f"yeto {flag.role} it ({flag.why}); update yeto_miles.inventory",
+                )
+            )
+    return rows
+
+
+def render(rows: list[Row]) -> str:
+    width = max((len(r.check) for r in rows), default=5)
+    lines = [f"{'check':{width}}  status  found / what to change"]
+    for r in rows:
+        line = f"{r.check:{width}}  {r.status:6}  {r.found}"
+        if r.change:
+            line += f"  -> {r.change}"
+        lines.append(line)
+    fails = sum(r.status == "FAIL" for r in rows)
+    lines.append(
+        f"{fails} failing check(s) of {len(rows)}; recorded Miles "
+        f"{inventory.MILES_COMMITS[1][:9]} ({inventory.MILES_COMMIT_DATE})"
+    )
+    return "\n".join(lines)
+
+
+def doctor_command() -> Any:
+    import click
+
+    @click.group(name="miles")
+    def miles() -> None:
+        """The Miles trainer backend."""
+
+    @miles.command()
+    @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+    @click.option(
+        "--description",
+        type=click.Path(exists=True, dir_okay=False),
+        help="Check a saved description (JSON) instead of the importable Miles.",
+    )
+    def doctor(as_json: bool, description: Optional[str]) -> None:
+        """Check the installed Miles against what yeto's adapter relies on."""
+        live = json.loads(Path(description).read_text()) if description else describe()
+        rows = compare(live)
+        if as_json:
+            click.echo(json.dumps([attrs.asdict(r) for r in rows], indent=1))
+        else:
+            click.echo(render(rows))
+        if any(r.status == "FAIL" for r in rows):
+            raise SystemExit(1)
+
+    return miles
+
+
+__all__ = ["Row", "compare", "describe", "recorded", "render", "type_name"]
