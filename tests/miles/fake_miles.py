@@ -67,6 +67,10 @@ def make_sample_class(description: dict[str, Any]) -> type:
     cls.Status = status
     if "validate" in desc["methods"]:
         cls.validate = _validate
+    if "to_dict" in desc["methods"]:
+        cls.to_dict = lambda self: dict(self.__dict__, status=self.status.value)
+    if "from_dict" in desc["methods"]:
+        cls.from_dict = staticmethod(lambda d: cls(**dict(d, status=status(d["status"]))))
     return cls
 
 
