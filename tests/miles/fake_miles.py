@@ -89,7 +89,7 @@ def build(description: Optional[dict[str, Any]] = None, log_path: Optional[Path]
     base.call_rollout_fn = call_rollout_fn
     params = description["functions"]["miles.ray.rollout.metrics.log_rollout_data"]
     ns: dict[str, Any] = {"_record": lambda *a: _record(log_path, *a)}
-    exec(f"def log_rollout_data({', '.join(params)}):\n    _record({', '.join(params)})\n", ns)  # noqa: S102
+    exec(f"def log_rollout_data({', '.join(params)}):\n    _record({', '.join(params)})\n", ns)
     mods["miles.ray.rollout.metrics"].log_rollout_data = ns["log_rollout_data"]
     flags = list(description["flags"])
 

@@ -23,16 +23,22 @@ import json
 import sys
 from pathlib import Path
 
+import fake_miles
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-import fake_miles
-
 LR = 0.01
 PARAM = "model.norm.weight"
-ARCH = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-        "num_attention_heads", "num_key_value_heads", "max_position_embeddings")
+ARCH = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+)
 
 
 def load_function(path):
@@ -96,7 +102,9 @@ def main() -> int:
             return 3
         if is_class:
             base = sys.modules["miles.rollout.base_types"]
-            out = asyncio.run(fn(base.RolloutFnTrainInput(rollout_id=rollout_id, weight_version=None)))
+            out = asyncio.run(
+                fn(base.RolloutFnTrainInput(rollout_id=rollout_id, weight_version=None))
+            )
             groups, metrics = out.samples, out.metrics
         else:
             groups, metrics = fn(args, rollout_id, None, evaluation=False), None
@@ -107,7 +115,7 @@ def main() -> int:
         delta = 0.0
         for g in groups:
             adv = group_advantages([s.reward for s in g])
-            for s, a in zip(g, adv):
+            for s, a in zip(g, adv, strict=True):
                 delta += a * sum(s.loss_mask) * (0 if s.remove_sample else 1)
         state[PARAM] = state[PARAM] + LR * (1.0 + delta / args.global_batch_size)
         ckpt = save / f"iter_{rollout_id:07d}"

@@ -6,10 +6,10 @@ import copy
 import itertools
 import json
 
+import fake_miles
 import pytest
 from click.testing import CliRunner
 
-import fake_miles
 from yeto_core.cli import cli
 from yeto_core.errors import ConfigError
 from yeto_miles import inventory
@@ -35,8 +35,9 @@ def test_describe_reads_the_live_modules(miles_modules):
     rec = recorded()
     assert live["sample"] == rec["sample"]
     assert live["classes"] == rec["classes"]
-    assert live["functions"]["miles.ray.rollout.metrics.log_rollout_data"] == (
-        rec["functions"]["miles.ray.rollout.metrics.log_rollout_data"]
+    assert (
+        live["functions"]["miles.ray.rollout.metrics.log_rollout_data"]
+        == (rec["functions"]["miles.ray.rollout.metrics.log_rollout_data"])
     )
     assert set(live["flags"]) == set(rec["flags"])
     assert not _fails(compare(live))
@@ -109,7 +110,9 @@ KW = dict(python="python", entry="train.py", model_dir="/m", load_dir="/l", save
 
 
 def _all_commands():
-    for ref, routed, form in itertools.product((None, "/ref"), (False, True), ("function", "class")):
+    for ref, routed, form in itertools.product(
+        (None, "/ref"), (False, True), ("function", "class")
+    ):
         yield inventory.miles_command(**KW, ref_load=ref, routed_experts=routed, rollout_form=form)
 
 

@@ -49,7 +49,9 @@ def test_release_from_transformers_export(tmp_path, base_dir):
     assert torch.allclose(loaded.model.norm.weight, torch.full_like(loaded.model.norm.weight, 1.5))
     assert info["kind"] == "full" and info["weight_checksum"] == weight_checksum(export)
     assert info["weight_checksum"] != weight_checksum(base_dir)
-    rel = ReleaseStore(DirStore(tmp_path / "store", fsync=False)).publish(out, dict(info, version=4))
+    rel = ReleaseStore(DirStore(tmp_path / "store", fsync=False)).publish(
+        out, dict(info, version=4)
+    )
     assert {f.name for f in rel.files} >= {"config.json", "model.safetensors", "tokenizer.json"}
 
 
@@ -87,7 +89,9 @@ def test_cut_around_megatron_iter_dir(tmp_path, base_dir):
     out = tmp_path / "cut-out"
     backend.save_cut(out, Trigger.SCHEDULED)
     assert (out / "latest_checkpointed_iteration.txt").read_text().strip() == "6"
-    assert (out / iter_name(6) / "mp_rank_00" / "model_optim_rng.pt").read_bytes() == b"megatron shard 6"
+    assert (
+        out / iter_name(6) / "mp_rank_00" / "model_optim_rng.pt"
+    ).read_bytes() == b"megatron shard 6"
     assert (out / "hf" / "config.json").is_file()
     state = json.loads((out / STATE_FILE).read_text())
     assert state["rollout_id"] == 6 and state["trained_rounds"] == 7 and not state["from_base"]

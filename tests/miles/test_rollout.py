@@ -86,7 +86,9 @@ def test_rounds_become_miles_groups(setup, miles_modules):
                 group(1, version=1, routed=True).samples[1],
             ),
         ),
-        attrs.evolve(group(2, version=1, routed=True), samples=group(2, version=1, routed=True).samples[:1]),
+        attrs.evolve(
+            group(2, version=1, routed=True), samples=group(2, version=1, routed=True).samples[:1]
+        ),
         _bad_experts(group(3, version=1, routed=True)),
     ]
     for g in first:

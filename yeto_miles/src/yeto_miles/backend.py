@@ -38,7 +38,7 @@ from yeto_core.errors import ConfigError, CutError
 from yeto_core.ports import TrainerBackend
 from yeto_core.records import Trigger
 from yeto_miles import inventory
-from yeto_miles.bridge import Bridge, BridgeError
+from yeto_miles.bridge import Bridge
 from yeto_miles.release import publish_from_export
 
 CUT_FORMAT = 1
@@ -86,7 +86,7 @@ def _stop(proc: Optional[subprocess.Popen], bridge: Optional[Bridge], grace_s: f
     if bridge is not None:
         try:
             bridge.close()
-        except Exception:  # noqa: BLE001 (closing is best effort; the process is killed below)
+        except Exception:
             pass
     if proc is None or proc.poll() is not None:
         return
@@ -265,7 +265,7 @@ class MilesBackend(TrainerBackend):
         )
         cmd = self.command(load_dir)
         (self.workdir / "miles_command.json").write_text(json.dumps(cmd, indent=1) + "\n")
-        log = open(self.log_path, "ab")  # noqa: SIM115 (the child keeps it open)
+        log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(
                 cmd,
@@ -392,9 +392,10 @@ class MilesBackend(TrainerBackend):
     def publish_release(self, out_dir: Path) -> dict[str, Any]:
         """The release of the last trained round's HF export (the base before the first)."""
         if self.last_saved is not None:
-            src = Path(self.last_saved.get("hf_dir") or self.hf_template.format(
-                rollout_id=self.last_saved["rollout_id"]
-            ))
+            src = Path(
+                self.last_saved.get("hf_dir")
+                or self.hf_template.format(rollout_id=self.last_saved["rollout_id"])
+            )
         elif self.restored is not None and (self.restored / "hf").is_dir():
             src = self.restored / "hf"
         else:

@@ -76,12 +76,12 @@ def describe(import_module: Any = importlib.import_module) -> dict[str, Any]:
             "status": [m.value for m in sample.Status],
             "methods": [m for m in ("validate", "to_dict", "from_dict") if hasattr(sample, m)],
         }
-    except Exception as exc:  # noqa: BLE001 (the doctor reports whatever breaks)
+    except Exception as exc:
         errors["miles.utils.types"] = f"{type(exc).__name__}: {exc}"
     for name in ("RolloutFnConstructorInput", "RolloutFnTrainInput", "RolloutFnTrainOutput"):
         try:
             out["classes"][name] = _fields(getattr(import_module("miles.rollout.base_types"), name))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors[f"miles.rollout.base_types.{name}"] = f"{type(exc).__name__}: {exc}"
     for mod, fn in (
         ("miles.ray.rollout.metrics", "log_rollout_data"),
@@ -89,13 +89,13 @@ def describe(import_module: Any = importlib.import_module) -> dict[str, Any]:
     ):
         try:
             out["functions"][f"{mod}.{fn}"] = _params(getattr(import_module(mod), fn))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors[f"{mod}.{fn}"] = f"{type(exc).__name__}: {exc}"
     try:
         parser = argparse.ArgumentParser(add_help=False)
         import_module("miles.utils.arguments").get_miles_extra_args_provider()(parser)
         out["flags"] = sorted({s for a in parser._actions for s in a.option_strings})
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         errors["miles.utils.arguments"] = f"{type(exc).__name__}: {exc}"
     out["errors"] = errors
     return out

@@ -17,7 +17,10 @@ import attrs
 from yeto_core.errors import ConfigError
 
 #: The Miles commits the inventory was checked against (first, last), by reading the source.
-MILES_COMMITS = ("31f1ca961a94cb860cec3b2dea34ec332bfa8f76", "31f1ca961a94cb860cec3b2dea34ec332bfa8f76")
+MILES_COMMITS = (
+    "31f1ca961a94cb860cec3b2dea34ec332bfa8f76",
+    "31f1ca961a94cb860cec3b2dea34ec332bfa8f76",
+)
 MILES_COMMIT_DATE = "2026-08-21"
 
 #: The functions Miles imports from yeto (``module:attribute`` as Miles' path flags take them).
@@ -169,7 +172,7 @@ def miles_command(
     problems = check_user_args(miles_args)
     if problems:
         raise ConfigError(
-            "trainer.backend_options.miles_args: " + "; ".join(problems) + f" (see docs/miles.md)"
+            "trainer.backend_options.miles_args: " + "; ".join(problems) + " (see docs/miles.md)"
         )
     cmd = [
         python,
