@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import types
 
 import fake_miles
 import pytest
@@ -104,16 +105,22 @@ def test_doctor_cli(tmp_path):
 
 # -- the inventory --------------------------------------------------------------------------
 
-KW = dict(python="python", entry="train.py", model_dir="/m", load_dir="/l", save_dir="/s",
+KW = dict(python="python", entry="train.py", model_dir="/m", save_dir="/s",
           hf_template="/h/{rollout_id}", num_rollout=10, groups_per_round=4, group_size=8,
-          custom_config="/c.yaml", seed=0)  # fmt: skip
+          seed=0, ref_load=None, routed_experts=False, rollout_form="function",
+          miles_args=())  # fmt: skip
+
+
+def _cmd(**kw):
+    spec = types.SimpleNamespace(**dict(KW, **kw))
+    return inventory.miles_command(spec, load_dir="/l", custom_config="/c.yaml")
 
 
 def _all_commands():
     for ref, routed, form in itertools.product(
         (None, "/ref"), (False, True), ("function", "class")
     ):
-        yield inventory.miles_command(**KW, ref_load=ref, routed_experts=routed, rollout_form=form)
+        yield _cmd(ref_load=ref, routed_experts=routed, rollout_form=form)
 
 
 def test_every_flag_yeto_sets_is_inventoried():
@@ -126,19 +133,17 @@ def test_every_flag_yeto_sets_is_inventoried():
         used.update(flags)
     assert used == set(inventory.flags_with_role("sets")), "inventory lists flags yeto never sets"
     assert inventory.MILES_COMMITS[0] and inventory.MILES_COMMITS[1]
-    cmd = inventory.miles_command(**KW)
+    cmd = _cmd()
     assert cmd[cmd.index("--global-batch-size") + 1] == "32"
 
 
 def test_user_args_may_not_override_or_reenable():
     user = ["--tensor-model-parallel-size", "2", "--lr", "1e-6"]
-    cmd = inventory.miles_command(**KW, miles_args=user)
-    assert cmd[-4:] == user and inventory.set_flags(cmd, user) == inventory.set_flags(
-        inventory.miles_command(**KW)
-    )
+    cmd = _cmd(miles_args=user)
+    assert cmd[-4:] == user and inventory.set_flags(cmd, user) == inventory.set_flags(_cmd())
     for bad, why in (("--async-save", "refuses"), ("--save-interval=5", "sets it itself"),
                      ("--colocate", "refuses"), ("--num-rollout", "sets it itself")):  # fmt: skip
         with pytest.raises(ConfigError, match=why):
-            inventory.miles_command(**KW, miles_args=[bad])
+            _cmd(miles_args=[bad])
     with pytest.raises(ConfigError, match="rollout_form"):
-        inventory.miles_command(**KW, rollout_form="async")
+        _cmd(rollout_form="async")

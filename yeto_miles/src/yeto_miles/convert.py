@@ -86,44 +86,27 @@ def to_miles_groups(
 ) -> list[list[Any]]:
     """The Miles groups of one round: real groups in position order, then padding groups."""
     cls = cls or sample_class()
-    if len(padding) % group_size:
-        raise ValueError(
-            f"{len(padding)} padding samples is not a whole number of groups of {group_size}"
-        )
+    rows: list[tuple[Sequence[YetoSample], Optional[Any], Optional[int]]] = [
+        (g.samples, g, int(p)) for g, p in zip(groups, positions, strict=True)
+    ]
+    rows += [(padding[k : k + group_size], None, None) for k in range(0, len(padding), group_size)]
     out: list[list[Any]] = []
     index = rollout_id * groups_per_round * group_size
-    for g, (group, pos) in enumerate(zip(groups, positions, strict=True)):
-        if len(group.samples) != group_size:
+    for g, (samples, grp, pos) in enumerate(rows):
+        if len(samples) != group_size:
             raise ValueError(
-                f"group at position {pos} has {len(group.samples)} samples, the round needs "
-                f"{group_size}; the reader keeps only whole groups"
+                f"a group of {len(samples)} samples (position {pos}) in a round of groups of "
+                f"{group_size}; the reader keeps only whole groups and pads in whole groups"
             )
         row = []
-        for i, s in enumerate(group.samples):
-            meta = {"yeto_position": int(pos), "yeto_group_id": group.group_id, "yeto_sample": i}
+        for i, s in enumerate(samples):
+            meta = {} if grp is None else {"yeto_position": pos, "yeto_group_id": grp.group_id}
+            if grp is not None:
+                meta["yeto_sample"] = i
+            gi = rollout_id * groups_per_round + g
             row.append(
                 to_miles_sample(
-                    s,
-                    cls,
-                    group_index=rollout_id * groups_per_round + g,
-                    index=index,
-                    metadata=meta,
-                )
-            )
-            index += 1
-        out.append(row)
-    for k in range(len(padding) // group_size):
-        g = len(groups) + k
-        row = []
-        for s in padding[k * group_size : (k + 1) * group_size]:
-            row.append(
-                to_miles_sample(
-                    s,
-                    cls,
-                    group_index=rollout_id * groups_per_round + g,
-                    index=index,
-                    metadata={},
-                    padding=True,
+                    s, cls, group_index=gi, index=index, metadata=meta, padding=grp is None
                 )
             )
             index += 1
@@ -153,14 +136,3 @@ def padding_metrics(samples: Iterable[Any]) -> dict[str, float]:
         "rollout/padded_samples": float(pad),
         "rollout/padded_fraction": float(pad) / len(flat) if flat else 0.0,
     }
-
-
-__all__ = [
-    "PAD_KEY",
-    "MilesUnavailableError",
-    "is_padding",
-    "padding_metrics",
-    "sample_class",
-    "to_miles_groups",
-    "to_miles_sample",
-]

@@ -112,88 +112,50 @@ class Row:
 def compare(live: dict[str, Any], expected: Optional[dict[str, Any]] = None) -> list[Row]:
     """One row per check of ``live`` against ``expected`` (the recorded description)."""
     exp = expected or recorded()
-    commit = exp.get("miles_commit", "?")[:9]
-    rows: list[Row] = []
-    for where, err in sorted((live.get("errors") or {}).items()):
-        rows.append(
-            Row(where, "FAIL", f"does not import: {err}", "run the doctor in the Miles image")
-        )
+    was = f"at {exp.get('miles_commit', '?')[:9]}"
+    rows = [
+        Row(where, "FAIL", f"does not import: {err}", "run the doctor in the Miles image")
+        for where, err in sorted((live.get("errors") or {}).items())
+    ]
     sample = live.get("sample")
     if sample is not None:
         have, want = sample["fields"], exp["sample"]["fields"]
         for name in sorted(set(want) | set(have)):
-            used = name in USED_FIELDS
+            bad, fix = ("FAIL", "adapt yeto_miles.convert") if name in USED_FIELDS else ("warn", "")
             if name not in have:
-                rows.append(
-                    Row(
-                        f"Sample.{name}",
-                        "FAIL" if used else "warn",
-                        f"missing (was {want[name]} at {commit})",
-                        "yeto_miles.convert writes it: adapt to_miles_sample" if used else "",
-                    )
-                )
+                rows.append(Row(f"Sample.{name}", bad, f"missing (was {want[name]} {was})", fix))
             elif name not in want:
-                rows.append(Row(f"Sample.{name}", "warn", f"new field: {have[name]}", ""))
+                rows.append(Row(f"Sample.{name}", "warn", f"new field: {have[name]}"))
             elif have[name] != want[name]:
-                rows.append(
-                    Row(
-                        f"Sample.{name}",
-                        "FAIL" if used else "warn",
-                        f"type {have[name]} (was {want[name]} at {commit})",
-                        "adapt yeto_miles.convert.to_miles_sample to the new type" if used else "",
-                    )
-                )
-            elif used:
+                found = f"type {have[name]} (was {want[name]} {was})"
+                rows.append(Row(f"Sample.{name}", bad, found, fix))
+            elif name in USED_FIELDS:
                 rows.append(Row(f"Sample.{name}", "ok", have[name]))
-        missing = [s for s in USED_STATUS if s not in sample["status"]]
+        gone = [s for s in USED_STATUS if s not in sample["status"]]
+        fix = f"values {gone} are gone: map yeto's statuses anew" if gone else ""
         rows.append(
-            Row(
-                "Sample.Status",
-                "FAIL" if missing else "ok",
-                ", ".join(sample["status"]),
-                f"values {missing} are gone: map yeto's statuses anew" if missing else "",
-            )
+            Row("Sample.Status", "FAIL" if gone else "ok", ", ".join(sample["status"]), fix)
         )
         if "validate" not in sample["methods"]:
             rows.append(Row("Sample.validate", "warn", "missing", "samples go unchecked"))
     for name, want in sorted(exp["classes"].items()):
         have = live["classes"].get(name)
-        if have is None:
-            continue
-        lost = [f for f in want if f not in have]
-        rows.append(
-            Row(
-                name,
-                "FAIL" if lost else "ok",
-                f"fields {', '.join(have)}",
-                f"fields {lost} are gone: adapt yeto_miles.rollout" if lost else "",
-            )
-        )
+        if have is not None:
+            lost = [f for f in want if f not in have]
+            fix = f"fields {lost} are gone: adapt yeto_miles.rollout" if lost else ""
+            rows.append(Row(name, "FAIL" if lost else "ok", f"fields {', '.join(have)}", fix))
     for name, want in sorted(exp["functions"].items()):
         have = live["functions"].get(name)
-        if have is None:
-            continue
-        rows.append(
-            Row(
-                f"{name}()",
-                "ok" if have == want else "FAIL",
-                f"({', '.join(have)})",
-                "" if have == want else f"was ({', '.join(want)}): adapt yeto_miles.rollout",
-            )
-        )
-    flags = live.get("flags")
-    if flags is not None:
-        have_flags = set(flags)
+        if have is not None:
+            fix = "" if have == want else f"was ({', '.join(want)}): adapt yeto_miles.rollout"
+            rows.append(Row(f"{name}()", "FAIL" if fix else "ok", f"({', '.join(have)})", fix))
+    if live.get("flags") is not None:
         for name, flag in inventory.FLAGS.items():
-            ok = name in have_flags
-            rows.append(
-                Row(
-                    f"flag {name}",
-                    "ok" if ok else ("warn" if flag.role == "refuses" else "FAIL"),
-                    f"{flag.role}: {'in' if ok else 'not in'} Miles' parser",
-                    "" if ok else f"yeto {flag.role} it ({flag.why}); update yeto_miles.inventory",
-                )
-            )
+            ok = name in live["flags"]
+            status = "ok" if ok else ("warn" if flag.role == "refuses" else "FAIL")
+            found = f"{flag.role}: {'in' if ok else 'not in'} Miles' parser"
+            fix = "" if ok else f"yeto {flag.role} it ({flag.why}); update yeto_miles.inventory"
+            rows.append(Row(f"flag {name}", status, found, fix))
     return rows
 
 
@@ -239,6 +201,3 @@ def doctor_command() -> Any:
             raise SystemExit(1)
 
     return miles
-
-
-__all__ = ["Row", "compare", "describe", "recorded", "render", "type_name"]

@@ -8,9 +8,9 @@ fails when :func:`miles_command` sets a flag the inventory lacks.
 
 from __future__ import annotations
 
-import json
+import os
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any
 
 import attrs
 
@@ -40,83 +40,41 @@ class Flag:
     why: str
 
 
-_F = Flag
+#: name | role | why: ``sets`` (yeto passes it), ``refuses`` (not allowed in a user's ``miles_args``).
+_TABLE = """
+--rollout-function-path | sets | Miles takes each round from yeto's rollout function (the durable buffer through yeto's batch reader) instead of generating it
+--custom-rollout-log-function-path | sets | Miles' rollout logging runs over the real samples only, plus padded_samples and padded_fraction
+--custom-megatron-post-save-hook-path | sets | after every save (rank 0) the hook tells yeto the round is trained and where its iter_* checkpoint and HF export are
+--debug-train-only | sets | no SGLang engines and no weight push: samplers follow releases from the store
+--debug-skip-weight-update | sets | a second guard: Miles never pushes weights to an engine
+--disable-rollout-global-dataset | sets | prompts come from the samplers, not from a Miles dataset
+--disable-rollout-trim-samples | sets | Miles never drops a real sample to fit its global batch (yeto pads instead)
+--hf-checkpoint | sets | the base model (tokenizer, config, first weights)
+--load | sets | the restored cut's Megatron checkpoint (a missing dir from the base)
+--save | sets | where Megatron writes the iter_*/ checkpoints that cuts are made of
+--save-interval | sets | 1: every round boundary has a checkpoint, so a drain can cut at once
+--save-hf | sets | Miles' HF export each round: what a release is made of
+--num-rollout | sets | rollouts Miles runs before it exits (trainer.total_rounds)
+--rollout-batch-size | sets | groups per round (the rollout function reads it back to check)
+--n-samples-per-prompt | sets | G, samples per group (the rollout function reads it back to check)
+--global-batch-size | sets | groups per round x G: one optimizer step per round, padding included
+--custom-config-path | sets | yeto's own settings (the bridge) as args.yeto_*
+--seed | sets | the run's seed
+--ref-load | sets | the base's Megatron checkpoint, when the user gives one
+--use-rollout-routing-replay | sets | MoE: train with the experts the sampler routed to (rollout_routed_experts)
+--async-save | refuses | a cut needs the round's checkpoint complete at once
+--no-save-optim | refuses | a cut without the optimizer cannot continue training
+--colocate | refuses | the trainer island runs no engines
+--debug-rollout-only | refuses | the trainer island trains
+--load-debug-rollout-data | refuses | rounds come from the durable buffer
+--eval-interval | refuses | the trainer island runs no engines to evaluate with
+--start-rollout-id | refuses | yeto resumes from the cut's iter_* checkpoint
+--fully-async | refuses | yeto's trainer runs Miles' synchronous loop (train.py)
+--save-trigger-sentinel | refuses | every round is saved already
+"""
 FLAGS: dict[str, Flag] = {
     f.name: f
-    for f in (
-        _F(
-            "--rollout-function-path",
-            "sets",
-            "Miles takes each round from yeto's rollout function (the durable buffer through "
-            "yeto's batch reader) instead of generating it",
-        ),
-        _F(
-            "--custom-rollout-log-function-path",
-            "sets",
-            "Miles' rollout logging runs over the real samples only, plus padded_samples "
-            "and padded_fraction",
-        ),
-        _F(
-            "--custom-megatron-post-save-hook-path",
-            "sets",
-            "after every save (rank 0) the hook tells yeto the round is trained and where "
-            "its iter_* checkpoint and HF export are",
-        ),
-        _F(
-            "--debug-train-only",
-            "sets",
-            "no SGLang engines and no weight push: samplers follow releases from the store",
-        ),
-        _F(
-            "--debug-skip-weight-update",
-            "sets",
-            "a second guard: Miles never pushes weights to an engine",
-        ),
-        _F(
-            "--disable-rollout-global-dataset",
-            "sets",
-            "prompts come from the samplers, not from a Miles dataset",
-        ),
-        _F(
-            "--disable-rollout-trim-samples",
-            "sets",
-            "Miles never drops a real sample to fit its global batch (yeto pads instead)",
-        ),
-        _F("--hf-checkpoint", "sets", "the base model (tokenizer, config, first weights)"),
-        _F("--load", "sets", "the restored cut's Megatron checkpoint (an empty dir from the base)"),
-        _F("--save", "sets", "where Megatron writes iter_*/ checkpoints that cuts are made of"),
-        _F(
-            "--save-interval",
-            "sets",
-            "1: every round boundary has a checkpoint, so a drain can cut at once",
-        ),
-        _F("--save-hf", "sets", "Miles' HF export each round: what a release is made of"),
-        _F("--num-rollout", "sets", "rollouts Miles runs before it exits"),
-        _F("--rollout-batch-size", "sets", "groups per round (reads it back to check)"),
-        _F("--n-samples-per-prompt", "sets", "G, samples per group (reads it back to check)"),
-        _F(
-            "--global-batch-size",
-            "sets",
-            "groups per round x G: one optimizer step per round, padding included",
-        ),
-        _F("--custom-config-path", "sets", "yeto's own settings (the bridge) as args.yeto_*"),
-        _F("--seed", "sets", "the run's seed"),
-        _F("--ref-load", "sets", "the base's Megatron checkpoint, when the user gives one"),
-        _F(
-            "--use-rollout-routing-replay",
-            "sets",
-            "MoE: train with the experts the sampler routed to (rollout_routed_experts)",
-        ),
-        _F("--async-save", "refuses", "a cut needs the round's checkpoint complete at once"),
-        _F("--no-save-optim", "refuses", "a cut without the optimizer cannot continue training"),
-        _F("--colocate", "refuses", "the trainer island runs no engines"),
-        _F("--debug-rollout-only", "refuses", "the trainer island trains"),
-        _F("--load-debug-rollout-data", "refuses", "rounds come from the durable buffer"),
-        _F("--eval-interval", "refuses", "the trainer island runs no engines to evaluate with"),
-        _F("--start-rollout-id", "refuses", "yeto resumes from the cut's iter_* checkpoint"),
-        _F("--fully-async", "refuses", "yeto's trainer runs Miles' synchronous loop (train.py)"),
-        _F("--save-trigger-sentinel", "refuses", "every round is saved already"),
-    )
+    for f in (Flag(*(x.strip() for x in line.split("|"))) for line in _TABLE.strip().splitlines())
 }
 
 
@@ -145,25 +103,13 @@ def set_flags(command: Sequence[str], user_args: Sequence[str] = ()) -> list[str
     return [a for a in mine if str(a).startswith("--")]
 
 
-def miles_command(
-    *,
-    python: str,
-    entry: str,
-    model_dir: str,
-    load_dir: str,
-    save_dir: str,
-    hf_template: str,
-    num_rollout: int,
-    groups_per_round: int,
-    group_size: int,
-    custom_config: str,
-    seed: int,
-    ref_load: Optional[str] = None,
-    routed_experts: bool = False,
-    rollout_form: str = "function",
-    miles_args: Sequence[str] = (),
-) -> list[str]:
-    """The exact command line of a trainer incarnation (user ``miles_args`` last)."""
+def miles_command(spec: Any, *, load_dir: str, custom_config: str) -> list[str]:
+    """The exact command line of a trainer incarnation (the user's ``miles_args`` last).
+
+    ``spec`` has ``python, entry, model_dir, save_dir, hf_template, num_rollout,
+    groups_per_round, group_size, seed, ref_load, routed_experts, rollout_form, miles_args``.
+    """
+    rollout_form, miles_args = spec.rollout_form, spec.miles_args
     if rollout_form not in ("function", "class"):
         raise ConfigError(
             f"trainer.backend_options.rollout_form = {rollout_form!r}: use 'function' "
@@ -174,62 +120,32 @@ def miles_command(
         raise ConfigError(
             "trainer.backend_options.miles_args: " + "; ".join(problems) + " (see docs/miles.md)"
         )
-    cmd = [
-        python,
-        entry,
-        "--rollout-function-path",
-        ROLLOUT_FUNCTION if rollout_form == "function" else ROLLOUT_CLASS,
-        "--custom-rollout-log-function-path",
-        LOG_FUNCTION,
-        "--custom-megatron-post-save-hook-path",
-        POST_SAVE_HOOK,
-        "--debug-train-only",
-        "--debug-skip-weight-update",
-        "--disable-rollout-global-dataset",
-        "--disable-rollout-trim-samples",
-        "--hf-checkpoint",
-        model_dir,
-        "--load",
-        load_dir,
-        "--save",
-        save_dir,
-        "--save-interval",
-        "1",
-        "--save-hf",
-        hf_template,
-        "--num-rollout",
-        str(int(num_rollout)),
-        "--rollout-batch-size",
-        str(int(groups_per_round)),
-        "--n-samples-per-prompt",
-        str(int(group_size)),
-        "--global-batch-size",
-        str(int(groups_per_round) * int(group_size)),
-        "--custom-config-path",
-        custom_config,
-        "--seed",
-        str(int(seed)),
+    fn = ROLLOUT_FUNCTION if rollout_form == "function" else ROLLOUT_CLASS
+    pairs = [
+        ("--rollout-function-path", fn),
+        ("--custom-rollout-log-function-path", LOG_FUNCTION),
+        ("--custom-megatron-post-save-hook-path", POST_SAVE_HOOK),
+        ("--debug-train-only", None),
+        ("--debug-skip-weight-update", None),
+        ("--disable-rollout-global-dataset", None),
+        ("--disable-rollout-trim-samples", None),
+        ("--hf-checkpoint", os.path.abspath(spec.model_dir)),
+        ("--load", load_dir),
+        ("--save", spec.save_dir),
+        ("--save-interval", 1),
+        ("--save-hf", spec.hf_template),
+        ("--num-rollout", int(spec.num_rollout)),
+        ("--rollout-batch-size", int(spec.groups_per_round)),
+        ("--n-samples-per-prompt", int(spec.group_size)),
+        ("--global-batch-size", int(spec.groups_per_round) * int(spec.group_size)),
+        ("--custom-config-path", custom_config),
+        ("--seed", int(spec.seed)),
     ]
-    if ref_load:
-        cmd += ["--ref-load", str(ref_load)]
-    if routed_experts:
+    cmd = [str(spec.python), str(spec.entry)]
+    for flag, value in pairs:
+        cmd += [flag] if value is None else [flag, str(value)]
+    if spec.ref_load:
+        cmd += ["--ref-load", str(spec.ref_load)]
+    if spec.routed_experts:
         cmd.append("--use-rollout-routing-replay")
     return cmd + [str(a) for a in miles_args]
-
-
-def custom_config_text(values: dict[str, Any]) -> str:
-    """``--custom-config-path`` content: JSON (a YAML subset), keys ``yeto_*``."""
-    bad = [k for k in values if not k.startswith("yeto_")]
-    if bad:
-        raise ValueError(f"custom config keys must start with yeto_: {bad}")
-    return json.dumps(values, indent=1, sort_keys=True) + "\n"
-
-
-__all__ = [
-    "FLAGS",
-    "MILES_COMMITS",
-    "Flag",
-    "check_user_args",
-    "miles_command",
-    "set_flags",
-]

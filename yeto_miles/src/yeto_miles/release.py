@@ -117,6 +117,3 @@ def publish_from_export(export_dir: Path, base_dir: Path, out_dir: Path) -> dict
         "restored_config_keys": sorted(set(merged) - set(exported)),
         "files": sorted([*files, "config.json", *copied]),
     }
-
-
-__all__ = ["NEVER_RESTORE", "publish_from_export", "restore_dropped_keys", "weight_checksum"]

@@ -161,6 +161,3 @@ def post_save_hook(
             "time": time.time(),
         },
     )
-
-
-__all__ = ["YetoRolloutFn", "generate_rollout", "log_rollout_data", "next_round", "post_save_hook"]
