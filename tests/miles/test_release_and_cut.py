@@ -42,15 +42,15 @@ def test_release_from_transformers_export(tmp_path, base_dir):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["yeto_base_only"] == {"kept": True}  # restored from the base
     assert "quantization_config" not in cfg  # never restored
-    assert "yeto_base_only" in info["restored_config_keys"]
+    assert "yeto_base_only" in info.extra["restored_config_keys"]
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (out / name).read_bytes() == (base_dir / name).read_bytes()
     loaded = AutoModelForCausalLM.from_pretrained(out)
     assert torch.allclose(loaded.model.norm.weight, torch.full_like(loaded.model.norm.weight, 1.5))
-    assert info["kind"] == "full" and info["weight_checksum"] == weight_checksum(export)
-    assert info["weight_checksum"] != weight_checksum(base_dir)
+    assert info.kind == "full" and info.weight_checksum == weight_checksum(export)
+    assert info.weight_checksum != weight_checksum(base_dir)
     rel = ReleaseStore(DirStore(tmp_path / "store", fsync=False)).publish(
-        out, dict(info, version=4)
+        out, dict(info.as_dict(), version=4)
     )
     assert {f.name for f in rel.files} >= {"config.json", "model.safetensors", "tokenizer.json"}
 

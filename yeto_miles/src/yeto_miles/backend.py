@@ -35,7 +35,7 @@ import attrs
 
 from yeto_core.errors import ConfigError, CutError
 from yeto_core.ports import TrainerBackend
-from yeto_core.records import Trigger
+from yeto_core.records import ReleaseInfo, Trigger
 from yeto_miles import inventory
 from yeto_miles.bridge import Bridge
 from yeto_miles.release import publish_from_export
@@ -88,13 +88,14 @@ def _stop(proc: subprocess.Popen, bridge: Bridge, grace_s: float) -> None:
 
 
 def _from_run(name: str) -> Any:
-    """``group_size``, ``groups_per_round`` or ``num_rollout`` from the island's run config."""
-    run_dir = os.environ.get("YETO_RUN_DIR")
-    if not run_dir or not (Path(run_dir) / "config.json").is_file():
+    """``group_size``, ``groups_per_round`` or ``num_rollout`` from the run config in the store."""
+    url = os.environ.get("YETO_STORE")
+    if not url:
         return None
-    from yeto_core.island_main import load_run_config
+    from yeto_core.plugins import get_plugins
+    from yeto_core.run_store import read_config
 
-    cfg = load_run_config(run_dir)
+    cfg = read_config(get_plugins().open_store(url))
     return {
         "group_size": cfg.samplers[0].group_size if cfg.samplers else None,
         "groups_per_round": cfg.trainer.groups_per_round,
@@ -107,11 +108,11 @@ def _env(name: str, default: str) -> str:
 
 
 def _default_workdir() -> str:
-    run_dir = os.environ.get("YETO_RUN_DIR")
-    if not run_dir:
+    """The island's own scratch space (``.yeto-<island>-i<incarnation>-miles`` in its cwd)."""
+    if "YETO_ISLAND" not in os.environ:
         return tempfile.mkdtemp(prefix="yeto-miles-")
     island, inc = _env("YETO_ISLAND", "trainer"), _env("YETO_INCARNATION", "0")
-    return str(Path(run_dir) / "work" / f"{island}-i{inc}-miles")
+    return str(Path.cwd() / f".yeto-{island}-i{inc}-miles")
 
 
 @attrs.define(eq=False)
@@ -332,7 +333,7 @@ class MilesBackend(TrainerBackend):
         s = self.last_saved or {}
         return Path(s.get("hf_dir") or self.hf_template.format(rollout_id=s.get("rollout_id")))
 
-    def publish_release(self, out_dir: Path) -> dict[str, Any]:
+    def publish_release(self, out_dir: Path) -> ReleaseInfo:
         """The release of the last round's HF export (before the first: the cut's, or the base)."""
         if self.last_saved is not None:
             src = self._hf_dir()

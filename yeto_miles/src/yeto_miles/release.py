@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from yeto_core.errors import ReleaseError
+from yeto_core.records import ReleaseInfo
 
 NEVER_RESTORE = ("quantization_config",)
 TOKENIZER_FILES = (
@@ -84,7 +85,7 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-def publish_from_export(export_dir: Path, base_dir: Path, out_dir: Path) -> dict[str, Any]:
+def publish_from_export(export_dir: Path, base_dir: Path, out_dir: Path) -> ReleaseInfo:
     """Write a release of ``export_dir`` (an HF export, or the base) into ``out_dir``."""
     export_dir, base_dir, out_dir = Path(export_dir), Path(base_dir), Path(out_dir)
     if not (export_dir / "config.json").is_file():
@@ -111,9 +112,5 @@ def publish_from_export(export_dir: Path, base_dir: Path, out_dir: Path) -> dict
             f"no tokenizer file ({', '.join(TOKENIZER_FILES[:2])}, ...) in the base {base_dir}; "
             "a release carries the base's tokenizer"
         )
-    return {
-        "kind": "full",
-        "weight_checksum": weight_checksum(out_dir),
-        "restored_config_keys": sorted(set(merged) - set(exported)),
-        "files": sorted([*files, "config.json", *copied]),
-    }
+    extra = {"restored_config_keys": sorted(set(merged) - set(exported))}
+    return ReleaseInfo(kind="full", weight_checksum=weight_checksum(out_dir), extra=extra)
