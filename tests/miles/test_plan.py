@@ -59,7 +59,10 @@ def test_dry_run_prints_the_miles_command(tmp_path, base_dir):
     cmd = plan_backend(load_config(path)).command()
     assert " ".join(shlex.quote(c) for c in cmd) in res.output
     assert "--rollout-batch-size 2 --n-samples-per-prompt 4 --global-batch-size 8" in res.output
-    assert "--num-rollout 5" in res.output and cmd[-2:] == ["--tensor-model-parallel-size", "1"]
+    assert "--num-rollout 1000000" in res.output and cmd[-2:] == [
+        "--tensor-model-parallel-size",
+        "1",
+    ]
     assert "Miles is not importable here: it runs on the trainer image" in res.output
     assert "[FAIL]" not in res.output
 
@@ -68,9 +71,9 @@ def test_preflight_refuses_what_miles_cannot_run(tmp_path, base_dir):
     bad = _config(tmp_path, base_dir, options='{ miles_args = ["--async-save"] }')
     res = CliRunner().invoke(cli, ["run", "up", str(bad), "--dry-run"])
     assert res.exit_code == 3 and "--async-save: yeto refuses it" in res.output
-    endless = _config(tmp_path, base_dir, rounds=0)
-    res = CliRunner().invoke(cli, ["run", "up", str(endless), "--dry-run"])
-    assert res.exit_code == 3 and "num_rollout not set" in res.output
+    no_g = _config(tmp_path, base_dir, options="{ group_size = 0 }")
+    res = CliRunner().invoke(cli, ["run", "up", str(no_g), "--dry-run"])
+    assert res.exit_code == 3 and "group_size not set" in res.output
     typo = _config(tmp_path, base_dir, options='{ miles_dri = "/x" }')
     res = CliRunner().invoke(cli, ["run", "up", str(typo), "--dry-run"])
     assert res.exit_code == 3 and "miles_dri" in res.output

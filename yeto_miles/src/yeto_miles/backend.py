@@ -41,6 +41,9 @@ from yeto_miles.bridge import Bridge
 from yeto_miles.release import publish_from_export
 
 CUT_FORMAT = 1
+#: ``--num-rollout`` unless set: yeto decides when training ends (``total_rounds`` is a
+#: target after which the trainer still drains the backlog), so Miles must not stop first.
+NUM_ROLLOUT = 1_000_000
 STATE_FILE = "yeto_miles.json"
 TRACKER = "latest_checkpointed_iteration.txt"
 
@@ -88,7 +91,7 @@ def _stop(proc: subprocess.Popen, bridge: Bridge, grace_s: float) -> None:
 
 
 def _from_run(name: str) -> Any:
-    """``group_size``, ``groups_per_round`` or ``num_rollout`` from the run config in the store."""
+    """``group_size`` or ``groups_per_round`` from the run config in the store."""
     url = os.environ.get("YETO_STORE")
     if not url:
         return None
@@ -99,7 +102,6 @@ def _from_run(name: str) -> Any:
     return {
         "group_size": cfg.samplers[0].group_size if cfg.samplers else None,
         "groups_per_round": cfg.trainer.groups_per_round,
-        "num_rollout": cfg.trainer.total_rounds or None,
     }[name]
 
 
@@ -127,7 +129,7 @@ class MilesBackend(TrainerBackend):
     python: str = attrs.field(factory=lambda: sys.executable)
     miles_args: list[str] = attrs.field(default=(), converter=lambda a: [str(x) for x in a])
     ref_load: Optional[str] = None
-    num_rollout: Optional[int] = attrs.field(default=None)
+    num_rollout: int = NUM_ROLLOUT
     group_size: Optional[int] = None
     groups_per_round: Optional[int] = None
     rollout_form: str = "function"
@@ -152,7 +154,7 @@ class MilesBackend(TrainerBackend):
 
     def __attrs_post_init__(self) -> None:
         missing = []
-        for name in ("group_size", "groups_per_round", "num_rollout"):
+        for name in ("group_size", "groups_per_round"):
             value = getattr(self, name) or _from_run(name)
             if not value:
                 missing.append(name)
@@ -160,7 +162,7 @@ class MilesBackend(TrainerBackend):
         if missing:
             raise ConfigError(
                 f"trainer.backend_options: {', '.join(missing)} not set and not found in the run "
-                "config (num_rollout comes from trainer.total_rounds when that is > 0)"
+                "config ([[samplers]] group_size, [trainer] groups_per_round)"
             )
         problems = inventory.check_user_args(self.miles_args)
         if problems:
@@ -206,7 +208,8 @@ class MilesBackend(TrainerBackend):
             tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-30:])
         except OSError:
             tail = "(no log)"
-        return f"Miles exited with code {code}; last lines of {self.log_path}:\n{tail}"
+        done = f" (it ran its --num-rollout {self.num_rollout})" if code == 0 else ""
+        return f"Miles exited with code {code}{done}; last lines of {self.log_path}:\n{tail}"
 
     def _launch(self, load_dir: Optional[Path]) -> Bridge:
         from yeto_core.plugins import get_plugins

@@ -54,7 +54,7 @@ _TABLE = """
 --save | sets | where Megatron writes the iter_*/ checkpoints that cuts are made of
 --save-interval | sets | 1: every round boundary has a checkpoint, so a drain can cut at once
 --save-hf | sets | Miles' HF export each round: what a release is made of
---num-rollout | sets | rollouts Miles runs before it exits (trainer.total_rounds)
+--num-rollout | sets | rollouts Miles runs before it exits: 1000000 unless set, yeto decides when training ends
 --rollout-batch-size | sets | groups per round (the rollout function reads it back to check)
 --n-samples-per-prompt | sets | G, samples per group (the rollout function reads it back to check)
 --global-batch-size | sets | groups per round x G: one optimizer step per round, padding included

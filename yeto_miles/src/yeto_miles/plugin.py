@@ -37,8 +37,6 @@ def plan_backend(config: Any) -> Any:
     options = dict(config.trainer.backend_options)
     options.setdefault("group_size", config.samplers[0].group_size if config.samplers else None)
     options.setdefault("groups_per_round", config.trainer.groups_per_round)
-    if config.trainer.total_rounds:
-        options.setdefault("num_rollout", config.trainer.total_rounds)
     options.setdefault("seed", config.seed)
     options.setdefault(
         "workdir", str(Path(config.run_dir).absolute() / "work" / f"{config.trainer.name}-i0-miles")
