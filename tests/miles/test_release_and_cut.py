@@ -121,7 +121,7 @@ def test_cut_refusals(tmp_path, base_dir):
     (backend.save_dir / "latest_checkpointed_iteration.txt").write_text("2")
     backend.save_cut(tmp_path / "c2", Trigger.SCHEDULED)
     other = _backend(tmp_path / "o", base_dir, groups_per_round=4)
-    with pytest.raises(CutError, match="groups_per_round=3"):
+    with pytest.raises(CutError, match="groups_per_round is 3, this trainer has 4"):
         other._read_state(tmp_path / "c2")
     (tmp_path / "c2" / "latest_checkpointed_iteration.txt").write_text("1")
     with pytest.raises(CutError, match="says '1'"):

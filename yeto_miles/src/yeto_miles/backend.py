@@ -174,13 +174,8 @@ class MilesBackend(TrainerBackend):
     def save_dir(self) -> Path:
         return self.workdir / "megatron"
 
-    @property
-    def hf_template(self) -> str:
-        return str(self.workdir / "hf" / "{rollout_id}")
-
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / "miles.log"
+    hf_template = property(lambda self: str(self.workdir / "hf" / "{rollout_id}"))
+    log_path = property(lambda self: self.workdir / "miles.log")
 
     def custom_config(self) -> dict[str, Any]:
         """What the plug-ins inside Miles read as ``args.yeto_*``."""
@@ -284,23 +279,17 @@ class MilesBackend(TrainerBackend):
 
     def _read_state(self, cut: Path) -> dict[str, Any]:
         path = cut / STATE_FILE
-        if not path.is_file():
-            raise CutError(f"{cut} has no {STATE_FILE}; it is not a cut of the miles backend")
-        state = json.loads(path.read_text())
-        if state.get("format") != CUT_FORMAT:
-            raise CutError(f"{path}: cut format {state.get('format')!r}, this backend reads 1")
-        for key in ("group_size", "groups_per_round"):
-            if state.get(key) != getattr(self, key):
-                raise CutError(
-                    f"{path}: the cut was taken with {key}={state.get(key)!r}, this trainer has "
-                    f"{getattr(self, key)!r}; restore with the same setting"
-                )
-        if state.get("base_fingerprint") != base_fingerprint(self.model_dir):
-            raise CutError(
-                f"{path}: the cut was trained from another base than {self.model_dir} "
-                "(config.json or weight files differ)"
-            )
+        state = json.loads(path.read_text()) if path.is_file() else {}
         tracker = (cut / TRACKER).read_text().strip() if (cut / TRACKER).is_file() else None
+        mine = {"format": CUT_FORMAT, "group_size": self.group_size,
+                "groups_per_round": self.groups_per_round,
+                "base_fingerprint": base_fingerprint(self.model_dir)}  # fmt: skip
+        for key, want in mine.items():
+            if state.get(key) != want:
+                raise CutError(
+                    f"{path}: {key} is {state.get(key)!r}, this trainer has {want!r}; restore a cut "
+                    "of the miles backend taken with the same base, G and groups per round"
+                )
         if not state["from_base"] and (
             tracker != str(state["rollout_id"]) or not (cut / iter_name(tracker)).is_dir()
         ):

@@ -69,34 +69,38 @@ def describe(import_module: Any = importlib.import_module) -> dict[str, Any]:
     """Describe the importable Miles; a part that does not import is an ``error``."""
     out: dict[str, Any] = {"sample": None, "classes": {}, "functions": {}, "flags": None}
     errors: dict[str, str] = {}
-    try:
-        sample = import_module("miles.utils.types").Sample
-        out["sample"] = {
-            "fields": {f.name: type_name(f.type) for f in dataclasses.fields(sample)},
-            "status": [m.value for m in sample.Status],
-            "methods": [m for m in ("validate", "to_dict", "from_dict") if hasattr(sample, m)],
+
+    def attempt(where: str, fn: Any) -> Any:
+        try:
+            return fn()
+        except Exception as exc:  # the doctor reports whatever breaks
+            errors[where] = f"{type(exc).__name__}: {exc}"
+            return None
+
+    def sample() -> dict[str, Any]:
+        cls = import_module("miles.utils.types").Sample
+        return {
+            "fields": {f.name: type_name(f.type) for f in dataclasses.fields(cls)},
+            "status": [m.value for m in cls.Status],
+            "methods": [m for m in ("validate", "to_dict", "from_dict") if hasattr(cls, m)],
         }
-    except Exception as exc:
-        errors["miles.utils.types"] = f"{type(exc).__name__}: {exc}"
-    for name in ("RolloutFnConstructorInput", "RolloutFnTrainInput", "RolloutFnTrainOutput"):
-        try:
-            out["classes"][name] = _fields(getattr(import_module("miles.rollout.base_types"), name))
-        except Exception as exc:
-            errors[f"miles.rollout.base_types.{name}"] = f"{type(exc).__name__}: {exc}"
-    for mod, fn in (
-        ("miles.ray.rollout.metrics", "log_rollout_data"),
-        ("miles.rollout.base_types", "call_rollout_fn"),
-    ):
-        try:
-            out["functions"][f"{mod}.{fn}"] = _params(getattr(import_module(mod), fn))
-        except Exception as exc:
-            errors[f"{mod}.{fn}"] = f"{type(exc).__name__}: {exc}"
-    try:
+
+    def flags() -> list[str]:
         parser = argparse.ArgumentParser(add_help=False)
         import_module("miles.utils.arguments").get_miles_extra_args_provider()(parser)
-        out["flags"] = sorted({s for a in parser._actions for s in a.option_strings})
-    except Exception as exc:
-        errors["miles.utils.arguments"] = f"{type(exc).__name__}: {exc}"
+        return sorted({s for a in parser._actions for s in a.option_strings})
+
+    out["sample"] = attempt("miles.utils.types", sample)
+    base = "miles.rollout.base_types"
+    for name in ("RolloutFnConstructorInput", "RolloutFnTrainInput", "RolloutFnTrainOutput"):
+        got = attempt(f"{base}.{name}", lambda n=name: _fields(getattr(import_module(base), n)))
+        if got is not None:
+            out["classes"][name] = got
+    for mod, fn in (("miles.ray.rollout.metrics", "log_rollout_data"), (base, "call_rollout_fn")):
+        got = attempt(f"{mod}.{fn}", lambda m=mod, f=fn: _params(getattr(import_module(m), f)))
+        if got is not None:
+            out["functions"][f"{mod}.{fn}"] = got
+    out["flags"] = attempt("miles.utils.arguments", flags)
     out["errors"] = errors
     return out
 
