@@ -1,5 +1,88 @@
 """Entry point of yeto-miles (group ``yeto``, name ``miles``).
 
-Registers nothing yet: its implementations land with their own tests, and
-``yeto plugins`` never claims a capability that does not work.
+Registers the ``miles`` trainer backend, the ``yeto miles doctor`` command and
+a preflight for runs with ``trainer.backend = "miles"`` that prints the exact
+Miles command line of the first trainer incarnation. Miles itself is needed
+only on the trainer image; nothing here imports it.
 """
+
+from __future__ import annotations
+
+import importlib.util
+import shlex
+from pathlib import Path
+from typing import Any
+
+from yeto_core import hookimpl
+
+
+@hookimpl
+def yeto_register_trainer_backends(register):
+    from yeto_miles.backend import MilesBackend
+
+    register(MilesBackend)
+
+
+@hookimpl
+def yeto_cli(group):
+    from yeto_miles.doctor import doctor_command
+
+    group.add_command(doctor_command())
+
+
+def plan_backend(config: Any) -> Any:
+    """The backend the first trainer incarnation of ``config`` builds (nothing is started)."""
+    from yeto_miles.backend import MilesBackend
+
+    options = dict(config.trainer.backend_options)
+    options.setdefault("group_size", config.samplers[0].group_size if config.samplers else None)
+    options.setdefault("groups_per_round", config.trainer.groups_per_round)
+    options.setdefault("seed", config.seed)
+    options.setdefault(
+        "workdir", str(Path(config.run_dir).absolute() / "work" / f"{config.trainer.name}-i0-miles")
+    )
+    options.setdefault("bridge_url", config.store_url())
+    options.setdefault("bridge_prefix", "trainer/0/miles")
+    model_dir = options.pop("model_dir", str(Path(config.model.path).absolute()))
+    return MilesBackend(model_dir, **options)
+
+
+@hookimpl
+def yeto_preflight(config, report):
+    if config.trainer.backend != "miles":
+        return
+    from yeto_core.errors import ConfigError
+    from yeto_miles import inventory
+
+    sizes = sorted({s.group_size for s in config.samplers})
+    if len(sizes) > 1:
+        report.fail(
+            "miles.group_size",
+            f"sampler groups use G = {sizes}; Miles trains one --n-samples-per-prompt, so give "
+            "every [[samplers]] table the same group_size",
+        )
+    try:
+        backend = plan_backend(config)
+    except TypeError as exc:
+        report.fail("miles.options", f"trainer.backend_options: {exc} (docs/miles.md lists them)")
+        return
+    except ConfigError as exc:
+        report.fail("miles.options", str(exc))
+        return
+    cmd = backend.command()
+    unknown = [f for f in inventory.set_flags(cmd, backend.miles_args) if f not in inventory.FLAGS]
+    if unknown:
+        report.fail("miles.inventory", f"yeto would set flags the inventory lacks: {unknown}")
+    report.ok(
+        "miles.command",
+        f"(incarnation 0, in {backend.miles_dir}) " + " ".join(shlex.quote(c) for c in cmd),
+    )
+    if importlib.util.find_spec("miles") is None:
+        report.warn(
+            "miles.install",
+            "Miles is not importable here: it runs on the trainer image (Megatron, Ray, CUDA), "
+            "where the trainer island starts it; run `yeto miles doctor` there "
+            "(docs/miles.md: building the trainer image)",
+        )
+    else:
+        report.ok("miles.install", "Miles is importable here; `yeto miles doctor` checks it")

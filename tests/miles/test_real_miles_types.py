@@ -1,0 +1,39 @@
+"""Against Miles' real ``miles.utils.types`` when it is importable (it needs only torch
+and numpy): put a checkout on ``PYTHONPATH`` (``PYTHONPATH=/path/to/miles pytest
+tests/miles/test_real_miles_types.py``). Skipped where Miles is absent."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import group
+
+types_mod = pytest.importorskip("miles.utils.types")
+
+from yeto_core.batch_reader import make_padding  # noqa: E402
+from yeto_miles.convert import is_padding, to_miles_groups  # noqa: E402
+from yeto_miles.doctor import compare, describe, recorded  # noqa: E402
+
+
+def test_rounds_become_real_miles_samples():
+    groups = [group(i, g=2, routed=True) for i in range(2)]
+    padding = make_padding(groups[0].samples[0], 2)
+    out = to_miles_groups(
+        groups, [3, 4], padding, group_size=2, rollout_id=1, groups_per_round=3
+    )  # Sample.validate() runs on every sample
+    Sample = types_mod.Sample
+    flat = [s for g in out for s in g]
+    assert all(type(s) is Sample for s in flat) and len(flat) == 6
+    for s in flat:
+        back = Sample.from_dict(s.to_dict())
+        assert back.tokens == s.tokens and back.status == s.status
+        assert s.effective_response_length == (0 if is_padding(s) else s.response_length)
+        assert s.oldest_weight_version == 0
+        assert s.rollout_routed_experts.dtype == np.int32
+
+
+def test_doctor_describes_real_sample_as_recorded():
+    live = describe()
+    assert live["sample"] == recorded()["sample"]
+    rows = [r for r in compare(live) if r.check.startswith("Sample")]
+    assert rows and all(r.status != "FAIL" for r in rows)

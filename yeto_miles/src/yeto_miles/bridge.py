@@ -1,0 +1,153 @@
+"""The bridge between a trainer incarnation and the Miles process it launched.
+
+One object per message in an object store (the run's store, so Miles' Ray
+actors on other nodes reach it too), under ``<prefix>/``::
+
+    requests/<rollout_id:08d>.json     Miles' rollout function asks for a round
+    batches/<rollout_id:08d>/g<k>.st   the round's groups (yeto's group payload)
+    batches/<rollout_id:08d>/round.json   the round's record, written last
+    saved/<rollout_id:08d>.json        Miles trained and saved the round (post-save hook)
+    closed                             the incarnation is gone; Miles stops waiting
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any, Optional
+
+from yeto_core.batch_reader import make_padding
+from yeto_core.errors import NotFoundError, YetoError
+from yeto_core.group_codec import decode_group, encode_group
+
+
+class BridgeError(YetoError):
+    """The other side of the Miles bridge is gone or did not answer in time."""
+
+
+class Bridge:
+    def __init__(self, store: Any, prefix: str) -> None:
+        self.store = store
+        self.prefix = prefix.rstrip("/")
+
+    def key(self, *parts: str) -> str:
+        return "/".join((self.prefix, *parts))
+
+    def request_key(self, rollout_id: int) -> str:
+        return self.key("requests", f"{rollout_id:08d}.json")
+
+    def saved_key(self, rollout_id: int) -> str:
+        return self.key("saved", f"{rollout_id:08d}.json")
+
+    def batch_prefix(self, rollout_id: int) -> str:
+        return self.key("batches", f"{rollout_id:08d}")
+
+    # -- messages ---------------------------------------------------------------------
+
+    def put_json(self, key: str, data: dict[str, Any]) -> None:
+        self.store.put(key, json.dumps(data, sort_keys=True).encode())
+
+    def get_json(self, key: str) -> Optional[dict[str, Any]]:
+        try:
+            return json.loads(self.store.get(key))
+        except NotFoundError:
+            return None
+
+    def requests(self) -> list[int]:
+        return [int(k.rsplit("/", 1)[1][:8]) for k in self.store.list(self.key("requests") + "/")]
+
+    def close(self) -> None:
+        self.store.put(self.key("closed"), b"closed")
+
+    def is_closed(self) -> bool:
+        return self.store.exists(self.key("closed"))
+
+    # -- rounds -----------------------------------------------------------------------
+
+    def put_batch(self, rollout_id: int, batch: Any) -> None:
+        """The reader's batch for Miles' rollout ``rollout_id``; ``round.json`` last."""
+        base = self.batch_prefix(rollout_id)
+        for k, g in enumerate(batch.groups):
+            self.store.put(f"{base}/g{k:05d}.st", encode_group(g))
+        template = None
+        if batch.padding_from is not None and batch.padding:
+            pos, idx = batch.padding_from
+            template = [list(batch.positions).index(pos), int(idx)]
+        self.put_json(
+            f"{base}/round.json",
+            {
+                "rollout_id": int(rollout_id),
+                "positions": [int(p) for p in batch.positions],
+                "policy_version": int(batch.policy_version),
+                "n_padding": len(batch.padding),
+                "padding_template": template,
+                "group_size": int(batch.group_size),
+                "groups_per_round": int(batch.groups_per_round),
+            },
+        )
+
+    def get_batch(self, rollout_id: int) -> Optional[dict[str, Any]]:
+        """The round record with ``groups`` and ``padding`` loaded, or None before it is there."""
+        base = self.batch_prefix(rollout_id)
+        rec = self.get_json(f"{base}/round.json")
+        if rec is None:
+            return None
+        groups = [
+            decode_group(self.store.get(f"{base}/g{k:05d}.st"), where=f"{base}/g{k:05d}.st")
+            for k in range(len(rec["positions"]))
+        ]
+        padding: tuple[Any, ...] = ()
+        if rec["n_padding"]:
+            g, idx = rec["padding_template"]
+            padding = make_padding(groups[g].samples[idx], int(rec["n_padding"]))
+        return dict(rec, groups=groups, padding=padding)
+
+    def drop_batch(self, rollout_id: int) -> None:
+        base = self.batch_prefix(rollout_id)
+        self.store.delete(f"{base}/round.json")
+        for key in list(self.store.list(base + "/")):
+            self.store.delete(key)
+
+    def wait(
+        self,
+        get: Callable[[], Any],
+        *,
+        what: str,
+        timeout_s: float,
+        alive: Callable[[], Optional[str]] = lambda: None,
+        poll_s: float = 0.2,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> Any:
+        """Poll ``get()`` until it returns something; ``alive()`` returns why the peer is gone."""
+        deadline = clock() + timeout_s
+        while True:
+            value = get()
+            if value is not None:
+                return value
+            gone = alive()
+            if gone:
+                raise BridgeError(f"while waiting for {what}: {gone}")
+            if clock() > deadline:
+                raise BridgeError(
+                    f"{what} did not come within {timeout_s:g} s (bridge {self.prefix}); "
+                    "see the Miles log in the incarnation's work dir"
+                )
+            sleep(poll_s)
+
+
+def parent_alive(parent: str) -> Optional[str]:
+    """``"host:pid"`` of the trainer incarnation: why it is gone (same host only), or None."""
+    host, _, pid = str(parent).rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return f"the trainer incarnation (pid {pid}) that launched Miles is gone"
+    except PermissionError:
+        return None
+    return None

@@ -1,0 +1,207 @@
+"""``yeto miles doctor``: does the installed Miles still fit yeto's adapter?
+
+:func:`describe` imports the live Miles and describes what yeto relies on:
+``Sample``'s fields and types, its ``Status`` values, the rollout input/output
+records, the default rollout log function's parameters and the option strings
+of Miles' argument parser. :func:`compare` checks a description against the
+one recorded from Miles' source at the pinned commit (``miles_interface.json``)
+and returns one row per check with what to change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import inspect
+import json
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import attrs
+
+from yeto_miles import inventory
+
+RECORDED = Path(__file__).with_name("miles_interface.json")
+#: Sample fields yeto writes or reads; a change to one of them breaks the adapter.
+USED_FIELDS = (
+    "group_index",
+    "index",
+    "tokens",
+    "response_length",
+    "reward",
+    "loss_mask",
+    "weight_versions",
+    "rollout_log_probs",
+    "rollout_routed_experts",
+    "remove_sample",
+    "status",
+    "metadata",
+)
+USED_STATUS = ("completed", "truncated", "aborted", "failed")
+_MODULE_PREFIX = re.compile(r"\b(?:[a-z_][a-z0-9_]*\.)+(?=[A-Z_])")
+
+
+def recorded() -> dict[str, Any]:
+    """The description recorded from Miles' source at the pinned commit."""
+    return json.loads(RECORDED.read_text())
+
+
+def type_name(tp: Any) -> str:
+    """A field type as text: ``int | None``, ``list[int]``, ``numpy.ndarray | None``."""
+    if isinstance(tp, str):
+        return tp
+    if isinstance(tp, type) and not getattr(tp, "__args__", None):
+        return tp.__qualname__.rsplit(".", 1)[-1] if "." in tp.__qualname__ else tp.__qualname__
+    return _MODULE_PREFIX.sub("", str(tp))
+
+
+def _fields(cls: Any) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _params(fn: Any) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+def describe(import_module: Any = importlib.import_module) -> dict[str, Any]:
+    """Describe the importable Miles; a part that does not import is an ``error``."""
+    out: dict[str, Any] = {"sample": None, "classes": {}, "functions": {}, "flags": None}
+    errors: dict[str, str] = {}
+
+    def attempt(where: str, fn: Any) -> Any:
+        try:
+            return fn()
+        except Exception as exc:  # the doctor reports whatever breaks
+            errors[where] = f"{type(exc).__name__}: {exc}"
+            return None
+
+    def sample() -> dict[str, Any]:
+        cls = import_module("miles.utils.types").Sample
+        return {
+            "fields": {f.name: type_name(f.type) for f in dataclasses.fields(cls)},
+            "status": [m.value for m in cls.Status],
+            "methods": [m for m in ("validate", "to_dict", "from_dict") if hasattr(cls, m)],
+        }
+
+    def flags() -> list[str]:
+        parser = argparse.ArgumentParser(add_help=False)
+        import_module("miles.utils.arguments").get_miles_extra_args_provider()(parser)
+        return sorted({s for a in parser._actions for s in a.option_strings})
+
+    out["sample"] = attempt("miles.utils.types", sample)
+    base = "miles.rollout.base_types"
+    for name in ("RolloutFnConstructorInput", "RolloutFnTrainInput", "RolloutFnTrainOutput"):
+        got = attempt(f"{base}.{name}", lambda n=name: _fields(getattr(import_module(base), n)))
+        if got is not None:
+            out["classes"][name] = got
+    for mod, fn in (("miles.ray.rollout.metrics", "log_rollout_data"), (base, "call_rollout_fn")):
+        got = attempt(f"{mod}.{fn}", lambda m=mod, f=fn: _params(getattr(import_module(m), f)))
+        if got is not None:
+            out["functions"][f"{mod}.{fn}"] = got
+    out["flags"] = attempt("miles.utils.arguments", flags)
+    out["errors"] = errors
+    return out
+
+
+@attrs.frozen
+class Row:
+    check: str
+    status: str  # ok, FAIL, warn
+    found: str
+    change: str = ""
+
+
+def compare(live: dict[str, Any], expected: Optional[dict[str, Any]] = None) -> list[Row]:
+    """One row per check of ``live`` against ``expected`` (the recorded description)."""
+    exp = expected or recorded()
+    was = f"at {exp.get('miles_commit', '?')[:9]}"
+    rows = [
+        Row(where, "FAIL", f"does not import: {err}", "run the doctor in the Miles image")
+        for where, err in sorted((live.get("errors") or {}).items())
+    ]
+    sample = live.get("sample")
+    if sample is not None:
+        have, want = sample["fields"], exp["sample"]["fields"]
+        for name in sorted(set(want) | set(have)):
+            bad, fix = ("FAIL", "adapt yeto_miles.convert") if name in USED_FIELDS else ("warn", "")
+            if name not in have:
+                rows.append(Row(f"Sample.{name}", bad, f"missing (was {want[name]} {was})", fix))
+            elif name not in want:
+                rows.append(Row(f"Sample.{name}", "warn", f"new field: {have[name]}"))
+            elif have[name] != want[name]:
+                found = f"type {have[name]} (was {want[name]} {was})"
+                rows.append(Row(f"Sample.{name}", bad, found, fix))
+            elif name in USED_FIELDS:
+                rows.append(Row(f"Sample.{name}", "ok", have[name]))
+        gone = [s for s in USED_STATUS if s not in sample["status"]]
+        fix = f"values {gone} are gone: map yeto's statuses anew" if gone else ""
+        rows.append(
+            Row("Sample.Status", "FAIL" if gone else "ok", ", ".join(sample["status"]), fix)
+        )
+        if "validate" not in sample["methods"]:
+            rows.append(Row("Sample.validate", "warn", "missing", "samples go unchecked"))
+    for name, want in sorted(exp["classes"].items()):
+        have = live["classes"].get(name)
+        if have is not None:
+            lost = [f for f in want if f not in have]
+            fix = f"fields {lost} are gone: adapt yeto_miles.rollout" if lost else ""
+            rows.append(Row(name, "FAIL" if lost else "ok", f"fields {', '.join(have)}", fix))
+    for name, want in sorted(exp["functions"].items()):
+        have = live["functions"].get(name)
+        if have is not None:
+            fix = "" if have == want else f"was ({', '.join(want)}): adapt yeto_miles.rollout"
+            rows.append(Row(f"{name}()", "FAIL" if fix else "ok", f"({', '.join(have)})", fix))
+    if live.get("flags") is not None:
+        for name, flag in inventory.FLAGS.items():
+            ok = name in live["flags"]
+            status = "ok" if ok else ("warn" if flag.role == "refuses" else "FAIL")
+            found = f"{flag.role}: {'in' if ok else 'not in'} Miles' parser"
+            fix = "" if ok else f"yeto {flag.role} it ({flag.why}); update yeto_miles.inventory"
+            rows.append(Row(f"flag {name}", status, found, fix))
+    return rows
+
+
+def render(rows: list[Row]) -> str:
+    width = max((len(r.check) for r in rows), default=5)
+    lines = [f"{'check':{width}}  status  found / what to change"]
+    for r in rows:
+        line = f"{r.check:{width}}  {r.status:6}  {r.found}"
+        if r.change:
+            line += f"  -> {r.change}"
+        lines.append(line)
+    fails = sum(r.status == "FAIL" for r in rows)
+    lines.append(
+        f"{fails} failing check(s) of {len(rows)}; recorded Miles "
+        f"{inventory.MILES_COMMITS[1][:9]} ({inventory.MILES_COMMIT_DATE})"
+    )
+    return "\n".join(lines)
+
+
+def doctor_command() -> Any:
+    import click
+
+    @click.group(name="miles")
+    def miles() -> None:
+        """The Miles trainer backend."""
+
+    @miles.command()
+    @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+    @click.option(
+        "--description",
+        type=click.Path(exists=True, dir_okay=False),
+        help="Check a saved description (JSON) instead of the importable Miles.",
+    )
+    def doctor(as_json: bool, description: Optional[str]) -> None:
+        """Check the installed Miles against what yeto's adapter relies on."""
+        live = json.loads(Path(description).read_text()) if description else describe()
+        rows = compare(live)
+        if as_json:
+            click.echo(json.dumps([attrs.asdict(r) for r in rows], indent=1))
+        else:
+            click.echo(render(rows))
+        if any(r.status == "FAIL" for r in rows):
+            raise SystemExit(1)
+
+    return miles

@@ -1,0 +1,151 @@
+"""Every Miles flag yeto sets, reads or refuses, and the Miles command line yeto builds.
+
+The inventory is the contract with Miles' argument parser
+(``miles/utils/arguments.py`` plus the Megatron flags Miles re-registers).
+``yeto miles doctor`` checks every flag here against the live parser; a test
+fails when :func:`miles_command` sets a flag the inventory lacks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from yeto_core.errors import ConfigError
+
+#: The Miles commits the inventory was checked against (first, last), by reading the source.
+MILES_COMMITS = (
+    "31f1ca961a94cb860cec3b2dea34ec332bfa8f76",
+    "31f1ca961a94cb860cec3b2dea34ec332bfa8f76",
+)
+MILES_COMMIT_DATE = "2026-08-21"
+
+#: The functions Miles imports from yeto (``module:attribute`` as Miles' path flags take them).
+ROLLOUT_FUNCTION = "yeto_miles.rollout.generate_rollout"
+ROLLOUT_CLASS = "yeto_miles.rollout.YetoRolloutFn"
+LOG_FUNCTION = "yeto_miles.rollout.log_rollout_data"
+POST_SAVE_HOOK = "yeto_miles.rollout.post_save_hook"
+
+
+@attrs.frozen
+class Flag:
+    """One Miles flag: ``sets`` (yeto passes it), ``reads`` (yeto reads it from ``args``)
+    or ``refuses`` (a user's ``miles_args`` may not hold it), and why."""
+
+    name: str
+    role: str
+    why: str
+
+
+#: name | role | why: ``sets`` (yeto passes it), ``refuses`` (not allowed in a user's ``miles_args``).
+_TABLE = """
+--rollout-function-path | sets | Miles takes each round from yeto's rollout function (the durable buffer through yeto's batch reader) instead of generating it
+--custom-rollout-log-function-path | sets | Miles' rollout logging runs over the real samples only, plus padded_samples and padded_fraction
+--custom-megatron-post-save-hook-path | sets | after every save (rank 0) the hook tells yeto the round is trained and where its iter_* checkpoint and HF export are
+--debug-train-only | sets | no SGLang engines and no weight push: samplers follow releases from the store
+--debug-skip-weight-update | sets | a second guard: Miles never pushes weights to an engine
+--disable-rollout-global-dataset | sets | prompts come from the samplers, not from a Miles dataset
+--disable-rollout-trim-samples | sets | Miles never drops a real sample to fit its global batch (yeto pads instead)
+--hf-checkpoint | sets | the base model (tokenizer, config, first weights)
+--load | sets | the restored cut's Megatron checkpoint (a missing dir from the base)
+--save | sets | where Megatron writes the iter_*/ checkpoints that cuts are made of
+--save-interval | sets | 1: every round boundary has a checkpoint, so a drain can cut at once
+--save-hf | sets | Miles' HF export each round: what a release is made of
+--num-rollout | sets | rollouts Miles runs before it exits: 1000000 unless set, yeto decides when training ends
+--rollout-batch-size | sets | groups per round (the rollout function reads it back to check)
+--n-samples-per-prompt | sets | G, samples per group (the rollout function reads it back to check)
+--global-batch-size | sets | groups per round x G: one optimizer step per round, padding included
+--custom-config-path | sets | yeto's own settings (the bridge) as args.yeto_*
+--seed | sets | the run's seed
+--ref-load | sets | the base's Megatron checkpoint, when the user gives one
+--use-rollout-routing-replay | sets | MoE: train with the experts the sampler routed to (rollout_routed_experts)
+--async-save | refuses | a cut needs the round's checkpoint complete at once
+--no-save-optim | refuses | a cut without the optimizer cannot continue training
+--colocate | refuses | the trainer island runs no engines
+--debug-rollout-only | refuses | the trainer island trains
+--load-debug-rollout-data | refuses | rounds come from the durable buffer
+--eval-interval | refuses | the trainer island runs no engines to evaluate with
+--start-rollout-id | refuses | yeto resumes from the cut's iter_* checkpoint
+--fully-async | refuses | yeto's trainer runs Miles' synchronous loop (train.py)
+--save-trigger-sentinel | refuses | every round is saved already
+"""
+FLAGS: dict[str, Flag] = {
+    f.name: f
+    for f in (Flag(*(x.strip() for x in line.split("|"))) for line in _TABLE.strip().splitlines())
+}
+
+
+def flags_with_role(role: str) -> list[str]:
+    return [name for name, f in FLAGS.items() if f.role == role]
+
+
+def check_user_args(miles_args: Sequence[str]) -> list[str]:
+    """Problems with a user's ``miles_args`` (flags yeto sets itself, or refuses)."""
+    problems = []
+    for arg in miles_args:
+        name = str(arg).split("=", 1)[0]
+        flag = FLAGS.get(name)
+        if flag is None:
+            continue
+        if flag.role == "refuses":
+            problems.append(f"{name}: yeto refuses it ({flag.why})")
+        elif flag.role == "sets":
+            problems.append(f"{name}: yeto sets it itself ({flag.why}); remove it from miles_args")
+    return problems
+
+
+def set_flags(command: Sequence[str], user_args: Sequence[str] = ()) -> list[str]:
+    """The flags of ``command`` that yeto put there (the user's ``miles_args`` left out)."""
+    mine = list(command[: len(command) - len(user_args)] if user_args else command)
+    return [a for a in mine if str(a).startswith("--")]
+
+
+def miles_command(spec: Any, *, load_dir: str, custom_config: str) -> list[str]:
+    """The exact command line of a trainer incarnation (the user's ``miles_args`` last).
+
+    ``spec`` has ``python, entry, model_dir, save_dir, hf_template, num_rollout,
+    groups_per_round, group_size, seed, ref_load, routed_experts, rollout_form, miles_args``.
+    """
+    rollout_form, miles_args = spec.rollout_form, spec.miles_args
+    if rollout_form not in ("function", "class"):
+        raise ConfigError(
+            f"trainer.backend_options.rollout_form = {rollout_form!r}: use 'function' "
+            "(generate_rollout, every Miles rollout path) or 'class' (RolloutFnConstructorInput)"
+        )
+    problems = check_user_args(miles_args)
+    if problems:
+        raise ConfigError(
+            "trainer.backend_options.miles_args: " + "; ".join(problems) + " (see docs/miles.md)"
+        )
+    fn = ROLLOUT_FUNCTION if rollout_form == "function" else ROLLOUT_CLASS
+    pairs = [
+        ("--rollout-function-path", fn),
+        ("--custom-rollout-log-function-path", LOG_FUNCTION),
+        ("--custom-megatron-post-save-hook-path", POST_SAVE_HOOK),
+        ("--debug-train-only", None),
+        ("--debug-skip-weight-update", None),
+        ("--disable-rollout-global-dataset", None),
+        ("--disable-rollout-trim-samples", None),
+        ("--hf-checkpoint", os.path.abspath(spec.model_dir)),
+        ("--load", load_dir),
+        ("--save", spec.save_dir),
+        ("--save-interval", 1),
+        ("--save-hf", spec.hf_template),
+        ("--num-rollout", int(spec.num_rollout)),
+        ("--rollout-batch-size", int(spec.groups_per_round)),
+        ("--n-samples-per-prompt", int(spec.group_size)),
+        ("--global-batch-size", int(spec.groups_per_round) * int(spec.group_size)),
+        ("--custom-config-path", custom_config),
+        ("--seed", int(spec.seed)),
+    ]
+    cmd = [str(spec.python), str(spec.entry)]
+    for flag, value in pairs:
+        cmd += [flag] if value is None else [flag, str(value)]
+    if spec.ref_load:
+        cmd += ["--ref-load", str(spec.ref_load)]
+    if spec.routed_experts:
+        cmd.append("--use-rollout-routing-replay")
+    return cmd + [str(a) for a in miles_args]
