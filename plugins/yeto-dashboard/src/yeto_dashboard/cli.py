@@ -56,7 +56,10 @@ def dashboard(
     if export_path:
         from yeto_dashboard.export import export_html
 
-        out = export_html(source, Path(export_path))
+        try:
+            out = export_html(source, Path(export_path))
+        except DashboardError as exc:
+            raise click.ClickException(str(exc)) from None
         click.echo(
             f"wrote {out} ({out.stat().st_size // 1024} KiB): the dashboard of {source.label}"
         )

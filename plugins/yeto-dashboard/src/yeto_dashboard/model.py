@@ -198,6 +198,7 @@ def build(snap: Snapshot) -> dict[str, Any]:
     t_candidates += [ln.time for ln in (snap.cost_lines or [])[:1]]
     head = snap.streams.get("head", [])
     t_candidates += [e.time for e in head[:1]]
+    t_candidates += [float(r["time"]) for r in snap.journal[:1] if "time" in r]
     all_times = [e.time for evs in snap.streams.values() for e in evs]
     if not t_candidates and all_times:
         t_candidates = [min(all_times)]
@@ -719,7 +720,7 @@ def _journal_detail(rec: Mapping[str, Any], inputs: Mapping[str, Any], t0: float
     for k, v in sorted(rec.items()):
         if k in skip or v is None:
             continue
-        if (k.endswith("_since") or k.endswith("_at")) and isinstance(v, (int, float)):
+        if k.endswith(("_since", "_at")) and isinstance(v, (int, float)):
             v = f"{float(v) - t0:.1f} s"
         elif isinstance(v, float):
             v = f"{v:.2f}"
