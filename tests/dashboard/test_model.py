@@ -381,3 +381,44 @@ def test_the_yeto_cli_hook_adds_the_command_and_refuses_a_bad_run(tmp_path: Path
         )["figures"]["groups_trained"]
         == 2
     )
+
+
+def test_the_wheel_ships_the_page_and_the_chart_library(tmp_path: Path):
+    import shutil
+    import zipfile
+
+    src = tmp_path / "src"
+    shutil.copytree(
+        Path(__file__).resolve().parents[2] / "plugins" / "yeto-dashboard",
+        src,
+        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"),
+    )
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "w"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    (wheel,) = (tmp_path / "w").glob("yeto_dashboard-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for f in (
+        "index.html",
+        "app.js",
+        "app.css",
+        "vendor/uplot/uPlot.iife.min.js",
+        "vendor/uplot/uPlot.min.css",
+        "vendor/uplot/LICENSE",
+    ):
+        assert f"yeto_dashboard/static/{f}" in names, f

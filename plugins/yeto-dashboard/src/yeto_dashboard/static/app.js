@@ -8,6 +8,7 @@
     rate: "#7b4fc9", seen: "#111827", cost: "#1a8f4c", budget: "#c62828",
   };
   const charts = {};
+  window.yetoCharts = charts; // the uPlot instances by element id (tests, the browser console)
   let etag = null;
   let last = null;
 
