@@ -183,6 +183,9 @@ def test_cost_needs_the_run_dir_and_otherwise_says_so():
     assert c["projection"]["at_total_rounds_usd"] == pytest.approx(0.46 / 10 * 100)
     assert c["budget_used"] == pytest.approx(0.23)
     assert c["series"]["usd"][-1] == pytest.approx(0.46)
+    assert c["note"] is None
+    free = build(snap(cost_lines=lines, config=dict(config, prices={}), head_alive=True))["cost"]
+    assert free["total_usd"] == 0 and "$0/h" in free["note"]
 
 
 def test_islands_show_version_lag_appends_checks_and_no_pool():

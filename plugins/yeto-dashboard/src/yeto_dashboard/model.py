@@ -658,7 +658,14 @@ def _cost_view(
         "projection": projection,
         "islands": [attrs.asdict(c) for c in costs],
         "series": {"t": series_t, "usd": series_usd},
-        "note": None if lines else "the cost ledger is empty: no island started yet",
+        "note": "the cost ledger is empty: no island started yet"
+        if not lines
+        else (
+            "every island's price is $0/h in this run's config (price_per_hour): the figures "
+            "count island-seconds only"
+            if not any(prices.values())
+            else None
+        ),
     }
 
 
