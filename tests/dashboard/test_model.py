@@ -99,6 +99,7 @@ def test_figures_count_positions_once_and_a_skip_then_trained_as_trained():
     assert f["groups_appended"] == 10
     assert f["groups_trained"] == 3  # positions 0, 1, 2
     assert f["groups_skipped"] == {"stale": 1}  # only 3; 2 was trained later
+    assert f["groups_untrained"] == 10 - 3 - 1
     assert f["releases_published"] == 2
     assert f["sampler_versions_loaded"] == 2
     assert f["trainer_starts"] == 1 and f["trainer_stops"] == 1

@@ -279,6 +279,9 @@ def _figures(
         "groups_appended": len(snap.entries),
         "groups_trained": len(trained),
         "groups_skipped": {k: len(v) for k, v in sorted(skipped.items()) if v},
+        "groups_untrained": len(
+            {e[0] for e in snap.entries} - set(trained) - set().union(*skipped.values())
+        ),
         "trainer_starts": sum(1 for e in head if e.kind == "trainer_start"),
         "trainer_stops": sum(1 for e in head if e.kind == "trainer_stop"),
         "releases_published": len(releases),

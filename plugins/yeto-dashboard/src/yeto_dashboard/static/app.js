@@ -59,7 +59,7 @@
       (row.cells || row).forEach((c, i) => {
         const cell = c !== null && typeof c === "object" ? c : { v: c };
         const cls = [headers[i] && headers[i].num ? "num" : "", cell.cls || ""].join(" ").trim();
-        r.appendChild(el("td", { class: cls || null, testid: cell.testid, title: cell.title }, cell.v));
+        r.appendChild(el("td", { class: cls || null, testid: cell.testid, title: cell.title, "data-value": cell.value }, cell.v));
       });
       tbody.appendChild(r);
     });
@@ -127,6 +127,8 @@
     st.className = "badge " + String(m.state).replace(/\s+/g, "-");
     $("live-dot").hidden = !(m.live && CFG.mode === "live");
     $("elapsed").textContent = f(m.elapsed_s, 1);
+    $("stop-reason").hidden = !m.stop_reason || m.live;
+    $("stop-reason-text").textContent = m.stop_reason || "";
     $("policy-version").textContent = m.state === "loading" ? "-" : int(d.figures.policy_version);
     $("source").textContent = (m.run_dir ? "run dir " + m.run_dir + " · " : "") + "store " + m.store_url;
     const when = new Date(m.generated_at * 1000).toLocaleTimeString();
@@ -139,6 +141,7 @@
     ["groups appended", "groups_appended", int],
     ["groups trained", "groups_trained", int],
     ["groups skipped", "groups_skipped", skipsText],
+    ["groups neither trained nor skipped yet", "groups_untrained", int],
     ["trainer starts", "trainer_starts", int],
     ["trainer stops", "trainer_stops", int],
     ["releases published", "releases_published", int],
@@ -153,10 +156,10 @@
     const ours = Object.assign({}, d.figures, { cost_usd: d.cost.available ? d.cost.total_usd : null });
     const rows = FIGURES.map(([label, key, fmt]) => {
       const a = fmt(ours[key]);
-      const cells = [label, { v: a, testid: "fig-" + key }];
+      const cells = [label, { v: a, testid: "fig-" + key, value: JSON.stringify(ours[key] === undefined ? null : ours[key]) }];
       if (s) {
         const b = fmt(s[key]);
-        cells.push({ v: b, testid: "sum-" + key });
+        cells.push({ v: b, testid: "sum-" + key, value: JSON.stringify(s[key] === undefined ? null : s[key]) });
         cells.push(a === b ? { v: "✓", cls: "match" } : { v: "≠", cls: "mismatch", title: "the run is still going, or see the event streams" });
       }
       return { cells: cells, testid: "figure-" + key };
