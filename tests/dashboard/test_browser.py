@@ -194,6 +194,15 @@ def check_finished_views(page, run_dir: Path, summary: dict, *, live_page: bool)
     )
     assert page.locator("#chart-reward-time canvas").count() >= 1
 
+    # policy age of trained groups: a point per trained round, never older than the gate
+    ages = page.evaluate(
+        """() => { const d = window.yetoCharts['chart-age'].data;
+                   return [d[1].filter(v => v !== null).length, Math.max(...d[2])]; }"""
+    )
+    config = json.loads((run_dir / "config.json").read_text())
+    assert ages[0] == len(trained)
+    assert 0 <= ages[1] <= config["trainer"]["max_policy_age"]
+
     # trainer timeline: one lane and row per incarnation, a tick per publication, the cuts
     journal = [
         json.loads(p.read_text())

@@ -426,3 +426,29 @@ def test_the_wheel_ships_the_page_and_the_chart_library(tmp_path: Path):
         "vendor/uplot/LICENSE",
     ):
         assert f"yeto_dashboard/static/{f}" in names, f
+
+
+def test_policy_age_of_trained_groups_is_the_trainers_version_minus_the_samplers():
+    ents = [(0, "s", T0, 0, 0), (1, "s", T0, 1, 1), (2, "s", T0, 3, 3)]
+    rounds = [
+        ev("round_trained", 5, "trainer", positions=[0, 1], rewards=[0, 0], policy_version=3),
+        ev(
+            "round_trained",
+            6,
+            "trainer",
+            positions=[],
+            rewards=[],
+            skipped={"stale": [5]},
+            policy_version=3,
+        ),
+        ev("round_trained", 7, "trainer", positions=[2], rewards=[0], policy_version=4),
+    ]
+    a = build(
+        snap(
+            entries=ents,
+            streams={"trainer": rounds},
+            config={"max_policy_age": 2, "trainer": "trainer"},
+        )
+    )["age"]
+    # round 1 trained at version 2: ages 2 and 1; round 3 at version 3: age 0
+    assert a == {"t": [5.0, 7.0], "mean": [1.5, 0.0], "max": [2, 0], "limit": 2, "note": None}

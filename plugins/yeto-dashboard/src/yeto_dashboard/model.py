@@ -238,6 +238,7 @@ def build(snap: Snapshot) -> dict[str, Any]:
         "backlog": _backlog_view(snap, consumed_at, t0, t_end),
         "islands": _islands_view(snap, t0),
         "skips": _skips_view(skipped, len(snap.entries)),
+        "age": _age_view(snap, rounds, t0),
         "cost": _cost_view(snap, t0, t_end, live, figures),
         "journal": _journal_view(snap, t0),
     }
@@ -595,6 +596,36 @@ def _islands_view(snap: Snapshot, t0: float) -> dict[str, Any]:
         if pool
         else "no pool events (joins, evictions, fences) in this run's streams: its islands were launched by the head's island provider, not joined from a pool",
         "note": None if rows else "no sampler island has an event stream yet",
+    }
+
+
+def _age_view(snap: Snapshot, rounds: list[Any], t0: float) -> dict[str, Any]:
+    """Policy age of the groups each round trained: the trainer's version minus the sampler's.
+
+    A round that produced version ``v`` trained at version ``v - 1``; a group sampled at
+    versions ``min_version..max_version`` is ``v - 1 - min_version`` versions old.
+    """
+    sampled_at = {e[0]: e[3] for e in snap.entries if e[3] is not None}
+    ts, mean_age, max_age = [], [], []
+    for e in rounds:
+        v = e.data.get("policy_version")
+        ages = [
+            int(v) - 1 - int(sampled_at[int(p)])
+            for p in e.data.get("positions", ())
+            if v is not None and int(p) in sampled_at
+        ]
+        if not ages:
+            continue
+        ts.append(round(e.time - t0, 3))
+        mean_age.append(_r(sum(ages) / len(ages), 3))
+        max_age.append(max(ages))
+    limit = (snap.config or {}).get("max_policy_age")
+    return {
+        "t": ts,
+        "mean": mean_age,
+        "max": max_age,
+        "limit": limit,
+        "note": None if ts else "no trained round yet",
     }
 
 

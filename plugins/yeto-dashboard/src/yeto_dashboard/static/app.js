@@ -276,6 +276,15 @@
       s.rows.map((r) => ({ testid: "skip-row", cells: [r.reason, { v: r.groups, testid: "skip-" + r.reason }, isNum(r.share) ? (100 * r.share).toFixed(1) + " %" : "–"] }))
     );
     note("skips-note", s.note);
+    const a = d.age;
+    const series = [line("mean age", COLORS.sampled), line("oldest", COLORS.trained, { width: 1.5 })];
+    const data = [a.t, a.mean, a.max];
+    if (isNum(a.limit)) {
+      series.push(line("max_policy_age", COLORS.threshold, { dash: [6, 4] }));
+      data.push(a.t.map(() => a.limit));
+    }
+    chart("chart-age", series, ["t (s)", "versions"], data);
+    note("age-note", a.note);
   }
 
   function renderIslands(d) {
