@@ -452,3 +452,43 @@ def test_policy_age_of_trained_groups_is_the_trainers_version_minus_the_samplers
     )["age"]
     # round 1 trained at version 2: ages 2 and 1; round 3 at version 3: age 0
     assert a == {"t": [5.0, 7.0], "mean": [1.5, 0.0], "max": [2, 0], "limit": 2, "note": None}
+
+
+def test_the_server_keeps_the_last_good_views_when_a_read_fails(tmp_path: Path, capsys):
+    from yeto_dashboard.server import DataCache
+
+    src = open_run(str(_store_run(tmp_path)), run_id="demo")
+    cache = DataCache(src, max_age_s=0.0)
+    body, etag = cache.get()
+    assert json.loads(body)["figures"]["groups_trained"] == 2
+    real = src.streams
+    src.streams = lambda: (_ for _ in ()).throw(OSError("store unreachable"))
+    assert cache.get() == (body, etag)  # the last good views
+    assert cache.error == "OSError: store unreachable"
+    assert "reading the run failed: OSError: store unreachable" in capsys.readouterr().err
+    src.streams = real
+    assert cache.get()[1] == etag and cache.error is None
+    fresh = DataCache(open_run(str(tmp_path / "runs"), run_id="demo"), max_age_s=0.0)
+    fresh.source.streams = src.streams = lambda: (_ for _ in ()).throw(OSError("down"))
+    with pytest.raises(OSError):
+        fresh.get()  # nothing read yet: the route answers 503 with the message
+
+
+def test_the_app_serves_the_page_the_data_with_an_etag_and_a_503_it_explains(tmp_path: Path):
+    testclient = pytest.importorskip("starlette.testclient")  # needs httpx (a test dependency)
+    from yeto_dashboard.server import make_app
+
+    src = open_run(str(_store_run(tmp_path)), run_id="demo")
+    client = testclient.TestClient(make_app(src, refresh_s=0.2))
+    page = client.get("/")
+    assert page.status_code == 200 and 'src="static/app.js"' in page.text
+    assert client.get("/static/vendor/uplot/uPlot.iife.min.js").status_code == 200
+    data = client.get("/api/data")
+    assert data.status_code == 200 and data.json()["figures"]["groups_trained"] == 2
+    assert (
+        client.get("/api/data", headers={"If-None-Match": data.headers["etag"]}).status_code == 304
+    )
+    broken = open_run(str(tmp_path / "runs"), run_id="demo")
+    broken.streams = lambda: (_ for _ in ()).throw(OSError("store unreachable"))
+    res = testclient.TestClient(make_app(broken)).get("/api/data")
+    assert res.status_code == 503 and "store unreachable" in res.json()["error"]

@@ -12,10 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Optional
 
 from yeto_dashboard.model import RewardCache, build, snapshot
 from yeto_dashboard.page import STATIC_DIR, render_page
@@ -34,11 +35,22 @@ class DataCache:
         self._at = -1e18
         self.body = b""
         self.etag = ""
+        self.error: Optional[str] = None
 
     def get(self) -> tuple[bytes, str]:
+        """The newest views and their ETag; a failed read keeps the last good views."""
         with self._lock:
             if time.monotonic() - self._at >= self.max_age_s:
-                data = build(snapshot(self.source, self.rewards))
+                try:
+                    data = build(snapshot(self.source, self.rewards))
+                except Exception as exc:  # keep serving what was read; say what failed
+                    self._at = time.monotonic()
+                    self.error = f"{type(exc).__name__}: {exc}"
+                    print(f"yeto dashboard: reading the run failed: {self.error}", file=sys.stderr)
+                    if not self.body:
+                        raise
+                    return self.body, self.etag
+                self.error = None
                 stable = dict(
                     data, meta={k: v for k, v in data["meta"].items() if k != "generated_at"}
                 )
@@ -55,7 +67,7 @@ def make_app(source: Any, *, refresh_s: float = 1.0) -> Any:
     """The Starlette app that shows ``source`` (a :class:`~yeto_dashboard.source.RunSource`)."""
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import HTMLResponse, Response
+    from starlette.responses import HTMLResponse, JSONResponse, Response
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
 
@@ -66,7 +78,13 @@ def make_app(source: Any, *, refresh_s: float = 1.0) -> Any:
         return HTMLResponse(page, headers={"Cache-Control": "no-store"})
 
     def data(request: Request) -> Response:
-        body, etag = cache.get()
+        try:
+            body, etag = cache.get()
+        except Exception as exc:
+            return JSONResponse(
+                {"error": f"cannot read the run {source.label}: {type(exc).__name__}: {exc}"},
+                status_code=503,
+            )
         headers = {"ETag": etag, "Cache-Control": "no-cache"}
         if request.headers.get("if-none-match") == etag:
             return Response(status_code=304, headers=headers)

@@ -26,6 +26,8 @@ from typing import Any, Optional
 from yeto_core.errors import YetoError
 
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+#: The head's journal: one object per record (``yeto_core.trainer_loop.Journal``).
+JOURNAL_PREFIX = "head/journal/"
 
 
 class DashboardError(YetoError):
@@ -97,6 +99,8 @@ class RunSource:
         self.label = label
         self.store_url = store_url
         self._buffer: Any = None
+        self._journal: list[dict[str, Any]] = []
+        self._journal_last: Optional[str] = None
 
     # -- run dir files ---------------------------------------------------------------
 
@@ -140,9 +144,22 @@ class RunSource:
         return read_all(self.store)
 
     def journal(self) -> list[dict[str, Any]]:
-        from yeto_core.trainer_loop import Journal
+        """The head's journal, in order. Records are objects that never change once
+        created (``put_if_absent``), so only keys not read before are fetched."""
+        import json
 
-        return Journal(self.store).read()
+        from yeto_core.errors import NotFoundError
+
+        for key in self.store.list(JOURNAL_PREFIX, after=self._journal_last):
+            try:
+                rec = json.loads(self.store.get(key))
+            except NotFoundError:
+                continue
+            except ValueError:
+                break  # not complete yet on a store without atomic puts: read it next time
+            self._journal.append(rec)
+            self._journal_last = key
+        return list(self._journal)
 
     def buffer_entries(self) -> list[Any]:
         """Every index entry of the sample buffer (position, host, versions, appended_at)."""

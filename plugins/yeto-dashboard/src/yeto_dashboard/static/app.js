@@ -388,8 +388,14 @@
       if (res.status === 200) {
         etag = res.headers.get("ETag");
         render(await res.json());
+        $("conn-error").hidden = true;
+      } else if (res.status !== 304) {
+        const body = await res.json().catch(() => ({}));
+        $("conn-error").hidden = false;
+        $("conn-error").textContent = body.error || "the dashboard server answered " + res.status;
+      } else {
+        $("conn-error").hidden = true;
       }
-      $("conn-error").hidden = true;
     } catch (err) {
       const box = $("conn-error");
       box.hidden = false;
