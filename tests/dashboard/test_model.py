@@ -28,6 +28,7 @@ from yeto_dashboard.source import DashboardError, ReadOnlyStore, open_run
 
 T0 = 1_000.0
 YETO = [sys.executable, "-c", "from yeto_core.cli import main; main()"]
+CONFIG = Path(__file__).with_name("short_run.toml")
 
 
 def ev(kind: str, t: float, source: str, **data) -> Event:
@@ -353,6 +354,24 @@ def test_a_store_with_a_run_id_opens_without_a_run_dir_and_exports_offline(tmp_p
     assert d["figures"]["groups_skipped"] == {"stale": 1}
     assert d["cost"]["available"] is False
     assert d["meta"]["state"].startswith("unknown")
+    assert d["islands"]["rows"] == []  # no config, no sampler stream
+    # the head writes the resolved config into the store too: its islands and prices show
+    from yeto_core.config import load_config
+    from yeto_core.run_store import write_config
+
+    toml = tmp_path / "c.toml"
+    toml.write_text(
+        CONFIG.read_text()
+        .replace("@RUN_DIR@", str(tmp_path / "rd"))
+        .replace("@BASE_DIR@", str(tmp_path / "base"))
+    )
+    write_config(DirStore(runs / "demo"), load_config(toml))
+    before = sorted((p.relative_to(runs), p.stat().st_mtime_ns) for p in runs.rglob("*"))
+    src = open_run(str(runs), run_id="demo")
+    d = build(snapshot(src))
+    assert [r["island"] for r in d["islands"]["rows"]] == ["sampler-0", "sampler-1"]
+    assert d["meta"]["run"] == "dash-short"
+    assert d["cost"]["available"] is False and "cost.jsonl" in d["cost"]["note"]
     out = export_html(src, tmp_path / "report.html")
     text = out.read_text()
     assert "uPlot" in text and '"groups_trained":2' in text

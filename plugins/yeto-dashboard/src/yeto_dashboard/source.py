@@ -9,9 +9,10 @@ are only opened for reading. What a dashboard reads:
   sample buffer's index (through the ``file`` buffer opened ``read_only``),
   the committed cuts (:class:`~yeto_core.cut.CutStore`) and the newest
   release (:class:`~yeto_core.release.ReleaseStore`);
-- from the run dir, when there is one: ``config.json`` (thresholds, prices,
-  budget), ``status.json``, ``summary.json``, ``FINISHED``, ``head.json``
-  and the cost ledger ``cost.jsonl``.
+- the run config (thresholds, prices, budget, the buffer's kind): the run dir's
+  ``config.json``, else the store's ``run/config.json``;
+- from the run dir, when there is one: ``status.json``, ``summary.json``,
+  ``FINISHED``, ``head.json`` and the cost ledger ``cost.jsonl``.
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class RunSource:
         self.label = label
         self.store_url = store_url
         self._buffer: Any = None
+        self._config: Any = None
         self._journal: list[dict[str, Any]] = []
         self._journal_last: Optional[str] = None
 
@@ -111,15 +113,25 @@ class RunSource:
         return _read_json(self.run_dir / name)
 
     def config(self) -> Optional[Any]:
-        """The resolved run config (:class:`~yeto_core.config.RunConfig`), or None."""
-        if self.run_dir is None or not (self.run_dir / "config.json").is_file():
-            return None
-        from yeto_core.island_main import load_run_config
+        """The resolved run config (:class:`~yeto_core.config.RunConfig`): the run dir's
+        ``config.json``, else the store's ``run/config.json``; None before the head wrote it."""
+        if self._config is not None:
+            return self._config
+        if self.run_dir is not None and (self.run_dir / "config.json").is_file():
+            from yeto_core.run_dir import load_run_config
 
-        try:
-            return load_run_config(self.run_dir)
-        except (OSError, ValueError, YetoError):
-            return None
+            try:
+                self._config = load_run_config(self.run_dir)
+            except (OSError, ValueError, YetoError):
+                self._config = None
+        if self._config is None:
+            from yeto_core.run_store import read_config
+
+            try:
+                self._config = read_config(self.store)
+            except (OSError, ValueError, YetoError):
+                self._config = None
+        return self._config
 
     def cost_lines(self) -> Optional[list[Any]]:
         """The cost ledger's lines, or None without a run dir (the ledger lives there)."""
@@ -146,8 +158,6 @@ class RunSource:
     def journal(self) -> list[dict[str, Any]]:
         """The head's journal, in order. Records are objects that never change once
         created (``put_if_absent``), so only keys not read before are fetched."""
-        import json
-
         from yeto_core.errors import NotFoundError
 
         for key in self.store.list(JOURNAL_PREFIX, after=self._journal_last):
@@ -166,8 +176,16 @@ class RunSource:
         if self._buffer is None:
             from yeto_core.plugins import get_plugins
 
-            cls = get_plugins().sample_buffer("file")
-            self._buffer = cls(self.store, host="dashboard", read_only=True)
+            config = self.config()
+            b = getattr(config, "buffer", None)
+            self._buffer = get_plugins().open_buffer(
+                self.store,
+                host="dashboard",
+                kind=getattr(b, "kind", "file"),
+                layout=getattr(b, "layout", "auto"),
+                options=dict(getattr(b, "options", {}) or {}),
+                read_only=True,
+            )
         return self._buffer.entries(0)
 
     def load_group_reward(self, entry: Any) -> float:
@@ -228,7 +246,7 @@ def open_run(ref: str, run_id: Optional[str] = None) -> RunSource:
             "config.json), a store directory or a store URL"
         )
     if (path / "config.json").is_file():
-        from yeto_core.island_main import load_run_config
+        from yeto_core.run_dir import load_run_config
 
         try:
             url = load_run_config(path).store_url()
