@@ -363,7 +363,12 @@ def test_dashboard_of_a_real_run_live_finished_and_exported(tmp_path: Path) -> N
             offline.screenshot(path=str(ART / "export.png"), full_page=True)
             assert requested == []  # it needs nothing from any server
 
-            time.sleep(1.5)  # the live page polls (refresh 0.5 s) a few more times meanwhile
+            # the server reads the finished run again (a new generated_at), and still nothing changed
+            read_at = "() => fetch('api/data', {cache: 'no-store'}).then(r => r.json()).then(d => d.meta.generated_at)"
+            first_read = page.evaluate(read_at)
+            _wait(
+                lambda: page.evaluate(read_at) > first_read, 30, "the server to read the run again"
+            )
             assert _files(run_dir) == before, "the dashboard changed the run dir"
             assert errors == []
             browser.close()
