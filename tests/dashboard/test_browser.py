@@ -316,7 +316,8 @@ def test_dashboard_of_a_real_run_live_finished_and_exported(tmp_path: Path) -> N
             assert page.locator("#live-dot").is_visible()
             page.screenshot(path=str(ART / "live.png"), full_page=True)
 
-            assert run.wait(timeout=300) == 0, "".join(run_out.all)[-3000:]
+            code = run.wait(timeout=300)
+            assert code == 0, f"yeto run up exited {code}:\n" + "".join(run_out.all)[-1500:]
             summary = json.loads((run_dir / "summary.json").read_text())
             print(
                 f"run: wall_s {summary['wall_s']}, {summary['groups_appended']} groups, {summary['trainer_starts']} trainer start(s)"
