@@ -251,7 +251,7 @@ def check_finished_views(page, run_dir: Path, summary: dict, *, live_page: bool)
     )
     per_group = summary["cost_usd"] / summary["groups_trained"]
     assert abs(float(_text(page, "cost-per-group").lstrip("$")) - per_group) < 2e-6
-    assert _text(page, "cost-budget").startswith("$0.20 (")
+    assert _text(page, "cost-budget").startswith(f"${config['backstops']['budget_usd']:.2f} (")
     assert page.locator("#chart-cost canvas").count() >= 1
 
     # the journal: every record counted

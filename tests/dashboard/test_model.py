@@ -511,3 +511,16 @@ def test_the_app_serves_the_page_the_data_with_an_etag_and_a_503_it_explains(tmp
     broken.streams = lambda: (_ for _ in ()).throw(OSError("store unreachable"))
     res = testclient.TestClient(make_app(broken)).get("/api/data")
     assert res.status_code == 503 and "store unreachable" in res.json()["error"]
+
+
+def test_two_islands_rounds_in_the_same_millisecond_are_two_points():
+    same = [
+        ev("sampler_round", 3.0001, i, groups=2, reward_mean=r, max_version=0)
+        for i, r in (("sampler-0", 0.0), ("sampler-1", 1.0))
+    ]
+    r = build(snap(streams={"sampler-0": same[:1], "sampler-1": same[1:]}))["reward"]
+    assert r["sampled"] == {
+        "t": [0.0, 0.001],
+        "reward": [0.0, 0.5],
+    }  # t from the first event; a rolling mean of 4 groups
+    assert r["by_version"] == {"version": [0], "sampled": [0.5], "trained": [None]}

@@ -154,6 +154,13 @@ def _r(x: Optional[float], nd: int = 4) -> Optional[float]:
     return round(float(x), nd)
 
 
+def _after(ts: list[float], t: float) -> float:
+    """``t`` in ms, moved just after the series' last time (a chart's x values are unique:
+    two islands' rounds can end in the same millisecond)."""
+    x = round(t, 3)
+    return x if not ts or x > ts[-1] else round(ts[-1] + 0.001, 3)
+
+
 def _events(snap: Snapshot, island: str, kind: Optional[str] = None) -> list[Any]:
     return [e for e in snap.streams.get(island, []) if kind is None or e.kind == kind]
 
@@ -317,7 +324,7 @@ def _reward_view(
         window.append((n, reward))
         while sum(k for k, _ in window) - window[0][0] >= REWARD_WINDOW:
             window.pop(0)
-        s_t.append(round(t - t0, 3))
+        s_t.append(_after(s_t, t - t0))
         s_y.append(_r(sum(k * r for k, r in window) / sum(k for k, _ in window)))
     tr_t, tr_y = [], []
     recent: list[float] = []
@@ -327,7 +334,7 @@ def _reward_view(
         if not rewards:
             continue
         recent = (recent + rewards)[-REWARD_WINDOW:]
-        tr_t.append(round(e.time - t0, 3))
+        tr_t.append(_after(tr_t, e.time - t0))
         tr_y.append(_r(_mean(recent)))
         v = e.data.get("policy_version")
         if v is not None:
