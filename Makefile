@@ -8,7 +8,8 @@ export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 
 DISTS := yeto_core plugins/yeto-s3 plugins/yeto-torch plugins/yeto-sglang plugins/yeto-vllm \
          yeto_miles yeto_modal yeto_sky yeto_nc \
-         plugins/yeto-bench
+         plugins/yeto-bench \
+         plugins/yeto-dashboard
 STAMP := $(VENV)/.installed
 DEPS := constraints.txt requirements-dev.txt $(foreach d,$(DISTS),$(d)/pyproject.toml) \
         examples/third_party_plugin/pyproject.toml
@@ -29,8 +30,21 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 
-test: lint
+test: lint chromium
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+# Debian's chromium for the dashboard's browser test (tests/dashboard/test_browser.py):
+# installed with apt-get when missing and we are root; Playwright drives it, never downloading one.
+CHROMIUM ?= /usr/bin/chromium
+.PHONY: chromium
+chromium:
+	@if [ ! -x $(CHROMIUM) ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	  else \
+	    echo "make: $(CHROMIUM) is missing: install Debian's chromium package (sudo apt-get install chromium); the dashboard's browser test is skipped without it"; \
+	  fi; \
+	fi
 
 quickstart: install
 	$(BIN)/yeto run up examples/quickstart/run.toml

@@ -30,6 +30,7 @@ DISTS = {
     "yeto_modal": ("yeto-modal", "yeto_modal", "modal"),
     "yeto_sky": ("yeto-sky", "yeto_sky", "sky"),
     "yeto_nc": ("yeto-nc", "yeto_nc", "nc"),
+    "plugins/yeto-dashboard": ("yeto-dashboard", "yeto_dashboard", "dashboard"),
 }
 
 pytestmark = [

@@ -1,0 +1,420 @@
+/* yeto dashboard: draws the views from the JSON of /api/data (live) or the inlined data (export).
+   No build step: plain browser JavaScript and the vendored uPlot. */
+(function () {
+  "use strict";
+  const CFG = window.YETO_CONFIG || { mode: "live", url: "api/data", refresh_ms: 1000 };
+  const COLORS = {
+    sampled: "#2f7ed8", trained: "#e0651a", backlog: "#2f7ed8", threshold: "#c62828",
+    rate: "#7b4fc9", seen: "#111827", cost: "#1a8f4c", budget: "#c62828",
+  };
+  const charts = {};
+  window.yetoCharts = charts; // the uPlot instances by element id (tests, the browser console)
+  let etag = null;
+  let last = null;
+
+  // -- formatting -------------------------------------------------------------------------
+  const $ = (id) => document.getElementById(id);
+  const isNum = (x) => typeof x === "number" && isFinite(x);
+  const f = (x, nd) => (isNum(x) ? x.toFixed(nd) : "–");
+  const int = (x) => (isNum(x) ? String(Math.round(x)) : "–");
+  const usd = (x, nd) => (isNum(x) ? "$" + x.toFixed(nd === undefined ? 4 : nd) : "–");
+  const secs = (x) => (isNum(x) ? x.toFixed(1) + " s" : "–");
+  const skipsText = (o) => {
+    const keys = Object.keys(o || {}).sort();
+    return keys.length ? keys.map((k) => k + " " + o[k]).join(", ") : "none";
+  };
+
+  function el(tag, attrs, text) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === undefined || v === null) continue;
+      if (k === "class") e.className = v;
+      else if (k === "testid") e.setAttribute("data-testid", v);
+      else if (k === "style") e.style.cssText = v;
+      else e.setAttribute(k, v);
+    }
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    return e;
+  }
+
+  function note(id, text) {
+    const n = $(id);
+    if (!n) return;
+    n.hidden = !text;
+    n.textContent = text || "";
+  }
+
+  /** rows: arrays of cells; a cell is a value or {v, cls, testid, title}. */
+  function table(id, headers, rows) {
+    const t = $(id);
+    t.replaceChildren();
+    const thead = el("thead");
+    const tr = el("tr");
+    headers.forEach((h) => tr.appendChild(el("th", { class: h.num ? "num" : null }, h.label || h)));
+    thead.appendChild(tr);
+    t.appendChild(thead);
+    const tbody = el("tbody");
+    rows.forEach((row) => {
+      const r = el("tr", { testid: row.testid });
+      (row.cells || row).forEach((c, i) => {
+        const cell = c !== null && typeof c === "object" ? c : { v: c };
+        const cls = [headers[i] && headers[i].num ? "num" : "", cell.cls || ""].join(" ").trim();
+        r.appendChild(el("td", { class: cls || null, testid: cell.testid, title: cell.title, "data-value": cell.value }, cell.v));
+      });
+      tbody.appendChild(r);
+    });
+    t.appendChild(tbody);
+  }
+
+  function kv(id, items) {
+    const box = $(id);
+    box.replaceChildren();
+    items.forEach(([label, value, testid]) => {
+      const d = el("div");
+      d.appendChild(el("span", {}, label));
+      d.appendChild(el("b", { testid: testid }, value));
+      box.appendChild(d);
+    });
+  }
+
+  // -- charts -----------------------------------------------------------------------------
+  function chart(id, series, axes, data, extraScales) {
+    const box = $(id);
+    const has = data[0] && data[0].length > 0;
+    if (!has) {
+      if (charts[id]) { charts[id].destroy(); delete charts[id]; }
+      box.replaceChildren(el("p", { class: "dim" }, "no data yet"));
+      return;
+    }
+    if (!charts[id]) {
+      box.replaceChildren();
+      const opts = {
+        width: Math.max(300, box.clientWidth || 600),
+        height: 250,
+        scales: Object.assign({ x: { time: false } }, extraScales || {}),
+        series: [{ label: axes[0] }].concat(series),
+        axes: [{ label: axes[0] }, { label: axes[1] }].concat(axes.slice(2)),
+        legend: { show: true },
+        cursor: { drag: { x: true, y: false } },
+      };
+      charts[id] = new uPlot(opts, data, box);
+    } else {
+      charts[id].setData(data);
+    }
+  }
+
+  const line = (label, color, extra) =>
+    Object.assign({ label: label, stroke: color, width: 2, spanGaps: true, points: { show: false } }, extra || {});
+
+  /** Align series that have their own x values on one x axis (missing values are null). */
+  function join(tables) {
+    const xs = Array.from(new Set([].concat(...tables.map((t) => t[0])))).sort((a, b) => a - b);
+    const index = new Map(xs.map((x, i) => [x, i]));
+    const cols = tables.map((t) => {
+      const col = new Array(xs.length).fill(null);
+      t[0].forEach((x, i) => { col[index.get(x)] = t[1][i]; });
+      return col;
+    });
+    return [xs].concat(cols);
+  }
+
+  // -- the views --------------------------------------------------------------------------
+  function renderHeader(d) {
+    const m = d.meta;
+    $("run-name").textContent = m.run || m.label;
+    const st = $("run-state");
+    st.textContent = m.state;
+    st.className = "badge " + String(m.state).replace(/\s+/g, "-");
+    $("live-dot").hidden = !(m.live && CFG.mode === "live");
+    $("elapsed").textContent = f(m.elapsed_s, 1);
+    $("stop-reason").hidden = !m.stop_reason || m.live;
+    $("stop-reason-text").textContent = m.stop_reason || "";
+    $("policy-version").textContent = m.state === "loading" ? "-" : int(d.figures.policy_version);
+    $("source").textContent = (m.run_dir ? "run dir " + m.run_dir + " · " : "") + "store " + m.store_url;
+    const when = new Date(m.generated_at * 1000).toLocaleTimeString();
+    $("updated").textContent = (CFG.mode === "live" ? "read " : "exported ") + when;
+    $("dash-version").textContent = CFG.version || "";
+    $("uplot-version").textContent = CFG.uplot_version || "";
+  }
+
+  const FIGURES = [
+    ["groups appended", "groups_appended", int],
+    ["groups trained", "groups_trained", int],
+    ["groups skipped", "groups_skipped", skipsText],
+    ["groups neither trained nor skipped yet", "groups_untrained", int],
+    ["trainer starts", "trainer_starts", int],
+    ["trainer stops", "trainer_stops", int],
+    ["releases published", "releases_published", int],
+    ["sampler versions loaded", "sampler_versions_loaded", int],
+    ["reward first (first 10% appended)", "reward_first", (x) => f(x, 3)],
+    ["reward last (last 10% trained)", "reward_last", (x) => f(x, 3)],
+    ["cost so far", "cost_usd", (x) => usd(x, 4)],
+  ];
+
+  function renderFigures(d) {
+    const s = d.summary;
+    const ours = Object.assign({}, d.figures, { cost_usd: d.cost.available ? d.cost.total_usd : null });
+    const rows = FIGURES.map(([label, key, fmt]) => {
+      const a = fmt(ours[key]);
+      const cells = [label, { v: a, testid: "fig-" + key, value: JSON.stringify(ours[key] === undefined ? null : ours[key]) }];
+      if (s) {
+        const b = fmt(s[key]);
+        cells.push({ v: b, testid: "sum-" + key, value: JSON.stringify(s[key] === undefined ? null : s[key]) });
+        cells.push(a === b ? { v: "✓", cls: "match" } : { v: "≠", cls: "mismatch", title: "the run is still going, or see the event streams" });
+      }
+      return { cells: cells, testid: "figure-" + key };
+    });
+    const headers = s ? ["figure", { label: "dashboard", num: true }, { label: "summary.json", num: true }, ""] : ["figure", { label: "dashboard (no summary.json yet)", num: true }];
+    table("figures-table", headers, rows);
+  }
+
+  function renderReward(d) {
+    const r = d.reward;
+    $("reward-window").textContent = r.window_groups;
+    const data = join([[r.sampled.t, r.sampled.reward], [r.trained.t, r.trained.reward]]);
+    chart("chart-reward-time", [line("sampled", COLORS.sampled), line("trained", COLORS.trained)], ["t (s)", "reward"], data);
+    const v = r.by_version;
+    chart(
+      "chart-reward-version",
+      [line("sampled", COLORS.sampled, { points: { show: true, size: 5 } }), line("trained", COLORS.trained, { points: { show: true, size: 5 } })],
+      ["policy version", "mean reward"],
+      [v.version, v.sampled, v.trained]
+    );
+    note("reward-note", r.note);
+  }
+
+  function renderTrainer(d) {
+    const t = d.trainer;
+    const box = $("timeline");
+    box.replaceChildren();
+    const span = Math.max(1e-6, t.span[1] - t.span[0]);
+    const pct = (x) => (Math.max(0, Math.min(span, x - t.span[0])) / span) * 100 + "%";
+    const wid = (a, b) => (Math.max(0, Math.min(span, b) - Math.max(0, a)) / span) * 100 + "%";
+    t.incarnations.forEach((inc) => {
+      const lane = el("div", { class: "lane", testid: "lane-incarnation" });
+      lane.appendChild(el("div", { class: "lane-label" }, "incarnation " + inc.incarnation));
+      const start = inc.start === null ? 0 : inc.start;
+      const end = inc.stop === null ? t.span[1] : inc.stop;
+      const ready = inc.ready === null ? end : Math.min(inc.ready, end);
+      const open = inc.stop === null ? " open" : "";
+      lane.appendChild(el("div", { class: "seg starting" + open, style: "left:" + pct(start) + ";width:" + wid(start, ready), title: "starting (" + (inc.start_reason || "") + ")" }, inc.start_reason || ""));
+      if (inc.ready !== null) {
+        lane.appendChild(el("div", { class: "seg ready" + open, style: "left:" + pct(ready) + ";width:" + wid(ready, end), title: inc.rounds + " rounds; stop: " + (inc.stop_reason || "running") }, inc.rounds + " rounds" + (inc.stop_reason ? " → " + inc.stop_reason : "")));
+      }
+      box.appendChild(lane);
+    });
+    const rel = el("div", { class: "lane", testid: "lane-releases" });
+    const versions = new Set(t.releases.map((r) => r.version)).size;
+    rel.appendChild(el("div", { class: "lane-label", title: versions + " versions, " + t.releases.length + " publications (a restarted incarnation publishes its restored version again)" }, "releases (" + versions + ")"));
+    t.releases.forEach((r) => rel.appendChild(el("div", { class: "tick", style: "left:" + pct(r.t), title: "v" + r.version + " at " + secs(r.t), testid: "release-tick" })));
+    box.appendChild(rel);
+    const cuts = el("div", { class: "lane", testid: "lane-cuts" });
+    cuts.appendChild(el("div", { class: "lane-label" }, "cuts (" + t.cuts.length + ")"));
+    t.cuts.forEach((c) => cuts.appendChild(el("div", { class: "cut" + (c.in_store ? "" : " gone"), style: "left:" + pct(c.t), title: c.cut_id + (c.trigger ? " (" + c.trigger + ")" : "") + (c.in_store ? "" : " — no longer in the store (older cuts are pruned)"), testid: "cut-mark" })));
+    box.appendChild(cuts);
+    const axis = el("div", { class: "axis" });
+    for (let i = 0; i <= 5; i++) {
+      const x = t.span[0] + (span * i) / 5;
+      axis.appendChild(el("span", { style: "left:" + (i * 20) + "%" }, x.toFixed(0) + " s"));
+    }
+    box.appendChild(axis);
+    table(
+      "incarnations-table",
+      ["incarnation", "started (S1's reason)", { label: "start took", num: true }, { label: "rounds", num: true }, "stopped", "S1 decision", "cut"],
+      t.incarnations.map((i) => ({
+        testid: "incarnation-row",
+        cells: [
+          i.incarnation,
+          secs(i.start) + (i.start_reason ? " (" + i.start_reason + ")" : ""),
+          i.start_s === null ? "–" : secs(i.start_s),
+          { v: i.rounds, testid: "incarnation-rounds" },
+          i.stop === null ? "running" : secs(i.stop) + " (" + i.stop_reason + ")",
+          i.s1_decision || "–",
+          i.cut_id || "–",
+        ],
+      }))
+    );
+    note("trainer-note", t.note);
+  }
+
+  function renderBacklog(d) {
+    const b = d.backlog;
+    $("rate-window").textContent = b.rate_window_s;
+    const data = join([
+      [b.t, b.backlog],
+      [b.t, b.threshold],
+      [b.t, b.arrival_rate],
+      [b.decisions.t, b.decisions.backlog],
+    ]);
+    chart(
+      "chart-backlog",
+      [
+        line("backlog (groups)", COLORS.backlog),
+        line("start threshold", COLORS.threshold, { dash: [6, 4], spanGaps: false }),
+        line("arrivals (groups/s)", COLORS.rate, { scale: "rate", width: 1.5 }),
+        { label: "backlog seen at a decision", stroke: COLORS.seen, width: 0, paths: () => null, points: { show: true, size: 6, fill: COLORS.seen } },
+      ],
+      ["t (s)", "groups", { scale: "rate", side: 1, label: "groups/s", grid: { show: false } }],
+      data,
+      { rate: { auto: true } }
+    );
+    const c = b.current || {};
+    kv("backlog-now", [
+      ["backlog now", int(c.backlog), "backlog-now"],
+      ["start threshold", int(c.threshold), "backlog-threshold"],
+      ["arrivals", f(c.arrival_rate, 2) + " groups/s", "backlog-rate"],
+      ["groups appended", int(d.figures.groups_appended), "backlog-appended"],
+    ]);
+    note("backlog-note", b.note);
+  }
+
+  function renderSkips(d) {
+    const s = d.skips;
+    table(
+      "skips-table",
+      ["reason", { label: "groups", num: true }, { label: "share of appended", num: true }],
+      s.rows.map((r) => ({ testid: "skip-row", cells: [r.reason, { v: r.groups, testid: "skip-" + r.reason }, isNum(r.share) ? (100 * r.share).toFixed(1) + " %" : "–"] }))
+    );
+    note("skips-note", s.note);
+    const a = d.age;
+    const series = [line("mean age", COLORS.sampled), line("oldest", COLORS.trained, { width: 1.5 })];
+    const data = [a.t, a.mean, a.max];
+    if (isNum(a.limit)) {
+      series.push(line("max_policy_age", COLORS.threshold, { dash: [6, 4] }));
+      data.push(a.t.map(() => a.limit));
+    }
+    chart("chart-age", series, ["t (s)", "versions"], data);
+    note("age-note", a.note);
+  }
+
+  function renderIslands(d) {
+    const s = d.islands;
+    table(
+      "islands-table",
+      ["island", "state", { label: "version served", num: true }, { label: "lag behind LATEST", num: true }, { label: "groups appended", num: true }, { label: "rounds", num: true }, { label: "checks passed", num: true }, { label: "checks failed", num: true }, { label: "deferred / forced loads", num: true }, { label: "last event", num: true }],
+      s.rows.map((r) => {
+        const id = "island-" + r.island + "-";
+        const failed = Object.keys(r.refusals).length ? Object.entries(r.refusals).map(([k, v]) => k + " " + v).join(", ") : String(r.checks_failed);
+        return {
+          testid: "island-row",
+          cells: [
+            { v: r.island, testid: id + "name" },
+            { v: r.state, testid: id + "state" },
+            { v: int(r.version), testid: id + "version" },
+            { v: int(r.lag), testid: id + "lag" },
+            { v: r.groups_appended, testid: id + "groups" },
+            r.rounds,
+            { v: r.checks_passed, testid: id + "checks", cls: "match" },
+            { v: failed, cls: r.checks_failed ? "mismatch" : "" },
+            r.deferrals + " / " + r.forced_loads,
+            secs(r.last_event),
+          ],
+        };
+      })
+    );
+    note("islands-note", s.note);
+    $("pool-note").textContent = s.pool_note || s.pool.length + " pool events";
+    $("pool-note").hidden = !s.pool_note && !s.pool.length;
+    table("pool-table", s.pool.length ? ["t", "island", "event", "data"] : [], s.pool.map((p) => [secs(p.t), p.island, p.kind, JSON.stringify(p.data)]));
+  }
+
+  function renderCost(d) {
+    const c = d.cost;
+    if (!c.available) {
+      kv("cost-kv", []);
+      chart("chart-cost", [], ["t (s)", "$"], [[]]);
+      table("cost-islands", [], []);
+      note("cost-note", c.note);
+      return;
+    }
+    const p = c.projection || {};
+    const items = [
+      ["cost so far", usd(c.total_usd, 4), "cost-total"],
+      ["burn rate now", usd(c.burn_usd_per_h, 2) + "/h", "cost-burn"],
+      ["mean burn", usd(c.mean_burn_usd_per_h, 2) + "/h", "cost-mean-burn"],
+      ["$ per trained group", usd(c.usd_per_trained_group, 6), "cost-per-group"],
+      ["budget", c.budget_usd ? usd(c.budget_usd, 2) + " (" + (100 * c.budget_used).toFixed(0) + " % used)" : "none", "cost-budget"],
+    ];
+    if (isNum(p.budget_reached_in_s)) items.push(["budget reached in (at this burn)", secs(p.budget_reached_in_s), "cost-budget-eta"]);
+    if (isNum(p.at_total_rounds_usd)) items.push(["projected at total_rounds", usd(p.at_total_rounds_usd, 4), "cost-projected"]);
+    kv("cost-kv", items);
+    const series = [line("cost so far ($)", COLORS.cost)];
+    const data = [c.series.t, c.series.usd];
+    if (c.budget_usd) {
+      series.push(line("budget", COLORS.budget, { dash: [6, 4] }));
+      data.push(c.series.t.map(() => c.budget_usd));
+    }
+    chart("chart-cost", series, ["t (s)", "$"], data);
+    table(
+      "cost-islands",
+      ["island", { label: "island-seconds", num: true }, { label: "$/h", num: true }, { label: "$", num: true }, "state"],
+      c.islands.map((i) => ({ testid: "cost-island-row", cells: [i.island, f(i.seconds, 1), f(i.price_per_hour, 2), usd(i.usd, 4), i.running ? "running" : "stopped"] }))
+    );
+    note("cost-note", c.note);
+  }
+
+  function renderJournal(d) {
+    const j = d.journal;
+    $("journal-count").textContent = j.records + " records, " + j.decisions + " decisions" + (j.rows_total > j.rows.length ? " (newest " + j.rows.length + " of " + j.rows_total + " lines shown)" : "");
+    $("journal-count").setAttribute("data-records", j.records);
+    table(
+      "journal-table",
+      [{ label: "seq", num: true }, { label: "t", num: true }, "record", "incarnation", "action", "reason", "inputs / detail"],
+      j.rows.map((r) => ({ testid: "journal-row", cells: [r.seq_last !== undefined ? r.seq + "–" + r.seq_last : r.seq, secs(r.t), r.kind, r.incarnation === null ? "" : r.incarnation, r.action || "", r.reason || "", r.detail] }))
+    );
+    note("journal-note", j.note);
+  }
+
+  function render(d) {
+    last = d;
+    renderHeader(d);
+    renderFigures(d);
+    renderReward(d);
+    renderTrainer(d);
+    renderBacklog(d);
+    renderSkips(d);
+    renderIslands(d);
+    renderCost(d);
+    renderJournal(d);
+    document.body.setAttribute("data-generated", String(d.meta.generated_at));
+    document.body.setAttribute("data-rendered", "1");
+  }
+
+  // -- updates ----------------------------------------------------------------------------
+  async function poll() {
+    try {
+      const headers = etag ? { "If-None-Match": etag } : {};
+      const res = await fetch(CFG.url, { cache: "no-cache", headers: headers });
+      if (res.status === 200) {
+        etag = res.headers.get("ETag");
+        render(await res.json());
+        $("conn-error").hidden = true;
+      } else if (res.status !== 304) {
+        const body = await res.json().catch(() => ({}));
+        $("conn-error").hidden = false;
+        $("conn-error").textContent = body.error || "the dashboard server answered " + res.status;
+      } else {
+        $("conn-error").hidden = true;
+      }
+    } catch (err) {
+      const box = $("conn-error");
+      box.hidden = false;
+      box.textContent = "cannot reach the dashboard server (" + err.message + "); showing the last data read";
+    }
+    setTimeout(poll, CFG.refresh_ms || 1000);
+  }
+
+  let resizeTimer = null;
+  window.addEventListener("resize", () => {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(() => {
+      for (const [id, u] of Object.entries(charts)) u.setSize({ width: Math.max(300, $(id).clientWidth), height: 250 });
+    }, 150);
+  });
+
+  if (CFG.mode === "static") {
+    render(JSON.parse(document.getElementById("yeto-data").textContent));
+  } else {
+    poll();
+  }
+})();

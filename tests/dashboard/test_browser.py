@@ -1,0 +1,379 @@
+"""`yeto dashboard` in a real headless Chromium, on a real run made by the test.
+
+The test starts a short run (tests/dashboard/short_run.toml: two `hf` sampler
+islands, the `torch` trainer on a very small sort4 model, S1 stopping and
+starting the trainer in the samplers' pauses), serves its dashboard with
+`yeto dashboard RUN --port 0`, and drives Debian's chromium through Playwright
+(``executable_path``; Playwright downloads no browser). It checks that the page
+updates while the run is live, that every view shows the run's data once it has
+finished (the figures equal summary.json, the charts hold one point per event),
+that the page logs no console error, that the dashboard wrote nothing into the
+run dir, and that the `--export` file shows the same figures offline.
+
+Screenshots and the exported report go to build/dashboard/ (test artefacts).
+``make chromium`` (part of ``make test``) installs the browser when it is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("yeto_torch")
+pytest.importorskip("yeto_dashboard")
+
+ROOT = Path(__file__).resolve().parents[2]
+ART = ROOT / "build" / "dashboard"
+BASE = ART / "base-sort4-h32"  # built by the first run, reused by later ones
+CONFIG = Path(__file__).with_name("short_run.toml")
+CHROMIUM = os.environ.get("YETO_CHROMIUM", "/usr/bin/chromium")
+YETO = [sys.executable, "-c", "from yeto_core.cli import main; main()"]
+
+pytestmark = pytest.mark.slow
+
+if not os.access(CHROMIUM, os.X_OK):
+    if os.environ.get("CI"):
+        raise RuntimeError(f"{CHROMIUM} is missing; `make chromium` installs Debian's chromium")
+    pytest.skip(f"{CHROMIUM} is missing: run `make chromium`", allow_module_level=True)
+
+sync_api = pytest.importorskip("playwright.sync_api")
+
+
+def _yeto(*args: str, **kw) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen(
+        [*YETO, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kw,
+    )
+
+
+class Lines:
+    """A process's output lines, read by a thread (so waits can be bounded)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.q: queue.Queue[str] = queue.Queue()
+        self.all: list[str] = []
+
+        def pump() -> None:
+            for line in proc.stdout:
+                self.all.append(line)
+                self.q.put(line)
+
+        threading.Thread(target=pump, daemon=True).start()
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.q.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            m = re.search(pattern, line)
+            if m:
+                return m
+        raise AssertionError(
+            f"no line matching {pattern!r} in {timeout} s:\n{''.join(self.all)[-3000:]}"
+        )
+
+
+def _wait(cond, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def _events(run_dir: Path, island: str) -> list[dict]:
+    path = run_dir / "store" / "events" / f"{island}.jsonl"
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def _files(run_dir: Path) -> list[tuple[str, int, int]]:
+    return sorted(
+        (str(p.relative_to(run_dir)), p.stat().st_size, p.stat().st_mtime_ns)
+        for p in run_dir.rglob("*")
+        if p.is_file()
+    )
+
+
+def _text(page, testid: str) -> str:
+    return page.get_by_test_id(testid).first.inner_text().strip()
+
+
+def _stop(proc: subprocess.Popen, sig: int = signal.SIGINT) -> None:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def check_finished_views(page, run_dir: Path, summary: dict, *, live_page: bool) -> None:
+    """Every view shows the finished run's data (figures equal summary.json)."""
+    fmt = {
+        "groups_appended": str,
+        "groups_trained": str,
+        "trainer_starts": str,
+        "trainer_stops": str,
+        "releases_published": str,
+        "sampler_versions_loaded": str,
+        "reward_first": float,
+        "reward_last": float,
+        "cost_usd": float,
+        "groups_untrained": str,
+        "groups_skipped": lambda o: ", ".join(f"{k} {v}" for k, v in sorted(o.items())) or "none",
+    }
+    for key, f in fmt.items():
+        # the raw figure equals summary.json's; the text is its rounding (JavaScript rounds
+        # halves up where Python rounds them to even, so texts are compared as numbers)
+        for prefix in ("fig", "sum"):
+            cell = page.get_by_test_id(f"{prefix}-{key}").first
+            value = json.loads(cell.get_attribute("data-value"))
+            if isinstance(summary[key], float):
+                assert value == pytest.approx(summary[key], rel=1e-9, abs=1e-9), (prefix, key)
+                shown = float(cell.inner_text().strip().lstrip("$"))
+                assert (
+                    abs(shown - summary[key])
+                    <= 0.5 * 10 ** -(4 if key == "cost_usd" else 3) + 1e-12
+                )
+            else:
+                assert value == summary[key], (prefix, key)
+                assert cell.inner_text().strip() == f(summary[key]), (prefix, key)
+    assert page.locator("#figures-table .mismatch").count() == 0
+    assert _text(page, "state") == "finished"
+    assert _text(page, "stop-reason") == summary["reason"]
+
+    # reward: one point per sampler round and per trained round that had groups
+    sampler_islands = sorted(p.stem for p in (run_dir / "store" / "events").glob("sampler-*.jsonl"))
+    rounds = sum(
+        1
+        for i in sampler_islands
+        for e in _events(run_dir, i)
+        if e["kind"] == "sampler_round" and e["data"]["groups"] > 0
+    )
+    trained = [
+        e
+        for e in _events(run_dir, "trainer")
+        if e["kind"] == "round_trained" and e["data"]["rewards"]
+    ]
+    counts = page.evaluate(
+        """() => { const d = window.yetoCharts['chart-reward-time'].data;
+                   return [1, 2].map(i => d[i].filter(v => v !== null).length); }"""
+    )
+    assert counts == [rounds, len(trained)]
+    versions = page.evaluate("() => window.yetoCharts['chart-reward-version'].data[0].length")
+    assert versions == len(
+        {e["data"]["policy_version"] for e in trained}
+        | {
+            e["data"]["max_version"]
+            for i in sampler_islands
+            for e in _events(run_dir, i)
+            if e["kind"] == "sampler_round" and e["data"]["groups"] > 0
+        }
+    )
+    assert page.locator("#chart-reward-time canvas").count() >= 1
+
+    # policy age of trained groups: a point per trained round, never older than the gate
+    ages = page.evaluate(
+        """() => { const d = window.yetoCharts['chart-age'].data;
+                   return [d[1].filter(v => v !== null).length, Math.max(...d[2])]; }"""
+    )
+    config = json.loads((run_dir / "config.json").read_text())
+    assert ages[0] == len(trained)
+    assert 0 <= ages[1] <= config["trainer"]["max_policy_age"]
+
+    # trainer timeline: one lane and row per incarnation, a tick per publication, the cuts
+    journal = [
+        json.loads(p.read_text())
+        for p in sorted((run_dir / "store" / "head" / "journal").glob("*.json"))
+    ]
+    assert page.get_by_test_id("incarnation-row").count() == summary["trainer_starts"]
+    assert page.get_by_test_id("lane-incarnation").count() == summary["trainer_starts"]
+    rounds_by_inc = [int(t) for t in page.get_by_test_id("incarnation-rounds").all_inner_texts()]
+    assert sum(rounds_by_inc) == sum(r.get("rounds", 0) for r in journal if r["kind"] == "trained")
+    published = [e for e in _events(run_dir, "trainer") if e["kind"] == "release_published"]
+    assert page.get_by_test_id("release-tick").count() == len(published)
+    assert (
+        f"releases ({summary['releases_published']})"
+        in page.get_by_test_id("lane-releases").inner_text()
+    )
+    assert page.get_by_test_id("cut-mark").count() >= summary["trainer_stops"]
+
+    # backlog: everything consumed at the end; the threshold S1 used (q_on x groups per round)
+    decisions = [r for r in journal if r["kind"] == "decision"]
+    assert _text(page, "backlog-now") == "0"
+    assert _text(page, "backlog-threshold") == str(
+        decisions[-1]["q_on"] * decisions[-1]["inputs"]["groups_per_round"]
+    )
+    assert _text(page, "backlog-appended") == str(summary["groups_appended"])
+    assert page.locator("#chart-backlog canvas").count() >= 1
+
+    # skips by reason
+    for reason, n in summary["groups_skipped"].items():
+        assert _text(page, f"skip-{reason}") == str(n)
+
+    # islands: version served, checks, groups appended add up to the buffer
+    total = 0
+    for island in sampler_islands:
+        evs = _events(run_dir, island)
+        loads = [e for e in evs if e["kind"] == "release_loaded"]
+        assert _text(page, f"island-{island}-version") == str(loads[-1]["data"]["version"])
+        assert _text(page, f"island-{island}-checks") == str(len(loads))
+        assert _text(page, f"island-{island}-state") == "released"
+        total += int(_text(page, f"island-{island}-groups"))
+    assert total == summary["groups_appended"]
+    assert "no pool events" in _text(page, "pool-note")
+
+    # cost
+    assert (
+        abs(float(_text(page, "cost-total").lstrip("$")) - summary["cost_usd"]) <= 0.00005 + 1e-12
+    )
+    per_group = summary["cost_usd"] / summary["groups_trained"]
+    assert abs(float(_text(page, "cost-per-group").lstrip("$")) - per_group) < 2e-6
+    assert _text(page, "cost-budget").startswith(f"${config['backstops']['budget_usd']:.2f} (")
+    assert page.locator("#chart-cost canvas").count() >= 1
+
+    # the journal: every record counted
+    assert page.locator("#journal-count").get_attribute("data-records") == str(len(journal))
+    assert page.get_by_test_id("journal-row").count() >= len(decisions)
+
+
+def test_dashboard_of_a_real_run_live_finished_and_exported(tmp_path: Path) -> None:
+    ART.mkdir(parents=True, exist_ok=True)
+    for old in ART.glob("*.png"):
+        old.unlink()
+    run_dir = tmp_path / "run"
+    config = tmp_path / "run.toml"
+    config.write_text(
+        CONFIG.read_text().replace("@RUN_DIR@", str(run_dir)).replace("@BASE_DIR@", str(BASE))
+    )
+    run = _yeto("run", "up", str(config))
+    run_out = Lines(run)
+    dash = None
+    try:
+        # the dashboard needs the run dir's config.json and the store: written as the head starts
+        _wait(
+            lambda: (
+                (run_dir / "config.json").is_file()
+                and (run_dir / "store").is_dir()
+                or run.poll() is not None
+            ),
+            300,
+            "the head to start",
+        )
+        assert run.poll() is None, "".join(run_out.all)[-3000:]
+        dash = _yeto("dashboard", str(run_dir), "--port", "0", "--refresh", "0.5")
+        url = Lines(dash).wait_for(r"http://127\.0\.0\.1:\d+/", 60).group(0)
+        with sync_api.sync_playwright() as pw:
+            args = ["--no-sandbox"] if os.geteuid() == 0 else []
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            errors: list[str] = []
+            page.on(
+                "console",
+                lambda m: (
+                    errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None
+                ),
+            )
+            page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+            page.goto(url)
+            page.wait_for_selector("body[data-rendered='1']", timeout=30_000)
+
+            # live: the page follows the run without a reload
+            assert _text(page, "state") in ("running", "finishing")
+            first = int(_text(page, "fig-groups_appended"))
+            _wait(
+                lambda: run.poll() is None and int(_text(page, "fig-groups_appended")) > first,
+                120,
+                "the page to show new groups while the run is live",
+            )
+            _wait(
+                lambda: page.get_by_test_id("incarnation-row").count() >= 1,
+                120,
+                "a trainer incarnation on the live page",
+            )
+            assert page.locator("#live-dot").is_visible()
+            page.screenshot(path=str(ART / "live.png"), full_page=True)
+
+            code = run.wait(timeout=300)
+            assert code == 0, f"yeto run up exited {code}:\n" + "".join(run_out.all)[-1500:]
+            summary = json.loads((run_dir / "summary.json").read_text())
+            print(
+                f"run: wall_s {summary['wall_s']}, {summary['groups_appended']} groups, {summary['trainer_starts']} trainer start(s)"
+            )
+            before = _files(run_dir)
+            _wait(
+                lambda: _text(page, "state") == "finished", 30, "the page to show the finished run"
+            )
+            check_finished_views(page, run_dir, summary, live_page=True)
+            page.screenshot(path=str(ART / "finished.png"), full_page=True)
+            page.set_viewport_size({"width": 1400, "height": 900})
+            page.screenshot(path=str(ART / "finished-top.png"))
+
+            # the static export, opened with every network request refused
+            report = ART / "report.html"
+            res = subprocess.run(
+                [*YETO, "dashboard", str(run_dir), "--export", str(report)],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert res.returncode == 0, res.stdout + res.stderr
+            offline = browser.new_page(viewport={"width": 1400, "height": 1000})
+            offline.on(
+                "console",
+                lambda m: (
+                    errors.append(f"export console {m.type}: {m.text}")
+                    if m.type == "error"
+                    else None
+                ),
+            )
+            offline.on("pageerror", lambda e: errors.append(f"export page error: {e}"))
+            requested: list[str] = []
+
+            def refuse(route):
+                requested.append(route.request.url)
+                route.abort()
+
+            offline.route(re.compile(r"^(?!file:).*"), refuse)
+            offline.goto(report.as_uri())
+            offline.wait_for_selector("body[data-rendered='1']", timeout=30_000)
+            check_finished_views(offline, run_dir, summary, live_page=False)
+            offline.screenshot(path=str(ART / "export.png"), full_page=True)
+            assert requested == []  # it needs nothing from any server
+
+            # the server reads the finished run again (a new generated_at), and still nothing changed
+            read_at = "() => fetch('api/data', {cache: 'no-store'}).then(r => r.json()).then(d => d.meta.generated_at)"
+            first_read = page.evaluate(read_at)
+            _wait(
+                lambda: page.evaluate(read_at) > first_read, 30, "the server to read the run again"
+            )
+            assert _files(run_dir) == before, "the dashboard changed the run dir"
+            assert errors == []
+            browser.close()
+    finally:
+        if dash is not None:
+            _stop(dash, signal.SIGTERM)
+        _stop(run)
