@@ -115,6 +115,7 @@ class _Stats:
         self.is_truncated = self.is_masked = self.outside = 0.0
         self.prox_ratio: list[np.ndarray] = []
         self.behav_log_ratio: list[np.ndarray] = []
+        self.inside_log_ratio: list[np.ndarray] = []
         self.on_policy_log_ratio: list[np.ndarray] = []
 
     def metrics(self, n_steps: int) -> dict[str, float]:
@@ -146,9 +147,13 @@ class _Stats:
                 behav_ratio_p50=float(q[1]),
                 behav_ratio_p95=float(q[2]),
                 behav_ratio_max=float(w.max()),
-                # KL(pi_behavior || pi_trainer) on the sampled tokens: k3 (>= 0) and k1
-                mismatch_kl=float(np.mean(np.expm1(d) - d)),
-                mismatch_k1=float(np.mean(-d)),
+            )
+        d = np.concatenate(self.inside_log_ratio).astype(np.float64) if d.size else d
+        if d.size:
+            # KL(pi_behavior || pi_trainer) on the sampled tokens inside the trainer's
+            # support: k3 (>= 0) and k1
+            out.update(
+                mismatch_kl=float(np.mean(np.expm1(d) - d)), mismatch_k1=float(np.mean(-d))
             )
         on = np.concatenate(self.on_policy_log_ratio) if self.on_policy_log_ratio else d[:0]
         on = on.astype(np.float64)
@@ -615,7 +620,11 @@ class TorchBackend(TrainerBackend):
         if all(it.proximal is None for it in items):
             prox = new.detach()  # one step per round: the weights are still those of its start
         loss_kind = o["loss"]
-        anchor = behavior if loss_kind == "ppo-clip" else prox
+        if loss_kind == "ppo-clip":
+            anchor = behavior
+        else:
+            # a token outside the proximal support has weight 0: keep its ratio finite (1)
+            anchor = torch.where(prox <= LOGP_FLOOR, new.detach(), prox)
         ratio = torch.exp(new - anchor)
         lo, hi = 1.0 - o["clip_eps"], 1.0 + o["clip_eps_high"]
         clipped = torch.clamp(ratio, lo, hi)
@@ -652,6 +661,7 @@ class TorchBackend(TrainerBackend):
         with torch.no_grad():
             on = torch.tensor([[float(it.on_policy)] for it in items]) * mask
             sel = mask > 0
+            inside = sel & (prox > LOGP_FLOOR)  # the KL is infinite outside: counted apart
             d_b = (prox - behavior)[sel]
             stats.loss += float(loss)
             stats.pg_loss += float((pg * mask * weight).sum())
@@ -672,7 +682,8 @@ class TorchBackend(TrainerBackend):
             stats.prox_ratio.append(torch.exp(new.detach() - prox)[sel].numpy())
             # each token is in exactly one step: start-of-round figures, once per token
             stats.behav_log_ratio.append(d_b.numpy())
-            stats.on_policy_log_ratio.append((prox - behavior)[on > 0].numpy())
+            stats.inside_log_ratio.append((prox - behavior)[inside].numpy())
+            stats.on_policy_log_ratio.append((prox - behavior)[inside & (on > 0)].numpy())
 
     # -- cuts and releases --------------------------------------------------------------
 
