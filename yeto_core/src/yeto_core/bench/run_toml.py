@@ -33,13 +33,16 @@ def bench_run_toml(
     silence_s: float,
     sync_rounds: bool | None = None,
     scheduler_options: str = "",
+    trainer_options: dict | None = None,
 ) -> str:
     """The TOML text; ``sync_rounds=None`` leaves the key out, ``scheduler_options`` is a
-    TOML inline table body line (``options = {...}``) or empty."""
+    TOML inline table body line (``options = {...}``) or empty; ``trainer_options`` are
+    added to ``trainer.backend_options`` (strings, numbers, booleans)."""
     sync_line = (
         "" if sync_rounds is None else f"sync_rounds = {'true' if sync_rounds else 'false'}\n"
     )
     options_line = f"{scheduler_options}\n" if scheduler_options else ""
+    extra = "".join(f", {k} = {json.dumps(v)}" for k, v in (trainer_options or {}).items())
     return f"""# {comment}
 name = {json.dumps(name)}
 run_dir = {json.dumps(str(run_dir.absolute()))}
@@ -67,7 +70,7 @@ temperature = 1.0
 
 [trainer]
 backend = "torch"
-backend_options = {{ lr = {float(lr)}, threads = 1 }}
+backend_options = {{ lr = {float(lr)}, threads = 1{extra} }}
 groups_per_round = {int(groups_per_round)}
 max_policy_age = {int(max_policy_age)}
 total_rounds = {int(total_rounds)}

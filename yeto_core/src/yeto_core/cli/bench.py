@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "scheduler": "yeto_core.bench.scheduler:command",
     "e2e": "yeto_core.bench.e2e:command",
     "chaos": "yeto_core.bench.chaos:command",
+    "loss": "yeto_core.bench.loss:command",
 }
 
 
