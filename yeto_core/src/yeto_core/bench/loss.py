@@ -61,6 +61,8 @@ def loss_config(
     max_policy_age: int,
     trainer_options: dict[str, Any],
     timeout_s: float,
+    lr: float = 5e-4,
+    base_target_reward: Optional[float] = None,
 ) -> str:
     """The TOML of one run."""
     return bench_run_toml(
@@ -75,7 +77,7 @@ def loss_config(
         min_round_s=0.0,
         backlog_cap=max(groups_per_round, max_policy_age * groups_per_round),
         max_new_tokens=6,
-        lr=0.0005,
+        lr=lr,
         groups_per_round=groups_per_round,
         max_policy_age=max_policy_age,
         total_rounds=rounds,
@@ -84,6 +86,9 @@ def loss_config(
         wall_clock_s=float(timeout_s) + 120.0,
         silence_s=120,
         trainer_options=trainer_options,
+        base_options=None
+        if base_target_reward is None
+        else {"target_reward": float(base_target_reward)},
     )
 
 
@@ -152,8 +157,11 @@ def run_one(
     trainer_options: dict[str, Any],
     target: float,
     timeout_s: float,
+    lr: float = 5e-4,
+    base_target_reward: Optional[float] = None,
 ) -> dict[str, Any]:
-    """One run to ``rounds`` trained rounds (or the timeout); its figures."""
+    """One run to ``rounds`` trained rounds (or the timeout); its figures (of its first
+    ``rounds`` rounds: the trainer may train a few more before the run stops)."""
     from yeto_core.event_stream import read_events
     from yeto_core.plugins import get_plugins
     from yeto_core.run import request_down
@@ -172,6 +180,8 @@ def run_one(
             max_policy_age=max_policy_age,
             trainer_options=trainer_options,
             timeout_s=timeout_s,
+            lr=lr,
+            base_target_reward=base_target_reward,
         )
     )
     launched = time.time()
@@ -202,7 +212,11 @@ def run_one(
         min_version = {int(e.position): int(e.min_version) for e in entries}
     finally:
         buf.close()
-    trained = [e for e in read_events(store, "trainer") if e.kind == "round_trained"]
+    trained = [
+        e
+        for e in read_events(store, "trainer")
+        if e.kind == "round_trained" and e.data.get("positions")
+    ][:rounds]
     out = run_summary(trained, min_version, appended_at, target)
     out.update(head_exit_code=head.returncode, wall_s=round(time.time() - launched, 1))
     return out
@@ -271,6 +285,13 @@ def _option(text: str) -> tuple[str, Any]:
 @click.option("--groups-per-round", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--max-policy-age", type=click.IntRange(min=0), default=8, show_default=True)
 @click.option("--target", type=float, default=0.7, show_default=True)
+@click.option("--lr", type=float, default=5e-4, show_default=True)
+@click.option(
+    "--base-target-reward",
+    type=float,
+    default=None,
+    help="Warm the base (when it is built) to this sampled reward (default: the task's).",
+)
 @click.option("--timeout-s", type=float, default=900.0, show_default=True, help="Per run.")
 @click.option(
     "--option",
@@ -295,6 +316,8 @@ def command(
     groups_per_round: int,
     max_policy_age: int,
     target: float,
+    lr: float,
+    base_target_reward: Optional[float],
     timeout_s: float,
     options: tuple[str, ...],
     base_dir: Optional[str],
@@ -321,6 +344,8 @@ def command(
                     trainer_options={**extra, "loss": loss},
                     target=target,
                     timeout_s=timeout_s,
+                    lr=lr,
+                    base_target_reward=base_target_reward,
                 )
                 runs.append(dict(r, loss=loss, seed=s))
                 if not as_json:
@@ -337,6 +362,8 @@ def command(
         "rounds": rounds,
         "groups_per_round": groups_per_round,
         "max_policy_age": max_policy_age,
+        "lr": lr,
+        "base_target_reward": base_target_reward,
         "options": extra,
         "seeds": list(range(seed, seed + seeds)),
         "summary": summarize(runs),
