@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from yeto_core.bench.loss import loss_config, run_summary, summarize
+from yeto_bench.loss import loss_config, run_summary, summarize
 from yeto_core.records import Event
 
 

@@ -43,9 +43,9 @@ from typing import Any, Optional
 
 import click
 
-from yeto_core.bench.chaos import YETO
-from yeto_core.bench.e2e import WINDOW, time_to_target
-from yeto_core.bench.run_toml import bench_run_toml
+from yeto_bench.chaos import YETO
+from yeto_bench.e2e import WINDOW, time_to_target
+from yeto_bench.run_toml import bench_run_toml
 
 DEFAULT_LOSSES = ("ppo-clip", "decoupled", "tis")
 
