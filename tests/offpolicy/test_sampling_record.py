@@ -47,6 +47,8 @@ class _Engine:
 
 
 class _Task:
+    PLUGIN_NAME = "t"
+
     def prompt(self, i):
         return "x", "y"
 
@@ -73,7 +75,7 @@ def test_the_sampler_loop_records_its_sampling_with_each_group():
         host="h",
         incarnation=0,
         group_size=2,
-        prompts_per_round=2,
+        prompts_per_call=2,
         sampling=sp,
     )
     loop.run_round()
