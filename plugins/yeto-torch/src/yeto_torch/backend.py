@@ -152,9 +152,7 @@ class _Stats:
         if d.size:
             # KL(pi_behavior || pi_trainer) on the sampled tokens inside the trainer's
             # support: k3 (>= 0) and k1
-            out.update(
-                mismatch_kl=float(np.mean(np.expm1(d) - d)), mismatch_k1=float(np.mean(-d))
-            )
+            out.update(mismatch_kl=float(np.mean(np.expm1(d) - d)), mismatch_k1=float(np.mean(-d)))
         on = np.concatenate(self.on_policy_log_ratio) if self.on_policy_log_ratio else d[:0]
         on = on.astype(np.float64)
         out["on_policy_tokens"] = float(on.size)
