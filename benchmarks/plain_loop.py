@@ -104,6 +104,7 @@ def sampler(args: argparse.Namespace, index: int) -> None:
                 sampler_incarnation=0,
                 samples=samples,
                 task=args.task,
+                sampling=sampling,
             )
             name = f"{time.time():.6f}-s{index}-{i}.safetensors"
             tmp = gdir / f".{name}.tmp"

@@ -20,13 +20,16 @@ name                   dtype     shape   meaning
 
 Response offsets follow from ``token_offsets`` and ``prompt_lens``. The
 safetensors metadata (strings) holds ``format``, ``group_id``, ``prompt_id``,
-``host``, ``incarnation``, ``task`` and, with routed experts,
+``host``, ``incarnation``, ``task``, ``sampling`` (when recorded: JSON
+``{"temperature", "top_k", "top_p"}``, the processing of the behavior
+log-probs) and, with routed experts,
 ``routed_shape`` (``"layers,top_k"``) and ``routed_present`` (one ``0``/``1``
 per sample). No pickle: only arrays and strings.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -34,7 +37,7 @@ from safetensors.numpy import load as _st_load
 from safetensors.numpy import save as _st_save
 
 from yeto_core.errors import SampleBufferError
-from yeto_core.records import Sample, SampleGroup, SampleStatus
+from yeto_core.records import Sample, SampleGroup, SampleStatus, SamplingParams
 
 FORMAT = "yeto-group-v1"
 STATUS_CODES: tuple[SampleStatus, ...] = tuple(SampleStatus)
@@ -84,6 +87,11 @@ def encode_group(group: SampleGroup) -> bytes:
         "incarnation": str(int(group.sampler_incarnation)),
         "task": group.task,
     }
+    if group.sampling is not None:
+        sp = group.sampling
+        metadata["sampling"] = json.dumps(
+            {"temperature": float(sp.temperature), "top_k": int(sp.top_k), "top_p": float(sp.top_p)}
+        )
     routed = [s.routed_experts for s in samples]
     if any(r is not None for r in routed):
         shapes = {tuple(np.shape(r)[1:]) for r in routed if r is not None}
@@ -105,7 +113,6 @@ def encode_group(group: SampleGroup) -> bytes:
 
 
 def _metadata(data: bytes) -> dict[str, str]:
-    import json
     import struct
 
     (n,) = struct.unpack("<Q", data[:8])
@@ -169,6 +176,9 @@ def _samples_group(arrays: dict[str, Any], meta: dict[str, str]) -> SampleGroup:
             )
         )
         r0 = r1
+    sampling = None
+    if meta.get("sampling"):
+        sampling = SamplingParams(**json.loads(meta["sampling"]))
     return SampleGroup(
         group_id=meta["group_id"],
         prompt_id=meta["prompt_id"],
@@ -176,4 +186,5 @@ def _samples_group(arrays: dict[str, Any], meta: dict[str, str]) -> SampleGroup:
         sampler_incarnation=int(meta["incarnation"]),
         samples=tuple(samples),
         task=meta.get("task", ""),
+        sampling=sampling,
     )

@@ -69,6 +69,10 @@ class SampleGroup:
     sampler_incarnation: int
     samples: tuple[Sample, ...]
     task: str = ""
+    #: How the behavior log-probs were processed (``temperature``, ``top_k`` and
+    #: ``top_p`` of the sampler's :class:`SamplingParams`; the other fields are not
+    #: recorded). None: not recorded (payloads written before it was).
+    sampling: Optional[SamplingParams] = None
 
 
 class Trigger(str, enum.Enum):

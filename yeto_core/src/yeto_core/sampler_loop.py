@@ -207,6 +207,7 @@ class SamplerLoop:
                 sampler_incarnation=self.incarnation,
                 samples=tuple(samples),
                 task=self.task_name,
+                sampling=self.sampling,
             )
             positions.append(self.buffer.append(group))
         self.next_index += self.prompts_per_call

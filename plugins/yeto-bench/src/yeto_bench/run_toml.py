@@ -34,14 +34,20 @@ def bench_run_toml(
     sync_rounds: bool | None = None,
     scheduler_options: str = "",
     store: str = "",
+    trainer_options: dict | None = None,
+    base_options: dict | None = None,
 ) -> str:
     """The TOML text; ``sync_rounds=None`` leaves the key out, ``scheduler_options`` is a
-    TOML inline table body line (``options = {...}``) or empty."""
+    TOML inline table body line (``options = {...}``) or empty; ``trainer_options`` are
+    added to ``trainer.backend_options`` and ``base_options`` to ``model.base_options``
+    (strings, numbers, booleans)."""
     sync_line = (
         "" if sync_rounds is None else f"sync_rounds = {'true' if sync_rounds else 'false'}\n"
     )
     options_line = f"{scheduler_options}\n" if scheduler_options else ""
     store_line = f"store = {json.dumps(store)}\n" if store else ""
+    extra = "".join(f", {k} = {json.dumps(v)}" for k, v in (trainer_options or {}).items())
+    base_extra = "".join(f", {k} = {json.dumps(v)}" for k, v in (base_options or {}).items())
     return f"""# {comment}
 name = {json.dumps(name)}
 run_dir = {json.dumps(str(run_dir.absolute()))}
@@ -49,7 +55,7 @@ run_dir = {json.dumps(str(run_dir.absolute()))}
 
 [model]
 path = {json.dumps(str(base_dir.absolute()))}
-base_options = {{ task = {json.dumps(task)} }}
+base_options = {{ task = {json.dumps(task)}{base_extra} }}
 
 [task]
 name = {json.dumps(task)}
@@ -69,7 +75,7 @@ temperature = 1.0
 
 [trainer]
 backend = "torch"
-backend_options = {{ lr = {float(lr)}, threads = 1 }}
+backend_options = {{ lr = {float(lr)}, threads = 1{extra} }}
 groups_per_round = {int(groups_per_round)}
 max_policy_age = {int(max_policy_age)}
 total_rounds = {int(total_rounds)}

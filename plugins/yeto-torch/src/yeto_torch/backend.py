@@ -41,8 +41,15 @@ from yeto_torch import export
 from yeto_torch import lora as lora_mod
 from yeto_torch import model as tiny
 from yeto_torch.checksum import weight_checksum
+from yeto_torch.sampling import process_logits
 
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+LOSSES = ("ppo-clip", "decoupled", "tis", "mis")
+IS_LEVELS = ("token", "sequence")
+KL_ESTIMATORS = ("k3", "k3-is")
+ADV_STDS = ("population", "sample")
+#: Log-probs of tokens outside the processed support (top-k / top-p) are floored here.
+LOGP_FLOOR = -1e4
 SCHEDULES = ("constant", "linear", "cosine")
 TUNINGS = ("full", "lora")
 CUT_FORMAT = 1
@@ -65,13 +72,100 @@ def lr_at(
     return floor + (lr - floor) * 0.5 * (1.0 + math.cos(math.pi * frac))
 
 
-def group_advantages(rewards: np.ndarray, *, std_normalize: bool, eps: float) -> np.ndarray:
-    """GRPO advantages of one group: reward minus the group mean, over the group std."""
+def group_advantages(
+    rewards: np.ndarray, *, std_normalize: bool, eps: float, ddof: int = 0
+) -> np.ndarray:
+    """GRPO advantages of one group: reward minus the group mean, over the group std
+    (``ddof`` 0: population std, 1: sample std) plus ``eps``."""
     r = np.asarray(rewards, dtype=np.float64)
     adv = r - r.mean()
     if std_normalize:
-        adv = adv / (r.std() + eps)
+        adv = adv / (r.std(ddof=ddof) + eps)
     return adv
+
+
+class _Item:
+    """One sample to run: its arrays, advantage, aggregation weight and processing."""
+
+    __slots__ = (
+        "tokens",
+        "prompt_len",
+        "behavior",
+        "mask",
+        "adv",
+        "weight",
+        "proc",
+        "on_policy",
+        "proximal",
+    )
+
+    def __init__(self, **kw: Any) -> None:
+        self.proximal: Optional[np.ndarray] = None
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+
+class _Stats:
+    """Sums over the masked tokens of a round, turned into its metrics."""
+
+    def __init__(self) -> None:
+        self.loss = self.pg_loss = self.kl = 0.0
+        self.clip_low = self.clip_high = self.out_of_band = 0.0
+        self.ratio_sum = self.tokens = self.is_w_sum = 0.0
+        self.is_truncated = self.is_masked = self.outside = 0.0
+        self.prox_ratio: list[np.ndarray] = []
+        self.behav_log_ratio: list[np.ndarray] = []
+        self.inside_log_ratio: list[np.ndarray] = []
+        self.on_policy_log_ratio: list[np.ndarray] = []
+
+    def metrics(self, n_steps: int) -> dict[str, float]:
+        tok = max(self.tokens, 1.0)
+        out = {
+            "loss": self.loss / max(n_steps, 1),
+            "pg_loss": self.pg_loss / max(n_steps, 1),
+            "kl": self.kl / tok,
+            "clip_frac": (self.clip_low + self.clip_high) / tok,
+            "clip_frac_low": self.clip_low / tok,
+            "clip_frac_high": self.clip_high / tok,
+            "ratio_out_of_band_frac": self.out_of_band / tok,
+            "ratio_mean": self.ratio_sum / tok,
+            "is_weight_mean": self.is_w_sum / tok,
+            "is_truncated_frac": self.is_truncated / tok,
+            "is_masked_frac": self.is_masked / tok,
+            "tokens_outside_support": self.outside,
+            "tokens": self.tokens,
+        }
+        d = np.concatenate(self.behav_log_ratio) if self.behav_log_ratio else np.zeros(0)
+        d = d.astype(np.float64)
+        if d.size:
+            w = np.exp(d)
+            q = np.percentile(w, [5, 50, 95])
+            out.update(
+                behav_ratio_mean=float(w.mean()),
+                behav_ratio_min=float(w.min()),
+                behav_ratio_p05=float(q[0]),
+                behav_ratio_p50=float(q[1]),
+                behav_ratio_p95=float(q[2]),
+                behav_ratio_max=float(w.max()),
+            )
+        d = np.concatenate(self.inside_log_ratio).astype(np.float64) if d.size else d
+        if d.size:
+            # KL(pi_behavior || pi_trainer) on the sampled tokens inside the trainer's
+            # support: k3 (>= 0) and k1
+            out.update(mismatch_kl=float(np.mean(np.expm1(d) - d)), mismatch_k1=float(np.mean(-d)))
+        on = np.concatenate(self.on_policy_log_ratio) if self.on_policy_log_ratio else d[:0]
+        on = on.astype(np.float64)
+        out["on_policy_tokens"] = float(on.size)
+        if on.size:
+            out["mismatch_kl_on_policy"] = float(np.mean(np.expm1(on) - on))
+        p = np.concatenate(self.prox_ratio).astype(np.float64) if self.prox_ratio else d[:0]
+        if p.size:
+            out.update(
+                prox_ratio_mean=float(p.mean()),
+                prox_ratio_min=float(p.min()),
+                prox_ratio_max=float(p.max()),
+            )
+        return out
 
 
 class TorchBackend(TrainerBackend):
@@ -107,10 +201,18 @@ class TorchBackend(TrainerBackend):
         clip_eps: float = 0.2,
         clip_eps_high: Optional[float] = None,
         kl_coef: float = 0.0,
+        kl_estimator: str = "k3",
         loss_agg: str = "token-mean",
-        temperature: float = 1.0,
+        loss: str = "ppo-clip",
+        is_level: str = "token",
+        is_cap: float = 2.0,
+        is_cap_low: float = 0.0,
+        updates_per_round: int = 1,
+        temperature: Optional[float] = None,
         std_normalize: bool = True,
+        adv_std: str = "population",
         adv_eps: float = 1e-6,
+        min_reward_spread: float = 0.0,
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.999),
         adam_eps: float = 1e-8,
@@ -130,14 +232,35 @@ class TorchBackend(TrainerBackend):
             raise bad("tuning", tuning, f"allowed values are {', '.join(TUNINGS)}")
         if loss_agg not in LOSS_AGGS:
             raise bad("loss_agg", loss_agg, f"allowed values are {', '.join(LOSS_AGGS)}")
+        for key, value, allowed in (
+            ("loss", loss, LOSSES),
+            ("is_level", is_level, IS_LEVELS),
+            ("kl_estimator", kl_estimator, KL_ESTIMATORS),
+            ("adv_std", adv_std, ADV_STDS),
+        ):
+            if value not in allowed:
+                raise bad(key, value, f"allowed values are {', '.join(allowed)}")
+        if not is_cap > 0 or not 0 <= is_cap_low < is_cap:
+            raise bad(
+                "is_cap", (is_cap, is_cap_low), "need is_cap > 0 and 0 <= is_cap_low < is_cap"
+            )
+        if int(updates_per_round) < 1:
+            raise bad("updates_per_round", updates_per_round, "must be >= 1")
+        if adv_eps < 0 or min_reward_spread < 0:
+            raise bad("adv_eps / min_reward_spread", (adv_eps, min_reward_spread), "must be >= 0")
         if lr_schedule not in SCHEDULES:
             raise bad("lr_schedule", lr_schedule, f"allowed values are {', '.join(SCHEDULES)}")
         if not lr > 0:
             raise bad("lr", lr, "must be > 0 (5e-4 suits the tiny models)")
         if not clip_eps > 0:
             raise bad("clip_eps", clip_eps, "must be > 0")
-        if temperature <= 0:
-            raise bad("temperature", temperature, "must be > 0 and equal the samplers' temperature")
+        if temperature is not None and temperature <= 0:
+            raise bad(
+                "temperature",
+                temperature,
+                "must be > 0 and equal the samplers' temperature (or leave it out: the trainer "
+                "then follows the sampling recorded with each group)",
+            )
         if not Path(model_dir, "config.json").is_file():
             raise ConfigError(
                 f"trainer.backend_options.model_dir = {str(model_dir)!r}: no config.json there; "
@@ -153,10 +276,18 @@ class TorchBackend(TrainerBackend):
             clip_eps=float(clip_eps),
             clip_eps_high=float(clip_eps if clip_eps_high is None else clip_eps_high),
             kl_coef=float(kl_coef),
+            kl_estimator=kl_estimator,
             loss_agg=loss_agg,
-            temperature=float(temperature),
+            loss=loss,
+            is_level=is_level,
+            is_cap=float(is_cap),
+            is_cap_low=float(is_cap_low),
+            updates_per_round=int(updates_per_round),
+            temperature=None if temperature is None else float(temperature),
             std_normalize=bool(std_normalize),
+            adv_std=adv_std,
             adv_eps=float(adv_eps),
+            min_reward_spread=float(min_reward_spread),
             weight_decay=float(weight_decay),
             betas=[float(b) for b in betas],
             adam_eps=float(adam_eps),
@@ -279,87 +410,151 @@ class TorchBackend(TrainerBackend):
 
     # -- training ---------------------------------------------------------------------
 
-    def _logprobs(self, model: Any, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    def _processing(self, group: Any) -> tuple[float, int, float]:
+        """(temperature, top_k, top_p) the group's behavior log-probs were computed under."""
+        configured = self.opts["temperature"]
+        sp = getattr(group, "sampling", None)
+        if sp is None:
+            return (1.0 if configured is None else configured, 0, 1.0)
+        key = (float(sp.temperature), int(sp.top_k), float(sp.top_p))
+        if configured is not None and key[0] != configured:
+            raise ConfigError(
+                f"group {group.group_id}: sampled at temperature {key[0]:g}, but "
+                f"trainer.backend_options.temperature = {configured:g}; the trainer would score "
+                "the tokens under another distribution. Remove the trainer's temperature (it "
+                "then follows each group's recorded sampling) or make them equal"
+            )
+        return key
+
+    def _logprobs(
+        self, model: Any, ids: torch.Tensor, attn: torch.Tensor, procs: list[tuple]
+    ) -> torch.Tensor:
+        """Log-prob of token t+1 at every position t (``[B, T-1]``), row ``r`` under the
+        processing ``procs[r]`` (temperature, top-k, top-p: the sampler's own function)."""
         logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-        logp = torch.log_softmax(logits / self.opts["temperature"], dim=-1)
-        return logp.gather(-1, ids[:, 1:, None]).squeeze(-1)  # [B, T-1]: logp of token t+1
+        targets = ids[:, 1:, None]
+        by_key: dict[tuple, list[int]] = {}
+        for row, key in enumerate(procs):
+            by_key.setdefault(key, []).append(row)
+        parts, order = [], []
+        for (temp, top_k, top_p), rows in by_key.items():
+            idx = torch.tensor(rows, dtype=torch.long)
+            logp = process_logits(logits[idx], temp, top_k, top_p)
+            parts.append(logp.gather(-1, targets[idx]).squeeze(-1))
+            order.extend(rows)
+        out = torch.cat(parts) if len(parts) > 1 else parts[0]
+        if order != list(range(len(procs))):
+            out = out[torch.argsort(torch.tensor(order, dtype=torch.long))]
+        # tokens the processing excludes (outside top-k/top-p) have log-prob -inf: floor them
+        # (their gradient is 0 either way) so that ratios stay finite
+        return out.clamp(min=LOGP_FLOOR)
+
+    def _equal(self, r: np.ndarray) -> tuple[bool, bool]:
+        """(counts as equal, only because of ``min_reward_spread``)."""
+        exact = bool(np.all(r == r[0]))
+        if exact:
+            return True, False
+        spread = float(np.max(r) - np.min(r))
+        by_spread = bool(spread <= self.opts["min_reward_spread"])
+        return by_spread, by_spread
 
     def train_round(self, batch: Batch) -> dict[str, float]:
-        """One GRPO optimizer step on ``batch`` (see ``docs/algorithms.md``)."""
+        """One GRPO round on ``batch``: ``updates_per_round`` optimizer steps (see
+        ``docs/algorithms.md``)."""
         if self.model is None:
             raise RuntimeError(
                 "train_round before restore(); call restore(None) to start from the base"
             )
         o = self.opts
-        n_real = batch.n_real_samples
-        total_tokens = sum(
-            float(np.asarray(s.loss_mask).sum()) for g in batch.groups for s in g.samples
-        )
-        items = []  # (tokens, prompt_len, old_lp, mask, adv, per-token weight)
-        skipped = 0
-        rewards = []
-        for g in batch.groups:
-            r = np.array([s.reward for s in g.samples], dtype=np.float64)
-            rewards.extend(r.tolist())
-            equal = bool(np.all(r == r[0]))
-            if equal:
-                skipped += 1
-                if o["kl_coef"] == 0:
-                    continue
-            adv = (
-                np.zeros_like(r)
-                if equal
-                else group_advantages(r, std_normalize=o["std_normalize"], eps=o["adv_eps"])
+        skipped = by_spread = 0
+        rewards: list[float] = []
+        chunks = [c for c in np.array_split(np.arange(len(batch.groups)), o["updates_per_round"])]
+        steps = []  # per optimizer step: its items
+        for chunk in chunks:
+            groups = [batch.groups[int(k)] for k in chunk]
+            n_real = sum(len(g.samples) for g in groups)
+            total_tokens = sum(
+                float(np.asarray(s.loss_mask).sum()) for g in groups for s in g.samples
             )
-            for s, a in zip(g.samples, adv, strict=True):
-                mask = np.asarray(s.loss_mask, dtype=np.float32)
-                if len(mask) != s.response_len or len(s.logprobs) != s.response_len:
-                    raise ValueError(
-                        f"group {g.group_id}: a sample has {len(s.tokens)} tokens, prompt_len "
-                        f"{s.prompt_len}, but {len(s.logprobs)} logprobs and {len(mask)} mask "
-                        "entries; both must cover the response exactly"
-                    )
-                n_tok = float(mask.sum())
-                if n_tok == 0:
-                    continue
-                if o["loss_agg"] == "token-mean":
-                    w = 1.0 / total_tokens
-                elif o["loss_agg"] == "seq-mean-token-mean":
-                    w = 1.0 / (n_real * n_tok)
-                else:
-                    w = 1.0 / n_real
-                items.append(
-                    (
-                        np.asarray(s.tokens),
-                        int(s.prompt_len),
-                        np.asarray(s.logprobs, dtype=np.float32),
-                        mask,
-                        float(a),
-                        w,
+            items = []
+            for g in groups:
+                r = np.array([s.reward for s in g.samples], dtype=np.float64)
+                rewards.extend(r.tolist())
+                equal, spread_only = self._equal(r)
+                proc = self._processing(g)
+                if equal:
+                    skipped += 1
+                    by_spread += int(spread_only)
+                    if o["kl_coef"] == 0:
+                        continue
+                adv = (
+                    np.zeros_like(r)
+                    if equal
+                    else group_advantages(
+                        r,
+                        std_normalize=o["std_normalize"],
+                        eps=o["adv_eps"],
+                        ddof=1 if o["adv_std"] == "sample" else 0,
                     )
                 )
-        stats = {
-            "loss": 0.0,
-            "pg_loss": 0.0,
-            "kl": 0.0,
-            "clip_frac": 0.0,
-            "ratio_mean": 0.0,
-            "tokens": 0.0,
-        }
+                for s, a in zip(g.samples, adv, strict=True):
+                    mask = np.asarray(s.loss_mask, dtype=np.float32)
+                    if len(mask) != s.response_len or len(s.logprobs) != s.response_len:
+                        raise ValueError(
+                            f"group {g.group_id}: a sample has {len(s.tokens)} tokens, prompt_len "
+                            f"{s.prompt_len}, but {len(s.logprobs)} logprobs and {len(mask)} mask "
+                            "entries; both must cover the response exactly"
+                        )
+                    n_tok = float(mask.sum())
+                    if n_tok == 0:
+                        continue
+                    if o["loss_agg"] == "token-mean":
+                        w = 1.0 / total_tokens
+                    elif o["loss_agg"] == "seq-mean-token-mean":
+                        w = 1.0 / (n_real * n_tok)
+                    else:
+                        w = 1.0 / n_real
+                    items.append(
+                        _Item(
+                            tokens=np.asarray(s.tokens),
+                            prompt_len=int(s.prompt_len),
+                            behavior=np.asarray(s.logprobs, dtype=np.float32),
+                            mask=mask,
+                            adv=float(a),
+                            weight=w,
+                            proc=proc,
+                            on_policy=int(s.weight_version) == int(batch.policy_version),
+                        )
+                    )
+            steps.append(items)
+        stats = _Stats()
         mb = max(1, o["micro_batch"])
-        for start in range(0, len(items), mb):
-            self._micro_step(items[start : start + mb], stats)
-        stepped = bool(items)
-        grad_norm = 0.0
-        lr = lr_at(
-            self.counters["optimizer_steps"],
-            lr=o["lr"],
-            schedule=o["lr_schedule"],
-            warmup_steps=o["warmup_steps"],
-            total_steps=o["total_steps"],
-            min_lr_ratio=o["min_lr_ratio"],
-        )
-        if stepped:
+        if o["updates_per_round"] > 1:
+            # the proximal policy: this trainer's log-probs before the round's first step
+            with torch.no_grad():
+                for items in steps:
+                    for start in range(0, len(items), mb):
+                        part = items[start : start + mb]
+                        ids, attn, *_ = self._tensors(part)
+                        prox = self._logprobs(self.model, ids, attn, [it.proc for it in part])
+                        for row, it in enumerate(part):
+                            n = len(it.tokens)
+                            it.proximal = prox[row, it.prompt_len - 1 : n - 1].numpy().copy()
+        lr = grad_norm = 0.0
+        n_steps = 0
+        for items in steps:
+            lr = lr_at(
+                self.counters["optimizer_steps"],
+                lr=o["lr"],
+                schedule=o["lr_schedule"],
+                warmup_steps=o["warmup_steps"],
+                total_steps=o["total_steps"],
+                min_lr_ratio=o["min_lr_ratio"],
+            )
+            if not items:
+                continue  # nothing to run: no optimizer step (moments and schedule stay)
+            for start in range(0, len(items), mb):
+                self._micro_step(items[start : start + mb], stats)
             params = [p for _, p in self._trainable()]
             if o["max_grad_norm"] > 0:
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, o["max_grad_norm"]))
@@ -368,69 +563,125 @@ class TorchBackend(TrainerBackend):
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.counters["optimizer_steps"] += 1
+            n_steps += 1
         self.counters["rounds"] += 1
         self.counters["groups_trained"] += len(batch.groups) - skipped
         self.counters["groups_skipped_equal"] += skipped
-        self.counters["samples_trained"] += n_real
+        self.counters["samples_trained"] += batch.n_real_samples
         if batch.positions:
             self.counters["last_position"] = max(
                 self.counters["last_position"], max(batch.positions)
             )
-        tok = max(stats["tokens"], 1.0)
-        return {
-            "loss": stats["loss"],
-            "pg_loss": stats["pg_loss"],
-            "kl": stats["kl"] / tok,
-            "clip_frac": stats["clip_frac"] / tok,
-            "ratio_mean": stats["ratio_mean"] / tok,
-            "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
-            "groups": float(len(batch.groups)),
-            "groups_skipped_equal": float(skipped),
-            "grad_norm": grad_norm,
-            "lr": lr,
-            "stepped": float(stepped),
-            "optimizer_steps": float(self.counters["optimizer_steps"]),
-        }
+        out = stats.metrics(n_steps)
+        out.update(
+            reward_mean=float(np.mean(rewards)) if rewards else 0.0,
+            groups=float(len(batch.groups)),
+            groups_skipped_equal=float(skipped),
+            groups_equal_by_spread=float(by_spread),
+            grad_norm=grad_norm,
+            lr=lr,
+            stepped=float(n_steps > 0),
+            updates=float(n_steps),
+            optimizer_steps=float(self.counters["optimizer_steps"]),
+        )
+        return out
 
-    def _micro_step(self, items: list, stats: dict[str, float]) -> None:
-        o = self.opts
-        width = max(len(t) for t, *_ in items)
+    @staticmethod
+    def _tensors(items: list) -> tuple[torch.Tensor, ...]:
+        """Right-padded ``ids``, ``attn`` and, aligned with the predicting positions, the
+        behavior and proximal log-probs, the mask, plus per-row advantage and weight."""
+        width = max(len(it.tokens) for it in items)
         b = len(items)
         ids = torch.zeros((b, width), dtype=torch.long)
         attn = torch.zeros((b, width), dtype=torch.long)
-        old = torch.zeros((b, width - 1))
+        behavior = torch.zeros((b, width - 1))
+        prox = torch.zeros((b, width - 1))
         mask = torch.zeros((b, width - 1))
-        adv = torch.zeros((b, 1))
-        weight = torch.zeros((b, 1))
-        for row, (toks, p_len, lp, m, a, w) in enumerate(items):
-            n = len(toks)
-            ids[row, :n] = torch.from_numpy(toks.astype(np.int64))
+        for row, it in enumerate(items):
+            n, p = len(it.tokens), it.prompt_len
+            ids[row, :n] = torch.from_numpy(it.tokens.astype(np.int64))
             attn[row, :n] = 1
-            # response token k sits at index p_len + k and is predicted at position p_len + k - 1
-            old[row, p_len - 1 : n - 1] = torch.from_numpy(lp)
-            mask[row, p_len - 1 : n - 1] = torch.from_numpy(m)
-            adv[row, 0], weight[row, 0] = a, w
-        new = self._logprobs(self.model, ids, attn)
-        ratio = torch.exp(new - old)
-        clipped = torch.clamp(ratio, 1.0 - o["clip_eps"], 1.0 + o["clip_eps_high"])
+            # response token k sits at index p + k and is predicted at position p + k - 1
+            behavior[row, p - 1 : n - 1] = torch.from_numpy(it.behavior)
+            mask[row, p - 1 : n - 1] = torch.from_numpy(it.mask)
+            if it.proximal is not None:
+                prox[row, p - 1 : n - 1] = torch.from_numpy(it.proximal)
+        return ids, attn, behavior, prox, mask
+
+    def _micro_step(self, items: list, stats: _Stats) -> None:
+        o = self.opts
+        ids, attn, behavior, prox, mask = self._tensors(items)
+        adv = torch.tensor([[it.adv] for it in items], dtype=torch.float32)
+        weight = torch.tensor([[it.weight] for it in items], dtype=torch.float32)
+        procs = [it.proc for it in items]
+        new = self._logprobs(self.model, ids, attn, procs)
+        if all(it.proximal is None for it in items):
+            prox = new.detach()  # one step per round: the weights are still those of its start
+        loss_kind = o["loss"]
+        if loss_kind == "ppo-clip":
+            anchor = behavior
+        else:
+            # a token outside the proximal support has weight 0: keep its ratio finite (1)
+            anchor = torch.where(prox <= LOGP_FLOOR, new.detach(), prox)
+        ratio = torch.exp(new - anchor)
+        lo, hi = 1.0 - o["clip_eps"], 1.0 + o["clip_eps_high"]
+        clipped = torch.clamp(ratio, lo, hi)
         pg = -torch.minimum(ratio * adv, clipped * adv)
+        log_w = (prox - behavior) * mask  # log behavior ratio pi_prox / pi_behavior
+        if o["is_level"] == "sequence":
+            log_w = log_w.sum(-1, keepdim=True).expand_as(log_w)
+        w = torch.exp(log_w)
+        if loss_kind == "ppo-clip":
+            is_w = torch.ones_like(w)
+        elif loss_kind == "decoupled":
+            is_w = w
+        elif loss_kind == "tis":
+            is_w = torch.clamp(w, max=o["is_cap"])
+        else:  # mis
+            keep = (w <= o["is_cap"]) & (w >= o["is_cap_low"])
+            is_w = torch.where(keep, w, torch.zeros_like(w))
+        pg = pg * is_w
         per_tok = pg
         kl = torch.zeros_like(pg)
         if self.ref_model is not None:
             with torch.no_grad():
-                ref = self._logprobs(self.ref_model, ids, attn)
-            d = ref - new
+                ref = self._logprobs(self.ref_model, ids, attn, procs)
+            outside = (ref <= LOGP_FLOOR) | (new.detach() <= LOGP_FLOOR)
+            d = torch.where(outside, torch.zeros_like(ref), ref - new)
             kl = torch.exp(d) - d - 1.0
+            if o["kl_estimator"] == "k3-is":
+                # tokens were drawn from the behavior policy: weight by pi_theta / pi_behavior
+                # (with its gradient), so the estimate is that of KL(pi_theta || ref)
+                kl = kl * torch.exp(torch.where(outside, behavior, new) - behavior)
             per_tok = pg + o["kl_coef"] * kl
         loss = (per_tok * mask * weight).sum()
         loss.backward()
         with torch.no_grad():
-            stats["loss"] += float(loss)
-            stats["pg_loss"] += float((pg * mask * weight).sum())
-            stats["kl"] += float((kl * mask).sum())
-            stats["clip_frac"] += float((((ratio - clipped).abs() > 0).float() * mask).sum())
-            stats["ratio_mean"] += float((ratio * mask).sum())
-            stats["tokens"] += float(mask.sum())
+            on = torch.tensor([[float(it.on_policy)] for it in items]) * mask
+            sel = mask > 0
+            inside = sel & (prox > LOGP_FLOOR)  # the KL is infinite outside: counted apart
+            d_b = (prox - behavior)[sel]
+            stats.loss += float(loss)
+            stats.pg_loss += float((pg * mask * weight).sum())
+            stats.kl += float((kl * mask).sum())
+            low = (ratio < lo) & (adv < 0)
+            high = (ratio > hi) & (adv > 0)
+            stats.clip_low += float((low.float() * mask).sum())
+            stats.clip_high += float((high.float() * mask).sum())
+            stats.out_of_band += float((((ratio < lo) | (ratio > hi)).float() * mask).sum())
+            stats.ratio_sum += float((ratio * mask).sum())
+            stats.tokens += float(mask.sum())
+            stats.is_w_sum += float((is_w * mask).sum())
+            if loss_kind == "tis":
+                stats.is_truncated += float(((w > o["is_cap"]).float() * mask).sum())
+            if loss_kind == "mis":
+                stats.is_masked += float(((is_w == 0).float() * mask).sum())
+            stats.outside += float(((new.detach() <= LOGP_FLOOR).float() * mask).sum())
+            stats.prox_ratio.append(torch.exp(new.detach() - prox)[sel].numpy())
+            # each token is in exactly one step: start-of-round figures, once per token
+            stats.behav_log_ratio.append(d_b.numpy())
+            stats.inside_log_ratio.append((prox - behavior)[inside].numpy())
+            stats.on_policy_log_ratio.append((prox - behavior)[inside & (on > 0)].numpy())
 
     # -- cuts and releases --------------------------------------------------------------
 

@@ -30,3 +30,47 @@ def yeto_register_tasks(register):
 
     for cls in TASKS.values():
         register(cls)
+
+
+#: Engines whose behavior log-probs are those of the distribution the torch trainer
+#: reproduces: logits / temperature, then top-k, then top-p, renormalised.
+REPRODUCED_ENGINES = ("hf",)
+
+
+@hookimpl
+def yeto_preflight(config, report):
+    """With the ``torch`` trainer: the trainer scores tokens under the samplers' processing."""
+    trainer = getattr(config, "trainer", None)
+    if trainer is None or trainer.backend != "torch":
+        return
+    name = "trainer.backend_options.temperature"
+    temp = trainer.backend_options.get("temperature")
+    bad = [
+        (i, s.sampling.temperature)
+        for i, s in enumerate(config.samplers)
+        if temp is not None and float(s.sampling.temperature) != float(temp)
+    ]
+    if bad:
+        i, t = bad[0]
+        report.fail(
+            name,
+            f"{temp!r}, but samplers[{i}].sampling.temperature = {t!r}: the trainer would score "
+            "the tokens under another distribution than they were drawn from; leave the "
+            "trainer's temperature out (it then follows the sampling recorded with each group) "
+            "or make them equal",
+        )
+    elif temp is not None:
+        report.ok(name, f"{temp!r}, equal to every sampler's temperature")
+    else:
+        report.ok(name, "not set: the trainer follows the sampling recorded with each group")
+    for i, s in enumerate(config.samplers):
+        sp = s.sampling
+        if s.engine in REPRODUCED_ENGINES or (not sp.top_k and sp.top_p >= 1.0):
+            continue
+        report.warn(
+            f"samplers[{i}].sampling",
+            f"top_k = {sp.top_k}, top_p = {sp.top_p} with engine {s.engine!r}: the torch "
+            "trainer scores tokens under temperature, then top-k, then top-p, renormalised "
+            "(as the hf engine samples); the engine's log-probs must be of that processed "
+            "distribution. Watch the mismatch_kl_on_policy metric of the first rounds",
+        )

@@ -7,14 +7,24 @@ import numpy as np
 from yeto_core.records import Batch, Sample, SampleGroup, SamplingParams
 
 
-def rollout_batch(engine, task, start: int, n_prompts: int, g: int, version: int) -> Batch:
-    """A batch of real groups from ``engine`` for prompts ``start .. start + n_prompts``."""
+def rollout_batch(
+    engine,
+    task,
+    start: int,
+    n_prompts: int,
+    g: int,
+    version: int,
+    sampling: SamplingParams | None = None,
+) -> Batch:
+    """A batch of real groups from ``engine`` for prompts ``start .. start + n_prompts``
+    (``sampling``: default 8 new tokens at temperature 1), recorded with each group."""
     prompts, answers = [], []
     for i in range(start, start + n_prompts):
         text, ans = task.prompt(i)
         prompts.append(engine.encode(text))
         answers.append(ans)
-    outs = engine.generate(prompts, g, SamplingParams(max_new_tokens=8, temperature=1.0))
+    sampling = sampling or SamplingParams(max_new_tokens=8, temperature=1.0)
+    outs = engine.generate(prompts, g, sampling)
     groups = []
     for k, (p, ans, comps) in enumerate(zip(prompts, answers, outs, strict=True)):
         samples = tuple(
@@ -35,6 +45,7 @@ def rollout_batch(engine, task, start: int, n_prompts: int, g: int, version: int
                 sampler_host="h",
                 sampler_incarnation=0,
                 samples=samples,
+                sampling=sampling,
             )
         )
     return Batch(
