@@ -271,9 +271,12 @@ class PolicyFollower:
         """Check the fingerprint of the release served now (after an engine server restart).
 
         Emits ``release_verified`` or, on a mismatch, ``served_policy_mismatch`` (the engine
-        no longer serves the policy it loaded; the sampler should stop). :returns: the check.
+        no longer serves the policy it loaded; the sampler should stop). A load in progress
+        checks its own release, so then nothing is done. :returns: the check (None: none made).
         """
-        with self._load_mutex:
+        if not self._load_mutex.acquire(blocking=False):
+            return None
+        try:
             if self._current is None:
                 return None
             verdict, check = self.check_fingerprint(self._current)
@@ -293,6 +296,8 @@ class PolicyFollower:
                 )
             )
             return check
+        finally:
+            self._load_mutex.release()
 
     def _roll_back(self) -> None:
         if hasattr(self.engine, "rollback"):
