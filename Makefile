@@ -28,7 +28,7 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 
-test: lint
+test: lint vllm-venv
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 quickstart: install

@@ -247,6 +247,9 @@ def test_killed_server_is_restarted_and_the_island_keeps_appending(
         assert "engine_server_died" in kinds and "engine_server_restarted" in kinds
         assert "engine_release_restored" in kinds
         # the restarted server serves release 1 again, and its fingerprint says so
+        deadline = time.monotonic() + 60
+        while not checks and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert checks and checks[-1] is not None and checks[-1].ok
         print(f"restart to next appended round: {time.monotonic() - t0:.1f} s")
     finally:

