@@ -47,19 +47,7 @@ import attrs
 
 from yeto_core import fingerprint as fp
 from yeto_core.errors import ReleaseError
-from yeto_core.records import Event
-
-
-@attrs.frozen
-class LocalRelease:
-    """A fetched and verified release, as an engine loads it."""
-
-    version: int
-    release_id: str
-    path: str
-    kind: str
-    weight_checksum: str
-    info: dict[str, Any] = attrs.field(factory=dict)
+from yeto_core.records import Event, LocalRelease
 
 
 @attrs.define
@@ -300,7 +288,7 @@ class PolicyFollower:
             self._load_mutex.release()
 
     def _roll_back(self) -> None:
-        if hasattr(self.engine, "rollback"):
+        if type(self.engine).implements("rollback"):
             self.engine.rollback()
         elif self._current is not None:
             self.engine.load_release(self._current)
