@@ -99,6 +99,8 @@ class PolicyFollower:
         self.fingerprint_tolerance = dict(fingerprint_tolerance or {})
         #: the fingerprint check of the release served now (None: none was made)
         self.last_check: Optional[fp.Check] = None
+        #: seconds the last load spent on its fingerprint check
+        self.last_fingerprint_s = 0.0
         self.version = int(initial_version)
         self.release_id: Optional[str] = None
         self.served_checksum = engine.served_checksum()
@@ -192,6 +194,7 @@ class PolicyFollower:
         t_fp = time.monotonic()
         verdict, check = self.check_fingerprint(local)
         fingerprint_s = time.monotonic() - t_fp
+        self.last_fingerprint_s = fingerprint_s
         if verdict == "mismatch":
             assert check is not None
             self._roll_back()

@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "scheduler": "yeto_bench.scheduler:command",
     "e2e": "yeto_bench.e2e:command",
     "chaos": "yeto_bench.chaos:command",
+    "engine": "yeto_bench.engine:command",
 }
 
 

@@ -374,23 +374,33 @@ class VLLMEngine(SamplerEngine):
             out["stop_token_ids"] = [int(t) for t in sp.stop_token_ids]
         return out
 
-    def _generate_one(self, prompt: Sequence[int], params: dict[str, Any]) -> dict[str, Any]:
-        body: dict[str, Any] = {"token_ids": [int(t) for t in prompt], "sampling_params": params}
-        if self._current is not None and self._current[0] == "lora":
-            body["model"] = LORA_NAME
+    def generate_bodies(
+        self, prompts: Sequence[Sequence[int]], n: int, sampling: Optional[SamplingParams] = None
+    ) -> list[dict[str, Any]]:
+        """The ``/inference/v1/generate`` request bodies of one ``generate`` call (one per prompt)."""
+        sp = sampling or SamplingParams()
+        base_seed = sp.seed if sp.seed is not None else self.seed * 1_000_003 + self._calls * 7919
+        self._calls += 1
+        bodies = []
+        for i, prompt in enumerate(prompts):
+            body: dict[str, Any] = {
+                "token_ids": [int(t) for t in prompt],
+                "sampling_params": self._sampling_params(n, sp, base_seed + i),
+            }
+            if self._current is not None and self._current[0] == "lora":
+                body["model"] = LORA_NAME
+            bodies.append(body)
+        return bodies
+
+    def _generate_one(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._post("/inference/v1/generate", body).json()
 
     def generate(
         self, prompts: Sequence[Sequence[int]], n: int, sampling: Optional[SamplingParams] = None
     ) -> list[list[Completion]]:
-        sp = sampling or SamplingParams()
-        base_seed = sp.seed if sp.seed is not None else self.seed * 1_000_003 + self._calls * 7919
-        self._calls += 1
+        bodies = self.generate_bodies(prompts, n, sampling)
         with self._batch_lock:
-            futures = [
-                self.pool.submit(self._generate_one, p, self._sampling_params(n, sp, base_seed + i))
-                for i, p in enumerate(prompts)
-            ]
+            futures = [self.pool.submit(self._generate_one, body) for body in bodies]
             answers = [fut.result() for fut in futures]
         out, tops = [], []
         for answer in answers:
