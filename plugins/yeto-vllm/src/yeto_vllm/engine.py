@@ -143,6 +143,8 @@ class VLLMEngine(SamplerEngine):
     - ``dtype`` (``float32``), ``max_model_len`` (the base's positions, at most 256), ``lora`` (start with
       ``--enable-lora``), ``max_lora_rank`` (8), ``kv_cache_gib`` (1, CPU builds),
       ``server_args`` (more arguments), ``server_env`` (more environment);
+    - ``enforce_eager`` (false): ``--enforce-eager`` (no compile warm-up: starts much faster
+      on CPU; float32 only there, see docs/vllm.md);
     - ``top_logprobs`` (0): also return the top-K log-probs of every position
       (:attr:`last_top_logprobs`);
     - ``start_timeout_s`` (300), ``max_restarts`` (3), ``backoff_s`` (2), ``watch_s`` (1);
@@ -157,6 +159,7 @@ class VLLMEngine(SamplerEngine):
         model_dir: str,
         *,
         url: Optional[str] = None,
+        enforce_eager: bool = False,
         python: Optional[str] = None,
         dtype: str = "float32",
         max_model_len: Optional[int] = None,
@@ -213,7 +216,7 @@ class VLLMEngine(SamplerEngine):
                     lora=self.lora_enabled,
                     max_lora_rank=max_lora_rank,
                     max_logprobs=max(20, self.top_logprobs),
-                    extra=server_args,
+                    extra=[*(["--enforce-eager"] if enforce_eager else []), *server_args],
                 ),
                 python=python or default_python(),
                 env=env,
@@ -243,7 +246,11 @@ class VLLMEngine(SamplerEngine):
         self.infra_error: Optional[InfraFailedError] = None
         self._calls = 0
         if start:
-            self.start()
+            try:
+                self.start()
+            except BaseException:  # never leave a server behind
+                self.close()
+                raise
 
     # -- the server -------------------------------------------------------------------
 
