@@ -274,7 +274,12 @@ def test_failed_starts_end_in_infra_failed(vllm_python, sort_base, tmp_path):
         )
     assert err.value.code == INFRA_FAILED
     kinds = [e.kind for e in events]
-    assert kinds == ["engine_server_start_failed", "engine_server_infra_failed"]
+    # the failed construction still stops (and reports) the dead server's process group
+    assert kinds == [
+        "engine_server_start_failed",
+        "engine_server_infra_failed",
+        "engine_server_stopped",
+    ]
     assert "exited with code" in events[0].data["reason"]
     assert (tmp_path / "vllm-server.log").read_text().strip()
 
