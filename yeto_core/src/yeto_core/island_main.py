@@ -40,7 +40,7 @@ from yeto_core.island_env import (  # noqa: F401 (ENV_* re-exported: the old imp
     IslandIdentity,
     identity_from_env,
 )
-from yeto_core.ports import TrainerBackend
+from yeto_core.ports import TrainerBackend, accepts
 from yeto_core.records import Batch, Event, ReleaseInfo, Trigger
 
 
@@ -94,6 +94,18 @@ class RecordingBackend(TrainerBackend):
 
     def publish_release(self, out_dir: Path) -> ReleaseInfo:
         return ReleaseInfo.coerce(self.backend.publish_release(out_dir))
+
+    # the policy fingerprint (yeto_core.fingerprint) is recorded through the wrapper
+    @property
+    def vocab_size(self) -> Optional[int]:  # type: ignore[override]
+        return getattr(self.backend, "vocab_size", None)
+
+    @property
+    def weights_dtype(self) -> str:  # type: ignore[override]
+        return str(getattr(self.backend, "weights_dtype", "float32"))
+
+    def prompt_logprobs(self, prompts: Any) -> Optional[list[list[float]]]:
+        return self.backend.prompt_logprobs(prompts)
 
 
 def trainer_event_bridge(stream: EventStream, recorder: dict[str, RecordingBackend]):
@@ -198,15 +210,26 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         raise SystemExit(f"island {island!r} is not a sampler island of this config")
     scfg = groups[island]
     engine_cls = plugins.sampler_engine(scfg.engine)
-    engine = engine_cls.from_config(
-        scfg.engine_options,
-        model_dir=base_model(store, config, ident),
-        seed=config.seed * 1000 + incarnation * 100 + _index(island),
-    )
-    task = plugins.task(config.task.name)(**config.task.options)
-    buffer = open_run_buffer(plugins, config, store, island)
     stream = EventStream(store, island, flush_s=1.0, observer=plugins.emit)
     on_event = sampler_event_bridge(stream)
+    options = dict(scfg.engine_options)
+    # Server-backed engines (vllm, sglang) report their server's events and keep its
+    # log in the island's scratch directory (yeto_core.engine_server).
+    if accepts(engine_cls, "emit"):
+        options.setdefault("emit", on_event)
+    if accepts(engine_cls, "log_dir"):
+        options.setdefault("log_dir", str(scratch_dir(ident) / "server"))
+    try:
+        engine = engine_cls.from_config(
+            options,
+            model_dir=base_model(store, config, ident),
+            seed=config.seed * 1000 + incarnation * 100 + _index(island),
+        )
+    except BaseException:
+        stream.flush()
+        raise
+    task = plugins.task(config.task.name)(**config.task.options)
+    buffer = open_run_buffer(plugins, config, store, island)
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
@@ -236,9 +259,12 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         stop=stop,
         emit=on_event,
     )
-    follower.poll()  # serve the newest release (if any) before the first round
-    follower.start(poll_s=0.05 if scfg.sync_rounds else 0.2)
+    if hasattr(engine, "add_restart_listener"):
+        # a restarted server got the current release back: check that it serves it
+        engine.add_restart_listener(lambda: follower.verify_served("engine server restarted"))
     try:
+        follower.poll()  # serve the newest release (if any) before the first round
+        follower.start(poll_s=0.05 if scfg.sync_rounds else 0.2)
         run_with_pauses(loop, stop, scfg.pause_every_s, scfg.pause_s, on_event)
     finally:
         follower.stop()
@@ -299,6 +325,7 @@ def run_island(env: Mapping[str, str], plugins: Any = None) -> int:
     :param plugins: the plugin manager (default: a fresh one with every entry point).
     :returns: the exit code.
     """
+    from yeto_core.engine_server import EXIT_INFRA_FAILED, InfraFailedError
     from yeto_core.errors import YetoError
 
     ident = identity_from_env(env)
@@ -319,6 +346,9 @@ def run_island(env: Mapping[str, str], plugins: Any = None) -> int:
         return 2
     except Terminated:
         return 0
+    except InfraFailedError as exc:
+        print(f"yeto island {ident.island}: {exc}", file=sys.stderr)
+        return EXIT_INFRA_FAILED
     except YetoError as exc:
         print(f"yeto island {ident.island}: error: {exc}", file=sys.stderr)
         return 2

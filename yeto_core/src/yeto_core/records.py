@@ -347,6 +347,8 @@ class LocalRelease:
     path: str
     kind: str
     weight_checksum: str
+    #: the release manifest's ``info`` (the policy fingerprint, under ``"fingerprint"``)
+    info: dict[str, Any] = attrs.field(factory=dict)
 
 
 # -- the scheduler -----------------------------------------------------------------------

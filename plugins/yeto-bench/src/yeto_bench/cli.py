@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, str] = {
     "e2e": "yeto_bench.e2e:command",
     "chaos": "yeto_bench.chaos:command",
     "loss": "yeto_bench.loss:command",
+    "engine": "yeto_bench.engine:command",
 }
 
 

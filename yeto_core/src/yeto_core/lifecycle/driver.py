@@ -12,6 +12,7 @@ from typing import Any, Optional, Union
 
 import attrs
 
+from yeto_core import fingerprint
 from yeto_core.batch_reader import SKIP_REASONS, BatchReader, EndOfData
 from yeto_core.cut import CutStore
 from yeto_core.errors import YetoError
@@ -157,6 +158,10 @@ class DriverLifecycle(TrainerLifecycle):
         assert self.backend is not None
         out = self._scratch("release")
         info = ReleaseInfo.coerce(self.backend.publish_release(out)).as_dict()
+        if fingerprint.INFO_KEY not in info:
+            recorded = fingerprint.for_backend(self.backend)
+            if recorded is not None:
+                info[fingerprint.INFO_KEY] = recorded.to_json()
         info["version"] = self.counters.policy_version
         info.setdefault("buffer_watermark", self.counters.buffer_watermark)
         rel = self.releases.publish(out, info)

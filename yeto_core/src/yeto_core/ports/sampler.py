@@ -88,8 +88,12 @@ class SamplerEngine(Port):
         """Load a fetched, verified policy release (hot reload)."""
 
     @abc.abstractmethod
-    def served_checksum(self) -> str:
-        """The checksum of the weights the engine serves now (read back, not remembered)."""
+    def served_checksum(self) -> Optional[str]:
+        """The checksum of the weights the engine serves now (read back, not remembered).
+
+        None: the engine cannot read its served weights back (a remote server); the
+        follower then relies on the policy fingerprint (:meth:`prompt_logprobs`).
+        """
 
     @abc.abstractmethod
     def encode(self, text: str) -> list[int]:
@@ -111,6 +115,16 @@ class SamplerEngine(Port):
 
     def close(self) -> None:
         """Stop what the engine started (a server, threads); default: nothing."""
+
+    def prompt_logprobs(self, prompts: Sequence[Sequence[int]]) -> Optional[list[list[float]]]:
+        """Optional: log-prob of every prompt token after the first, given those before it.
+
+        At temperature 1, under the weights served now (asked of the engine, not
+        remembered). The policy follower compares them with the release's fingerprint
+        after every load (:mod:`yeto_core.fingerprint`). The default, None, says this
+        engine cannot fingerprint: releases load unverified, and the events say so.
+        """
+        return None
 
 
 class Task(Port):

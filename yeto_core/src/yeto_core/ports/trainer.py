@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -307,6 +307,22 @@ class TrainerBackend(Port):
         A mapping with ``kind`` and ``weight_checksum`` is accepted as well
         (:meth:`ReleaseInfo.coerce`).
         """
+
+    # -- optional: the policy fingerprint ---------------------------------------------
+
+    #: The vocabulary size of the trained model (None: unknown; then no fingerprint).
+    vocab_size: Optional[int] = None
+    #: The dtype of the released weights, for the fingerprint tolerance.
+    weights_dtype: str = "float32"
+
+    def prompt_logprobs(self, prompts: Sequence[Sequence[int]]) -> Optional[list[list[float]]]:
+        """Optional: log-prob of every prompt token after the first, given those before it.
+
+        At temperature 1, under the weights the next :meth:`publish_release` writes. The
+        trainer records these for the policy fingerprint (:mod:`yeto_core.fingerprint`).
+        The default, None, says this backend cannot (its releases carry no fingerprint).
+        """
+        return None
 
 
 class LifecycleContext:

@@ -403,17 +403,31 @@ class SamplerEngineContract:
                 assert isinstance(engine.decode(c.tokens), str)
 
     def test_a_loaded_release_is_served_and_stamped(self, engine, make_release, tmp_path):
+        # None: the engine cannot read its weights back; it must score prompts instead
+        # (the policy fingerprint, yeto_core.fingerprint).
         before = engine.served_checksum()
-        assert isinstance(before, str) and before
+        assert before is None or (isinstance(before, str) and before)
+        probe = [engine.encode("12")[:2] + [0, 1, 2]]
+        scored_before = engine.prompt_logprobs(probe)
+        if before is None:
+            assert scored_before is not None and len(scored_before[0]) == len(probe[0]) - 1
         release = make_release(tmp_path, 1)
         engine.load_release(release)
-        assert engine.served_checksum() == release.weight_checksum
+        if before is not None:
+            assert engine.served_checksum() == release.weight_checksum
+        else:
+            assert engine.prompt_logprobs(probe) != scored_before  # the release is served
         prompt = engine.encode("1")
         (c,) = engine.generate([prompt], 1, SamplingParams(max_new_tokens=2, seed=0))[0]
         assert c.weight_version == 1
         if type(engine).implements("rollback"):
             engine.rollback()
             assert engine.served_checksum() == before
+            if scored_before is not None:
+                back = engine.prompt_logprobs(probe)
+                assert (
+                    max(abs(a - b) for a, b in zip(back[0], scored_before[0], strict=True)) < 1e-3
+                )
 
 
 # ---------------------------------------------------------------------------------------
