@@ -206,11 +206,21 @@ def run_sampler(config: RunConfig, run_dir: Path, island: str, incarnation: int)
     options = with_model_dir(engine_cls, scfg.engine_options, config)
     if _accepts(engine_cls, "seed"):
         options.setdefault("seed", config.seed * 1000 + incarnation * 100 + _index(island))
-    engine = engine_cls(**options)
-    task = plugins.task(config.task.name)(**config.task.options)
-    buffer = plugins.sample_buffer("file")(store, host=island)
     stream = EventStream(store, island, flush_s=1.0)
     on_event = sampler_event_bridge(stream)
+    # Server-backed engines (vllm, sglang) report their server's events and keep its
+    # log in the run dir (yeto_core.engine_server).
+    if _accepts(engine_cls, "emit"):
+        options.setdefault("emit", on_event)
+    if _accepts(engine_cls, "log_dir"):
+        options.setdefault("log_dir", str(run_dir / "logs" / f"{island}-i{incarnation}-server"))
+    try:
+        engine = engine_cls(**options)
+    except BaseException:
+        stream.flush()
+        raise
+    task = plugins.task(config.task.name)(**config.task.options)
+    buffer = plugins.sample_buffer("file")(store, host=island)
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
@@ -240,12 +250,17 @@ def run_sampler(config: RunConfig, run_dir: Path, island: str, incarnation: int)
         stop=stop,
         emit=on_event,
     )
-    follower.poll()  # serve the newest release (if any) before the first round
-    follower.start(poll_s=0.05 if scfg.sync_rounds else 0.2)
+    if hasattr(engine, "add_restart_listener"):
+        # a restarted server got the current release back: check that it serves it
+        engine.add_restart_listener(lambda: follower.verify_served("engine server restarted"))
     try:
+        follower.poll()  # serve the newest release (if any) before the first round
+        follower.start(poll_s=0.05 if scfg.sync_rounds else 0.2)
         run_with_pauses(loop, stop, scfg.pause_every_s, scfg.pause_s, on_event)
     finally:
         follower.stop()
+        if hasattr(engine, "close"):
+            engine.close()
         stream.flush()
     return 0
 
@@ -302,6 +317,7 @@ def _install_sigterm() -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    from yeto_core.engine_server import EXIT_INFRA_FAILED, InfraFailedError
     from yeto_core.errors import YetoError
 
     run_dir = Path(os.environ[ENV_RUN_DIR])
@@ -319,6 +335,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     except Terminated:
         return 0
+    except InfraFailedError as exc:
+        print(f"yeto island {island}: {exc}", file=sys.stderr)
+        return EXIT_INFRA_FAILED
     except YetoError as exc:
         print(f"yeto island {island}: error: {exc}", file=sys.stderr)
         return 2

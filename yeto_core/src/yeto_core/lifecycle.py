@@ -35,7 +35,7 @@ from typing import Any, Optional, Union
 
 import attrs
 
-from yeto_core import serde
+from yeto_core import fingerprint, serde
 from yeto_core.batch_reader import SKIP_REASONS, BatchReader, EndOfData
 from yeto_core.cut import ConsistentCut, CutStore
 from yeto_core.errors import IllegalTransitionError, NotFoundError, YetoError
@@ -217,6 +217,10 @@ class DriverLifecycle(TrainerLifecycle):
         assert self.backend is not None
         out = self._scratch("release")
         info = dict(self.backend.publish_release(out))
+        if fingerprint.INFO_KEY not in info:
+            recorded = fingerprint.for_backend(self.backend)
+            if recorded is not None:
+                info[fingerprint.INFO_KEY] = recorded.to_json()
         info["version"] = self.counters.policy_version
         info.setdefault("buffer_watermark", self.counters.buffer_watermark)
         rel = self.releases.publish(out, info)

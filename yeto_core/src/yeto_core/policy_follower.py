@@ -15,10 +15,22 @@ moment the release was first seen; then the load is **forced** while the round
 runs, and the event says so. Counters: ``loads``, ``deferrals``,
 ``forced_loads``, ``refusals``.
 
+After the checksum, the **policy fingerprint** (:mod:`yeto_core.fingerprint`):
+when the release carries one (``info["fingerprint"]``, recorded by the trainer)
+the follower asks the engine for the log-probs of the same probes
+(``engine.prompt_logprobs(probes)``) and compares them within the tolerance of
+the release's dtype. A deviation over it refuses the release (reason
+``fingerprint_mismatch``, with ``max_abs_dev``, ``tolerance`` and where) and puts
+the previous release back. ``release_loaded`` says ``verified: true`` with the
+deviation, or ``fingerprint: "unsupported"`` (the engine cannot score prompts)
+or ``"absent"`` (the release has none). Counters: ``verified``, ``unverified``.
+
 Engine contract used here: ``load_release(local)`` with a :class:`LocalRelease`
-(``version``, ``path``, ...), ``served_checksum()``, and optionally
-``rollback()`` (serve the weights from before the last load again); without
-``rollback`` the previous release is loaded again.
+(``version``, ``path``, ...), ``served_checksum()`` (None: the engine cannot read
+its weights back; the fingerprint is then the only proof of what it serves),
+optionally ``prompt_logprobs(probes)`` and ``rollback()`` (serve the weights
+from before the last load again); without ``rollback`` the previous release is
+loaded again (or, before any, ``engine.restore_base()`` when it has one).
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ from typing import Any, Optional
 
 import attrs
 
+from yeto_core import fingerprint as fp
 from yeto_core.errors import ReleaseError
 from yeto_core.records import Event
 
@@ -46,6 +59,7 @@ class LocalRelease:
     path: str
     kind: str
     weight_checksum: str
+    info: dict[str, Any] = attrs.field(factory=dict)
 
 
 @attrs.define
@@ -54,6 +68,8 @@ class FollowerCounters:
     deferrals: int = 0
     forced_loads: int = 0
     refusals: int = 0
+    verified: int = 0
+    unverified: int = 0
 
 
 class PolicyFollower:
@@ -80,6 +96,7 @@ class PolicyFollower:
         clock: Callable[[], float] = time.monotonic,
         emit: Optional[Callable[[Event], None]] = None,
         source: str = "sampler",
+        fingerprint_tolerance: Optional[dict[str, float]] = None,
     ) -> None:
         if reload_max_defer_s < 0:
             raise ValueError(f"reload_max_defer_s={reload_max_defer_s}: must be >= 0 seconds")
@@ -91,6 +108,9 @@ class PolicyFollower:
         self._emit = emit or (lambda e: None)
         self.source = source
         self.counters = FollowerCounters()
+        self.fingerprint_tolerance = dict(fingerprint_tolerance or {})
+        #: the fingerprint check of the release served now (None: none was made)
+        self.last_check: Optional[fp.Check] = None
         self.version = int(initial_version)
         self.release_id: Optional[str] = None
         self.served_checksum = engine.served_checksum()
@@ -163,14 +183,16 @@ class PolicyFollower:
             path=str(dest),
             kind=rel.kind,
             weight_checksum=rel.weight_checksum,
+            info=dict(getattr(rel, "info", None) or {}),
         )
+        t_load = time.monotonic()
         try:
             self.engine.load_release(local)
         except Exception as exc:  # the engine refused the files: it keeps its weights
             shutil.rmtree(dest, ignore_errors=True)
             return self._refuse(rel, "engine_refused", f"{type(exc).__name__}: {exc}")
         served = self.engine.served_checksum()
-        if served != rel.weight_checksum:
+        if served is not None and served != rel.weight_checksum:
             self._roll_back()
             shutil.rmtree(dest, ignore_errors=True)
             return self._refuse(
@@ -178,6 +200,37 @@ class PolicyFollower:
                 "checksum_mismatch",
                 f"engine serves {served} after loading, the release says {rel.weight_checksum}",
             )
+        load_s = time.monotonic() - t_load
+        t_fp = time.monotonic()
+        verdict, check = self.check_fingerprint(local)
+        fingerprint_s = time.monotonic() - t_fp
+        if verdict == "mismatch":
+            assert check is not None
+            self._roll_back()
+            shutil.rmtree(dest, ignore_errors=True)
+            return self._refuse(
+                rel,
+                "fingerprint_mismatch",
+                check.detail,
+                max_abs_dev=check.max_abs_dev,
+                tolerance=check.tolerance,
+                probe=check.probe,
+                position=check.position,
+            )
+        if verdict == "verified":
+            self.counters.verified += 1
+        else:
+            self.counters.unverified += 1
+        self.last_check = check
+        proof: dict[str, Any] = {
+            "verified": verdict == "verified",
+            "fingerprint": verdict,
+            "load_s": round(load_s, 6),
+            "fingerprint_s": round(fingerprint_s, 6),
+        }
+        if check is not None:
+            proof["max_abs_dev"] = check.max_abs_dev
+            proof["tolerance"] = check.tolerance
         previous = self._current
         self._current, self.version, self.release_id = local, local.version, rel.release_id
         self.served_checksum = served
@@ -189,34 +242,88 @@ class PolicyFollower:
                 forced=True,
                 waited_s=waited,
                 reason=f"round still in progress after reload_max_defer_s={self.reload_max_defer_s}",
+                **proof,
             )
         else:
-            self._event("release_loaded", rel, forced=False, waited_s=waited)
+            self._event("release_loaded", rel, forced=False, waited_s=waited, **proof)
         if previous is not None and previous.path != local.path:
             self._prune(keep={local.path, previous.path})
         return "forced" if forced else "loaded"
+
+    def check_fingerprint(self, local: Any) -> tuple[str, Optional[fp.Check]]:
+        """Compare what the engine serves with ``local``'s fingerprint.
+
+        :returns: ``("verified" | "mismatch", check)``, ``("unsupported", None)`` (the engine
+            cannot score prompts) or ``("absent", None)`` (the release has no fingerprint).
+        """
+        raw = (getattr(local, "info", None) or {}).get(fp.INFO_KEY)
+        if not raw:
+            return "absent", None
+        expected = fp.Fingerprint.from_json(raw)
+        score = getattr(self.engine, "prompt_logprobs", None)
+        measured = score([list(p) for p in expected.probes]) if score is not None else None
+        if measured is None:
+            return "unsupported", None
+        check = fp.compare(expected, measured, overrides=self.fingerprint_tolerance)
+        return ("verified" if check.ok else "mismatch"), check
+
+    def verify_served(self, why: str = "check") -> Optional[fp.Check]:
+        """Check the fingerprint of the release served now (after an engine server restart).
+
+        Emits ``release_verified`` or, on a mismatch, ``served_policy_mismatch`` (the engine
+        no longer serves the policy it loaded; the sampler should stop). :returns: the check.
+        """
+        with self._load_mutex:
+            if self._current is None:
+                return None
+            verdict, check = self.check_fingerprint(self._current)
+            kind = "served_policy_mismatch" if verdict == "mismatch" else "release_verified"
+            self._emit(
+                Event(
+                    kind=kind,
+                    time=self.clock(),
+                    source=self.source,
+                    data={
+                        "release_id": self._current.release_id,
+                        "version": self._current.version,
+                        "why": why,
+                        "fingerprint": verdict,
+                        **(check.to_json() if check is not None else {}),
+                    },
+                )
+            )
+            return check
 
     def _roll_back(self) -> None:
         if hasattr(self.engine, "rollback"):
             self.engine.rollback()
         elif self._current is not None:
             self.engine.load_release(self._current)
+        elif hasattr(self.engine, "restore_base"):
+            self.engine.restore_base()
         else:
             raise ReleaseError(
                 "a release failed its checksum after loading, and the engine has no rollback() "
                 "and no previous release to load again; restart the sampler"
             )
         back = self.engine.served_checksum()
-        if back != self.served_checksum:
+        if back is not None and back != self.served_checksum:
             raise ReleaseError(
                 f"after refusing a release the engine serves {back}, not the previous "
                 f"{self.served_checksum}; restart the sampler"
             )
 
-    def _refuse(self, rel: Any, reason: str, detail: str) -> str:
+    def _refuse(self, rel: Any, reason: str, detail: str, **measured: Any) -> str:
         self._refused.add(rel.release_id)
         self.counters.refusals += 1
-        self._event("release_refused", rel, reason=reason, detail=detail, kept_version=self.version)
+        self._event(
+            "release_refused",
+            rel,
+            reason=reason,
+            detail=detail,
+            kept_version=self.version,
+            **measured,
+        )
         return "refused"
 
     def _prune(self, keep: set[str]) -> None:

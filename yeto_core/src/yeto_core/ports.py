@@ -347,6 +347,20 @@ class TrainerBackend(Port):
     def publish_release(self, out_dir: Any) -> Any:
         """Write the policy release files into ``out_dir``; return the release info."""
 
+    #: The vocabulary size of the trained model (None: unknown; then no fingerprint).
+    vocab_size: Optional[int] = None
+    #: The dtype of the released weights, for the fingerprint tolerance.
+    weights_dtype: str = "float32"
+
+    def prompt_logprobs(self, prompts: Sequence[Sequence[int]]) -> Optional[list[list[float]]]:
+        """Optional: log-prob of every prompt token after the first, given those before it.
+
+        At temperature 1, under the weights the next :meth:`publish_release` writes. The
+        trainer records these for the policy fingerprint (:mod:`yeto_core.fingerprint`).
+        The default, None, says this backend cannot (its releases carry no fingerprint).
+        """
+        return None
+
 
 class SamplerEngine(Port):
     """Generates groups with per-token behavior log-probs from the loaded policy.
@@ -386,8 +400,12 @@ class SamplerEngine(Port):
         """Load a policy release (hot reload)."""
 
     @abc.abstractmethod
-    def served_checksum(self) -> str:
-        """The checksum of the weights the engine serves now (read back, not remembered)."""
+    def served_checksum(self) -> Optional[str]:
+        """The checksum of the weights the engine serves now (read back, not remembered).
+
+        None: the engine cannot read its served weights back (a remote server); the
+        follower then relies on the policy fingerprint (:meth:`prompt_logprobs`).
+        """
 
     @abc.abstractmethod
     def encode(self, text: str) -> list[int]:
@@ -396,6 +414,16 @@ class SamplerEngine(Port):
     @abc.abstractmethod
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with the served tokenizer."""
+
+    def prompt_logprobs(self, prompts: Sequence[Sequence[int]]) -> Optional[list[list[float]]]:
+        """Optional: log-prob of every prompt token after the first, given those before it.
+
+        At temperature 1, under the weights served now (asked of the engine, not
+        remembered). The policy follower compares them with the release's fingerprint
+        after every load (:mod:`yeto_core.fingerprint`). The default, None, says this
+        engine cannot fingerprint: releases load unverified, and the events say so.
+        """
+        return None
 
 
 class IslandProvider(Port):

@@ -43,6 +43,7 @@ import attrs
 
 from yeto_core.config import RunConfig, config_to_dict
 from yeto_core.cost import CostLedger
+from yeto_core.engine_server import EXIT_INFRA_FAILED, INFRA_FAILED
 from yeto_core.errors import ConfigError, YetoError
 from yeto_core.event_stream import EventStream, read_all
 from yeto_core.island_main import CONFIG_FILE, ENV_LEDGER_SET_ASIDE, ENV_ROLE, ENV_RUN_DIR
@@ -378,6 +379,17 @@ class Head:
             n = self.state.sampler_restarts.get(island, 0) + 1
             self.state.sampler_restarts[island] = n
             self.events.emit("sampler_exited", island=island, handle=handle, code=code)
+            if code == EXIT_INFRA_FAILED:
+                # its inference server failed max_restarts times: relaunching will not help
+                del self.sampler_handles[island]
+                self.events.emit("sampler_infra_failed", island=island, code=INFRA_FAILED)
+                if not self.sampler_handles:
+                    raise YetoError(
+                        f"{INFRA_FAILED}: sampler island {island}'s inference server failed "
+                        "its restarts and no sampler island is left; see "
+                        f"{self.run_dir / 'logs'}"
+                    )
+                continue
             if n > MAX_SAMPLER_RESTARTS:
                 del self.sampler_handles[island]
                 raise YetoError(

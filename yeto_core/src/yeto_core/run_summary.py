@@ -3,7 +3,8 @@
 Event kinds it reads (written by :mod:`yeto_core.island_main` and the head):
 
 - sampler islands: ``group_appended`` (``position``, ``reward``: the group's
-  mean reward, ``version``) and ``release_loaded`` (``version``);
+  mean reward, ``version``), ``release_loaded`` (``version``, ``verified``: the
+  policy fingerprint passed) and ``release_refused`` (``version``, ``reason``);
 - the trainer stream: ``round_trained`` (``positions``, ``rewards`` per group,
   ``skipped``: reason → positions, ``policy_version``) and
   ``release_published`` (``version``);
@@ -52,6 +53,8 @@ def summarize(
     skipped: dict[str, set[int]] = {}
     releases: set[int] = set()
     loaded: dict[str, set[int]] = {}
+    verified: dict[str, set[int]] = {}
+    refused: dict[str, int] = {}
     starts = stops = 0
     stop_reasons: dict[str, int] = {}
     backstops: list[str] = []
@@ -62,6 +65,11 @@ def summarize(
                 appended[int(d["position"])] = float(d["reward"])
             elif e.kind == "release_loaded":
                 loaded.setdefault(island, set()).add(int(d["version"]))
+                if d.get("verified"):
+                    verified.setdefault(island, set()).add(int(d["version"]))
+            elif e.kind == "release_refused":
+                reason = str(d.get("reason", ""))
+                refused[reason] = refused.get(reason, 0) + 1
             elif e.kind == "round_trained":
                 for pos, reward in zip(d.get("positions", ()), d.get("rewards", ()), strict=True):
                     trained[int(pos)] = float(reward)
@@ -93,6 +101,10 @@ def summarize(
         "releases_published": len(releases),
         "sampler_versions_loaded": len(versions),
         "sampler_versions_by_island": {k: sorted(v) for k, v in sorted(loaded.items())},
+        # every (island, version) served that passed its policy fingerprint
+        "sampler_versions_verified": sum(len(v) for v in verified.values()),
+        "sampler_versions_unverified": sum(len(loaded[k] - verified.get(k, set())) for k in loaded),
+        "releases_refused": dict(sorted(refused.items())),
         "groups_appended": len(appended),
         "groups_trained": len(trained),
         "groups_skipped": {k: len(v) for k, v in sorted(skipped.items()) if v},

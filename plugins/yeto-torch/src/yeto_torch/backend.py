@@ -480,6 +480,23 @@ class TorchBackend(TrainerBackend):
         }
         (out / "trainer_state.json").write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
 
+    @property
+    def vocab_size(self) -> Optional[int]:  # type: ignore[override]
+        """The model's vocabulary size (for the policy fingerprint's probes)."""
+        return int(self.model.config.vocab_size) if self.model is not None else None
+
+    @property
+    def weights_dtype(self) -> str:  # type: ignore[override]
+        if self.model is None:
+            return "float32"
+        return str(next(self.model.parameters()).dtype).replace("torch.", "")
+
+    def prompt_logprobs(self, prompts: Any) -> list[list[float]]:
+        """Log-probs of the prompts' tokens under the weights a release would publish now."""
+        from yeto_torch.sampling import prompt_logprobs
+
+        return prompt_logprobs(self.model, prompts)
+
     def publish_release(self, out_dir: Path) -> dict[str, Any]:
         """Write a release (full HF export, or the LoRA adapter) into ``out_dir``."""
         if self.opts["tuning"] == "lora":

@@ -26,6 +26,7 @@ from yeto_torch import lora as lora_mod
 from yeto_torch import model as tiny
 from yeto_torch.checksum import model_checksum
 from yeto_torch.export import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from yeto_torch.sampling import prompt_logprobs as score_prompts
 from yeto_torch.sampling import sample
 
 
@@ -159,3 +160,7 @@ class HFEngine(SamplerEngine):
 
     def served_checksum(self) -> str:
         return model_checksum(self.model)
+
+    def prompt_logprobs(self, prompts: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Log-probs of the prompts' tokens under the served weights (the policy fingerprint)."""
+        return score_prompts(self.model, prompts)

@@ -82,3 +82,23 @@ def sample(
             reason = "stop" if bool(done[row]) else "length"
             out[idxs[row // n]].append((toks[row, :k].tolist(), lps[row, :k].tolist(), reason))
     return out
+
+
+@torch.no_grad()
+def prompt_logprobs(model: torch.nn.Module, prompts: Sequence[Sequence[int]]) -> list[list[float]]:
+    """Log-prob of every token after the first of each prompt, given those before it (T=1).
+
+    The policy fingerprint's scores (:mod:`yeto_core.fingerprint`); one forward per prompt.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        out = []
+        for p in prompts:
+            ids = torch.as_tensor([list(p)], dtype=torch.long)
+            logits = model(input_ids=ids).logits[0, :-1].float()
+            lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
+            out.append([float(x) for x in lp])
+        return out
+    finally:
+        model.train(was_training)
