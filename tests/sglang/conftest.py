@@ -8,12 +8,15 @@ failure injection are skipped then.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 torch.set_num_threads(2)
+# the tests import sgl_helpers (pytest runs with --import-mode=importlib)
+sys.path.insert(0, str(Path(__file__).parent))
 
 REAL_URL = os.environ.get("YETO_SGLANG_URL")
 REAL_MODEL = os.environ.get("YETO_SGLANG_MODEL")
@@ -101,7 +104,11 @@ def engine_for(tiny_base):
 
     def make(url: str, model_dir=None, **options):
         opts = {
-            "server": {"enable_lora": True, "max_lora_rank": 8, "lora_target_modules": ["q_proj", "v_proj"]},
+            "server": {
+                "enable_lora": True,
+                "max_lora_rank": 8,
+                "lora_target_modules": ["q_proj", "v_proj"],
+            },
             **options,
         }
         eng = SGLangEngine(str(model_dir or tiny_base), base_url=url, **opts)

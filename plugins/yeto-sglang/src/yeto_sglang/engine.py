@@ -30,10 +30,11 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -41,9 +42,10 @@ import attrs
 import httpx
 import numpy as np
 
+from yeto_core.engine_server import EngineServer, InfraFailedError
 from yeto_core.errors import ReleaseError
 from yeto_core.ports import SamplerEngine
-from yeto_core.records import Completion, SamplingParams
+from yeto_core.records import Completion, Event, SamplingParams
 from yeto_sglang import protocol as P
 from yeto_sglang.options import (
     ServerOptions,
@@ -53,7 +55,6 @@ from yeto_sglang.options import (
     server_args,
     server_options_from,
 )
-from yeto_sglang.server import ServerProcess, free_port
 
 log = logging.getLogger("yeto_sglang")
 
@@ -117,8 +118,8 @@ class SGLangEngine(SamplerEngine):
         server_python: Optional[str] = None,
         server_module: str = "sglang.launch_server",
         server_env: Optional[dict[str, str]] = None,
-        server_log: Optional[str] = None,
         startup_timeout_s: float = 600.0,
+        max_restarts: int = 3,
         pause_mode: Optional[str] = "abort",
         routed_experts: bool = False,
         nucleus_top_logprobs: int = 0,
@@ -127,6 +128,9 @@ class SGLangEngine(SamplerEngine):
         base_checksum: Optional[str] = None,
         seed: int = 0,
         host: str = "127.0.0.1",
+        emit: Optional[Callable[[Event], None]] = None,
+        log_dir: Optional[str] = None,
+        source: str = "sglang",
     ) -> None:
         self.model_dir = Path(model_dir)
         self.model_config = read_model_config(self.model_dir)
@@ -139,6 +143,11 @@ class SGLangEngine(SamplerEngine):
             pause_mode=self.pause_mode,
             routed_experts=self.routed_experts,
         )
+        if launch == bool(base_url):
+            errors.append(
+                "give exactly one of base_url (attach to a running server) or launch = true "
+                "(start one)"
+            )
         if errors:
             raise ValueError("sglang engine options:\n  " + "\n  ".join(errors))
         self.moe = moe_shape(self.model_config)
@@ -148,39 +157,45 @@ class SGLangEngine(SamplerEngine):
         self.vocab_size = int(self.model_config.get("vocab_size") or 0) or None
         self.tokenizer = _load_tokenizer(self.model_dir)
         self.counters = EngineCounters()
+        self.source = source
+        self._emit = emit or (lambda e: None)
         self._calls = itertools.count()
-        self._lock = threading.Lock()  # releases, one at a time
+        self._lock = threading.RLock()  # releases, one at a time
         self._flush_pending = False
-        self.process: Optional[ServerProcess] = None
-        if launch == bool(base_url):
-            raise ValueError(
-                "sglang engine: give exactly one of base_url (attach to a running server) "
-                "or launch = true (start one)"
-            )
+        self._listeners: list[Callable[[], None]] = []
+        self._infra: Optional[InfraFailedError] = None
         if launch:
-            port = free_port(host)
-            base_url = f"http://{host}:{port}"
-            self.process = ServerProcess(
-                server_args(
-                    self.server_options,
-                    model_dir=str(self.model_dir),
-                    host=host,
-                    port=port,
-                    weight_version=BASE_LABEL,
-                ),
-                url=base_url,
-                python=server_python,
-                module=server_module,
-                env=server_env,
-                log_path=server_log,
-                startup_timeout_s=startup_timeout_s,
+            argv = ["-m", server_module] + server_args(
+                self.server_options,
+                model_dir=str(self.model_dir),
+                host=host,
+                port="{port}",
+                weight_version=BASE_LABEL,
             )
-        self.base_url = str(base_url).rstrip("/")
+            self.server = EngineServer(
+                argv,
+                python=server_python or sys.executable,
+                env=server_env,
+                host=host,
+                start_timeout_s=startup_timeout_s,
+                max_restarts=max_restarts,
+                log_path=str(Path(log_dir) / "sglang-server.log") if log_dir else None,
+                emit=self._emit,
+                source=source,
+            )
+        else:
+            self.server = EngineServer.attach(
+                str(base_url), start_timeout_s=startup_timeout_s, emit=self._emit, source=source
+            )
+        self.base_url = self.server.url
         self.http = httpx.Client(base_url=self.base_url, timeout=request_timeout_s)
-        if self.process is not None:
-            self.process.start()
-        self.server_info = self._check_server()
-        label = str(self._model_info().get("weight_version", P.DEFAULT_WEIGHT_VERSION))
+        try:
+            self.server.start()
+            self.server_info = self._check_server()
+            label = str(self._model_info().get("weight_version", P.DEFAULT_WEIGHT_VERSION))
+        except BaseException:
+            self.close()
+            raise
         base = Served(
             label=label,
             version=0,
@@ -193,14 +208,41 @@ class SGLangEngine(SamplerEngine):
         self._previous: Optional[Served] = None
         self._labels: dict[str, Served] = {label: base}
         self._adapters: set[str] = set()
+        if launch:
+            self.server.supervise(self._on_restart, on_infra_failed=self._on_infra_failed)
 
     # -- plumbing ---------------------------------------------------------------------
 
     def close(self) -> None:
         """Close the HTTP client and stop a server this engine started."""
+        self.server.stop()
         self.http.close()
-        if self.process is not None:
-            self.process.stop()
+
+    def _event(self, kind: str, **data: Any) -> None:
+        self._emit(Event(kind=kind, time=time.time(), source=self.source, data=data))
+
+    def add_restart_listener(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` after a restarted server got the current release back."""
+        self._listeners.append(fn)
+
+    def _on_infra_failed(self, exc: InfraFailedError) -> None:
+        self._infra = exc
+
+    def _on_restart(self, _server: Any) -> None:
+        """A fresh server serves the base: give it the current release back."""
+        with self._lock:
+            cur = self._current
+            self._flush_pending = False
+            self._adapters = set()
+            if cur.kind == "full":
+                self._update_from_disk(cur.path, cur.label, pause=False)
+            elif cur.kind == "lora":
+                self._load_adapter(cur.label, Path(cur.path))
+            self._event(
+                "sglang_release_restored", label=cur.label, version=cur.version, kind=cur.kind
+            )
+        for fn in self._listeners:
+            fn()
 
     def _post(self, route: str, body: dict[str, Any]) -> Any:
         resp = self.http.post(route, json=body)
@@ -289,12 +331,15 @@ class SGLangEngine(SamplerEngine):
         if resp.status_code == 200:
             self._flush_pending = False
             self.counters.cache_flushes += 1
+            self._event("sglang_cache_flushed", reason="in_place reload left old-weight prefixes")
         else:
             log.info("flush_cache deferred: %s", resp.text[:200])
 
     def generate(
         self, prompts: Sequence[Sequence[int]], n: int, sampling: Optional[SamplingParams] = None
     ) -> list[list[Completion]]:
+        if self._infra is not None:
+            raise self._infra
         sp = sampling or SamplingParams()
         top_n = P.top_logprobs_needed(sp.temperature, sp.top_k, sp.top_p, self.nucleus_top_logprobs)
         call = next(self._calls)
@@ -350,6 +395,15 @@ class SGLangEngine(SamplerEngine):
                     weight_version=version,
                     routed_experts=out.routed_experts,
                 )
+            if retry:
+                self._event(
+                    "sglang_samples_redrawn",
+                    samples=len(retry),
+                    attempt=attempt + 1,
+                    reason="aborted by a pause, or tokens from two weight versions",
+                    aborted_total=self.counters.aborted_redrawn,
+                    mixed_version_total=self.counters.mixed_version_dropped,
+                )
             slots = retry
         if slots:
             raise EngineError(
@@ -365,11 +419,12 @@ class SGLangEngine(SamplerEngine):
             return served.version
         return P.version_number(label, {})
 
-    def prompt_logprobs(self, prompts: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    def prompt_logprobs(self, prompts: Sequence[Sequence[int]]) -> list[list[float]]:
         """Log-probs of each prompt token after the first under the served policy.
 
         ``logprob_start_len: 0`` (the prompt is scored, no prefix-cache reuse);
-        never temperature-scaled. One array of ``len(prompt) - 1`` per prompt.
+        never temperature-scaled (the policy fingerprint's scores, at T 1). One list of
+        ``len(prompt) - 1`` floats per prompt.
         """
         served = self._current
         body: dict[str, Any] = {
@@ -392,7 +447,7 @@ class SGLangEngine(SamplerEngine):
                     f"input_token_logprobs has {len(vals)} entries for a prompt of {len(p)} "
                     "tokens (expected a null first entry)"
                 )
-            out.append(np.asarray(vals[1:], dtype=np.float64))
+            out.append([float(x) for x in vals[1:]])
         return out
 
     def encode(self, text: str) -> list[int]:
@@ -422,14 +477,16 @@ class SGLangEngine(SamplerEngine):
             f"/continue_generation failed after a reload ({last}); the server stays paused"
         )
 
-    def _update_from_disk(self, path: str, label: str) -> None:
+    def _update_from_disk(self, path: str, label: str, *, pause: bool = True) -> None:
+        pause = pause and self.pause_mode is not None
         body = {
             "model_path": str(path),
             "weight_version": label,
             # in_place keeps paused requests' KV: SGLang cannot flush then (it would abort)
             "flush_cache": self.pause_mode != "in_place",
         }
-        self._pause()
+        if pause:
+            self._pause()
         try:
             try:
                 resp = self._post("/update_weights_from_disk", body)
@@ -449,8 +506,9 @@ class SGLangEngine(SamplerEngine):
                     f"SGLang refused to load {path}: {msg}; it keeps serving the previous weights"
                 )
         finally:
-            self._continue()
-        if self.pause_mode == "in_place":
+            if pause:
+                self._continue()
+        if pause and self.pause_mode == "in_place":
             self._flush_pending = True
 
     def _reported_label(self) -> Optional[str]:
@@ -486,10 +544,7 @@ class SGLangEngine(SamplerEngine):
                 f"--lora-target-modules {sorted(allowed)} lacks; SGLang would refuse it"
             )
 
-    def _load_lora(self, release: Any) -> Served:
-        path = Path(release.path)
-        self._check_adapter(path)
-        name = f"yeto-{release.release_id}"
+    def _load_adapter(self, name: str, path: Path) -> None:
         resp = self._post("/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
         if not isinstance(resp, dict) or not resp.get("success"):
             msg = resp.get("error_message") if isinstance(resp, dict) else resp
@@ -500,6 +555,12 @@ class SGLangEngine(SamplerEngine):
                 f"/load_lora_adapter answered success but lists {sorted(self._adapters)}, "
                 f"not {name}"
             )
+
+    def _load_lora(self, release: Any) -> Served:
+        path = Path(release.path)
+        self._check_adapter(path)
+        name = f"yeto-{release.release_id}"
+        self._load_adapter(name, path)
         return Served(name, int(release.version), str(release.weight_checksum), "lora", str(path))
 
     def _unload(self, name: str) -> None:

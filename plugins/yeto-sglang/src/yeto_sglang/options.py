@@ -181,7 +181,7 @@ def read_model_config(model_dir: str | Path) -> dict[str, Any]:
 
 
 def server_args(
-    opts: ServerOptions, *, model_dir: str, host: str, port: int, weight_version: str
+    opts: ServerOptions, *, model_dir: str, host: str, port: int | str, weight_version: str
 ) -> list[str]:
     """The ``sglang.launch_server`` arguments (tokenizer = the base, always)."""
     base = str(Path(model_dir).absolute())

@@ -109,6 +109,7 @@ class ProtocolServer:
         weight_version: str = P.DEFAULT_WEIGHT_VERSION,
         random_seed: int = 0,
         server_args: Optional[dict[str, Any]] = None,
+        step_delay_s: float = 0.0,
     ) -> None:
         from tokenizers import Tokenizer
         from transformers import AutoModelForCausalLM
@@ -166,6 +167,8 @@ class ProtocolServer:
         self.paused: Optional[str] = None
         self.active = 0
         self.in_place_waiting = 0
+        self.step_delay_s = float(step_delay_s)
+        self.steps = 0
         self.violations: list[str] = []
         self.log: list[tuple[str, Any]] = []
         self._inject: dict[str, list[str]] = {}
@@ -224,6 +227,12 @@ class ProtocolServer:
         with self.cond:
             queue = self._inject.get(route)
             return queue.pop(0) if queue else None
+
+    def wait_for_steps(self, n: int, timeout_s: float = 60.0) -> None:
+        """Block until ``n`` decode steps ran in total (a request is in flight)."""
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.steps >= n, timeout_s):
+                raise TimeoutError(f"only {self.steps} decode steps after {timeout_s} s")
 
     def violation(self, text: str) -> None:
         with self.cond:
@@ -419,6 +428,11 @@ class ProtocolServer:
                     logits = self._last_logits(model, [seqs[k]["ids"] for k in ks])
                     for row, k in enumerate(ks):
                         self._step(seqs[k], params[k], logits[row], version)
+            with self.cond:
+                self.steps += 1
+                self.cond.notify_all()
+            if self.step_delay_s:
+                time.sleep(self.step_delay_s)
 
     def _step(
         self, s: dict[str, Any], p: dict[str, Any], logits: torch.Tensor, version: str
