@@ -239,7 +239,10 @@ class SGLangEngine(SamplerEngine):
             elif cur.kind == "lora":
                 self._load_adapter(cur.label, Path(cur.path))
             self._event(
-                "sglang_release_restored", label=cur.label, version=cur.version, kind=cur.kind
+                "sglang_release_restored",
+                label=cur.label,
+                version=cur.version,
+                release_kind=cur.kind,
             )
         for fn in self._listeners:
             fn()
