@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Optional
 
 import pytest
 import torch
@@ -20,6 +22,39 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 REAL_URL = os.environ.get("YETO_SGLANG_URL")
 REAL_MODEL = os.environ.get("YETO_SGLANG_MODEL")
+REAL_MOE_URL = os.environ.get("YETO_SGLANG_MOE_URL")
+REAL_MOE_MODEL = os.environ.get("YETO_SGLANG_MOE_MODEL")
+#: log-prob agreement with transformers: the protocol server computes in float32 on CPU
+#: exactly as the reference does; a real server's kernels differ (set by the GPU check).
+REAL_ATOL = float(os.environ.get("YETO_SGLANG_ATOL", "1e-3"))
+
+
+@dataclass
+class Target:
+    """The server the engine tests run against: the protocol server, or a real SGLang."""
+
+    url: str
+    model: Path
+    srv: Optional[Any]  # the ProtocolServer (None: a real SGLang server)
+    atol: float
+
+    @property
+    def real(self) -> bool:
+        return self.srv is None
+
+
+def _reset_real(url: str, model: Path) -> None:
+    """Put a real server back on the base weights and unload the tests' adapters."""
+    import httpx
+
+    with httpx.Client(base_url=url, timeout=300) as c:
+        r = c.post(
+            "/update_weights_from_disk",
+            json={"model_path": str(model), "weight_version": "0", "flush_cache": True},
+        )
+        assert r.status_code == 200 and r.json().get("success"), r.text
+        for k in range(1, 10):
+            c.post("/unload_lora_adapter", json={"lora_name": f"yeto-{k}"})
 
 
 def save_tiny_llama(out: Path, seed: int = 0) -> Path:
@@ -73,6 +108,45 @@ def tiny_base(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_moe(tmp_path_factory) -> Path:
     return save_tiny_moe(tmp_path_factory.mktemp("sgl") / "moe", seed=3)
+
+
+@pytest.fixture()
+def target(tiny_base):
+    """A fresh protocol server with LoRA enabled, or the real server reset to the base."""
+    if REAL_URL:
+        _reset_real(REAL_URL, Path(REAL_MODEL or tiny_base))
+        yield Target(REAL_URL, Path(REAL_MODEL or tiny_base), None, REAL_ATOL)
+        return
+    from yeto_sglang.testing.server import ProtocolServer
+
+    srv = ProtocolServer(
+        str(tiny_base),
+        enable_lora=True,
+        max_lora_rank=8,
+        lora_target_modules=("q_proj", "v_proj"),
+        weight_version="0",
+        random_seed=1,
+    ).start()
+    yield Target(srv.url, tiny_base, srv, 1e-5)
+    srv.stop()
+    assert srv.violations == [], srv.violations
+
+
+@pytest.fixture()
+def moe_target(tiny_moe):
+    if REAL_URL:
+        if not REAL_MOE_URL:
+            pytest.skip("no MoE SGLang server (YETO_SGLANG_MOE_URL) in this check")
+        yield Target(REAL_MOE_URL, Path(REAL_MOE_MODEL or tiny_moe), None, REAL_ATOL)
+        return
+    from yeto_sglang.testing.server import ProtocolServer
+
+    srv = ProtocolServer(
+        str(tiny_moe), enable_return_routed_experts=True, weight_version="0", random_seed=2
+    ).start()
+    yield Target(srv.url, tiny_moe, srv, 1e-5)
+    srv.stop()
+    assert srv.violations == [], srv.violations
 
 
 @pytest.fixture()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from sgl_helpers import hf_model, make_full_release, prompt_scores
 
@@ -36,17 +38,24 @@ def _publish(releases, rel, version, scored_dir):
 
 
 def test_follower_verifies_every_load_and_refuses_a_fingerprint_mismatch(
-    server, engine_for, tiny_base, tmp_path
+    target, engine_for, tmp_path
 ) -> None:
-    eng = engine_for(server.url)
+    tiny_base = target.model
+    eng = engine_for(target.url)
     releases = ReleaseStore(DirStore(tmp_path / "store"))
     events = []
-    follower = PolicyFollower(releases, eng, work_dir=tmp_path / "work", emit=events.append)
+    follower = PolicyFollower(
+        releases,
+        eng,
+        work_dir=tmp_path / "work",
+        emit=events.append,
+        fingerprint_tolerance={"float32": max(target.atol, 1e-3)},
+    )
     r1 = make_full_release(tiny_base, tmp_path / "r1", seed=1)
     _publish(releases, r1, 1, r1.path)
     assert follower.poll() == "loaded"
     loaded = [e for e in events if e.kind == "release_loaded"][-1].data
-    assert loaded["verified"] is True and loaded["max_abs_dev"] < 1e-5
+    assert loaded["verified"] is True and loaded["max_abs_dev"] < target.atol
     # files of another policy under a fingerprint of release 1: the server serves r2
     r2 = make_full_release(tiny_base, tmp_path / "r2", seed=2)
     _publish(releases, r2, 2, r1.path)
@@ -59,75 +68,78 @@ def test_follower_verifies_every_load_and_refuses_a_fingerprint_mismatch(
     want = fp.record(
         lambda ps: [prompt_scores(hf_model(Path(r1.path)), p) for p in ps], fp.probe_set(16)
     )
-    assert fp.compare(want, eng.prompt_logprobs(fp.probe_set(16))).ok
-    routes = [r for r, b in server.log if r == "/update_weights_from_disk"]
-    assert len(routes) == 3  # r1, r2, r1 again (the rollback)
+    tol = {"float32": target.atol}
+    assert fp.compare(want, eng.prompt_logprobs(fp.probe_set(16)), overrides=tol).ok
+    if not target.real:
+        routes = [r for r, b in target.srv.log if r == "/update_weights_from_disk"]
+        assert len(routes) == 3  # r1, r2, r1 again (the rollback)
 
 
-def test_routed_experts_round_trip_into_the_trainers_batch(tiny_moe, tmp_path) -> None:
+def test_routed_experts_round_trip_into_the_trainers_batch(moe_target, tmp_path) -> None:
     from yeto_sglang.engine import SGLangEngine
-    from yeto_sglang.testing.server import ProtocolServer
     from yeto_torch.tasks import SortDigits
 
-    srv = ProtocolServer(
-        str(tiny_moe), enable_return_routed_experts=True, weight_version="0", random_seed=2
-    ).start()
-    try:
-        eng = SGLangEngine(
-            str(tiny_moe),
-            base_url=srv.url,
-            routed_experts=True,
-            server={"enable_return_routed_experts": True},
-        )
-        store = DirStore(tmp_path / "store")
-        buffer = FileSampleBuffer(store, host="s0")
-        loop = SamplerLoop(
-            buffer,
-            eng,
-            SortDigits(seed=0),
-            host="s0",
-            incarnation=0,
-            group_size=2,
-            prompts_per_round=2,
-            sampling=SamplingParams(max_new_tokens=5, temperature=1.0),
-        )
-        loop.run_round()
+    tiny_moe = moe_target.model
+    srv = moe_target.srv
+    eng = SGLangEngine(
+        str(tiny_moe),
+        base_url=moe_target.url,
+        routed_experts=True,
+        server={"enable_return_routed_experts": True},
+    )
+    store = DirStore(tmp_path / "store")
+    buffer = FileSampleBuffer(store, host="s0")
+    loop = SamplerLoop(
+        buffer,
+        eng,
+        SortDigits(seed=0),
+        host="s0",
+        incarnation=0,
+        group_size=2,
+        prompts_per_round=2,
+        sampling=SamplingParams(max_new_tokens=5, temperature=1.0),
+    )
+    loop.run_round()
+    if srv is not None:
         body = [b for r, b in srv.log if r == "/generate"][-1]
         assert body["return_routed_experts"] is True
-        reader = BatchReader(
-            FileSampleBuffer(store, host="trainer"),
-            group_size=2,
-            groups_per_round=2,
-            max_policy_age=2,
-            expected_layers=2,
-            top_k=2,
-            num_experts=4,
-        )
-        batch = reader.take(0)
-        assert len(batch.groups) == 2
-        model = hf_model(tiny_moe)
-        for g in batch.groups:
-            for s in g.samples:
-                tokens = s.tokens.tolist()
-                assert s.routed_experts.shape == (len(tokens) - 1, 2, 2)
-                out = model(input_ids=torch.tensor([tokens[:-1]]), output_router_logits=True)
-                want = np.stack(
-                    [
-                        torch.topk(torch.softmax(layer.float(), -1), 2, dim=-1).indices.numpy()
-                        for layer in out.router_logits
-                    ],
-                    axis=1,
-                )
+    reader = BatchReader(
+        FileSampleBuffer(store, host="trainer"),
+        group_size=2,
+        groups_per_round=2,
+        max_policy_age=2,
+        expected_layers=2,
+        top_k=2,
+        num_experts=4,
+    )
+    batch = reader.take(0)
+    assert len(batch.groups) == 2
+    model = hf_model(tiny_moe)
+    for g in batch.groups:
+        for s in g.samples:
+            tokens = s.tokens.tolist()
+            assert s.routed_experts.shape == (len(tokens) - 1, 2, 2)
+            out = model(input_ids=torch.tensor([tokens[:-1]]), output_router_logits=True)
+            want = np.stack(
+                [
+                    torch.topk(torch.softmax(layer.float(), -1), 2, dim=-1).indices.numpy()
+                    for layer in out.router_logits
+                ],
+                axis=1,
+            )
+            if moe_target.real:  # a real server's router kernels may break near-ties
+                same = np.sort(s.routed_experts, -1) == np.sort(want, -1)
+                assert same.mean() >= 0.9, same.mean()
+            else:
                 np.testing.assert_array_equal(s.routed_experts, want)
-        eng.close()
-        assert srv.violations == []
-    finally:
-        srv.stop()
+    eng.close()
 
 
 def test_a_launched_server_is_supervised_and_gets_the_current_release_back(
     tiny_base, tmp_path
 ) -> None:
+    if os.environ.get("YETO_SGLANG_URL"):
+        pytest.skip("launches the protocol server (a real SGLang start is the GPU check itself)")
     from yeto_sglang.engine import SGLangEngine
 
     events = []
