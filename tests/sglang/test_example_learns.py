@@ -40,6 +40,7 @@ def test_the_sglang_example_learns_sort4_with_every_group_accounted_for(tmp_path
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["reward_last"] - s["reward_first"] >= 0.3, s
     assert s["groups_trained"] + sum(s["groups_skipped"].values()) == s["groups_appended"], s
+    assert s["groups_untrained"] == 0, s
     assert s["releases_published"] >= 5, s
     assert s["sampler_versions_verified"] >= 5 and s["sampler_versions_unverified"] == 0, s
     events = []

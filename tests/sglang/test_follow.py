@@ -161,10 +161,13 @@ def test_a_launched_server_is_supervised_and_gets_the_current_release_back(
         restored = threading.Event()
         eng.add_restart_listener(restored.set)
         eng.server.kill()
+        # sampling right away waits for the restart and for the release to be back
+        (group,) = eng.generate([eng.encode("31:")], 2, SamplingParams(max_new_tokens=3))
+        assert all(c.weight_version == 1 for c in group)
         assert restored.wait(120), [e.kind for e in events]
         kinds = [e.kind for e in events]
         assert "engine_server_died" in kinds and "engine_server_restarted" in kinds
-        assert "sglang_release_restored" in kinds
+        assert "sglang_release_restored" in kinds and "sglang_server_unreachable" in kinds
         assert eng.served_checksum() == rel.weight_checksum
         np.testing.assert_allclose(eng.prompt_logprobs(probes), before, atol=1e-6)
         (group,) = eng.generate([eng.encode("31:")], 2, SamplingParams(max_new_tokens=3))

@@ -27,6 +27,7 @@ keys), ``server_python`` and ``server_module``; ``pause_mode``
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -34,7 +35,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -163,6 +164,9 @@ class SGLangEngine(SamplerEngine):
         self._lock = threading.RLock()  # releases, one at a time
         self._flush_pending = False
         self._listeners: list[Callable[[], None]] = []
+        self._reloading = False
+        self._reloads = 0
+        self._restored = 0  # the server start whose release was given back (EngineServer.starts)
         self._infra: Optional[InfraFailedError] = None
         if launch:
             argv = ["-m", server_module] + server_args(
@@ -208,6 +212,7 @@ class SGLangEngine(SamplerEngine):
         self._previous: Optional[Served] = None
         self._labels: dict[str, Served] = {label: base}
         self._adapters: set[str] = set()
+        self._restored = self.server.starts
         if launch:
             self.server.supervise(self._on_restart, on_infra_failed=self._on_infra_failed)
 
@@ -220,6 +225,16 @@ class SGLangEngine(SamplerEngine):
 
     def _event(self, kind: str, **data: Any) -> None:
         self._emit(Event(kind=kind, time=time.time(), source=self.source, data=data))
+
+    @contextlib.contextmanager
+    def _reload(self) -> Iterator[None]:
+        """Mark a reload in progress (a /generate failing meanwhile is redrawn)."""
+        self._reloading = True
+        try:
+            yield
+        finally:
+            self._reloads += 1
+            self._reloading = False
 
     def add_restart_listener(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` after a restarted server got the current release back."""
@@ -238,6 +253,7 @@ class SGLangEngine(SamplerEngine):
                 self._update_from_disk(cur.path, cur.label, pause=False)
             elif cur.kind == "lora":
                 self._load_adapter(cur.label, Path(cur.path))
+            self._restored = self.server.starts
             self._event(
                 "sglang_release_restored",
                 label=cur.label,
@@ -349,9 +365,9 @@ class SGLangEngine(SamplerEngine):
         self._maybe_flush()
         slots = [(i, j) for i in range(len(prompts)) for j in range(n)]
         results: dict[tuple[int, int], Completion] = {}
-        for attempt in range(self.max_redraws + 1):
-            if not slots:
-                break
+        attempt = -1
+        while slots and attempt < self.max_redraws:
+            attempt += 1
             served = self._current
             lora = served.label if served.kind == "lora" else None
             seeds = None
@@ -360,7 +376,27 @@ class SGLangEngine(SamplerEngine):
                 seeds = [int(base) * 7919 + i * 104729 + j + attempt * 65537 for i, j in slots]
             body = self._request_body([prompts[i] for i, _ in slots], sp, top_n, seeds, lora)
             self.counters.requests += 1
-            items = self._post("/generate", body)
+            reloads = self._reloads
+            try:
+                items = self._post("/generate", body)
+            except httpx.TransportError as exc:
+                if self.server.external:
+                    raise
+                self._wait_restored(exc)  # a launched server died: wait for its restart
+                attempt -= 1
+                continue
+            except (httpx.HTTPError, EngineError) as exc:
+                if self._reloads == reloads and not self._reloading:
+                    raise
+                # a reload ran meanwhile (a paused or aborted batch may answer an error)
+                self.counters.aborted_redrawn += len(slots)
+                self._event(
+                    "sglang_samples_redrawn",
+                    samples=len(slots),
+                    attempt=attempt + 1,
+                    reason=f"/generate failed during a reload: {exc}",
+                )
+                continue
             if not isinstance(items, list):
                 raise EngineError(f"/generate answered {type(items).__name__} for a batch")
             P.sequence_lengths_ok(items, len(slots))
@@ -415,6 +451,23 @@ class SGLangEngine(SamplerEngine):
                 "engine_options.max_redraws or reload less often"
             )
         return [[results[(i, j)] for j in range(n)] for i in range(len(prompts))]
+
+    def _wait_restored(self, exc: Exception) -> None:
+        """Wait until the supervisor restarted the server and the release is back."""
+        limit = self.server.start_timeout_s * (self.server.max_restarts + 1) + 60.0
+        deadline = time.monotonic() + limit
+        self._event("sglang_server_unreachable", error=f"{type(exc).__name__}: {exc}")
+        while True:
+            if self._infra is not None:
+                raise self._infra
+            if self.server.starts == self._restored and self.server.healthy():
+                return
+            if time.monotonic() > deadline:
+                raise EngineError(
+                    f"the SGLang server at {self.base_url} did not come back within {limit:.0f} s "
+                    f"({exc})"
+                )
+            time.sleep(0.2)
 
     def _version_of(self, label: str) -> int:
         served = self._labels.get(label)
@@ -579,7 +632,7 @@ class SGLangEngine(SamplerEngine):
 
     def load_release(self, release: Any) -> None:
         """Serve ``release`` (a :class:`~yeto_core.policy_follower.LocalRelease`)."""
-        with self._lock:
+        with self._lock, self._reload():
             try:
                 if release.kind == "lora":
                     served = self._load_lora(release)
@@ -609,7 +662,7 @@ class SGLangEngine(SamplerEngine):
 
     def rollback(self) -> None:
         """Serve what was served before the last ``load_release`` again."""
-        with self._lock:
+        with self._lock, self._reload():
             if self._previous is None:
                 raise ReleaseError("rollback: no release was loaded since the engine started")
             bad, back = self._current, self._previous
