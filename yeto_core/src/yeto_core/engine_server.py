@@ -264,7 +264,11 @@ class EngineServer:
         else:
             self.proc = self._launch()
             self.starts += 1
-            why = self._wait_healthy(self.proc)
+            try:
+                why = self._wait_healthy(self.proc)
+            except BaseException:  # SIGTERM of the island while the server starts
+                self._kill(5.0)
+                raise
             if why is not None:
                 self._kill()
         if why is None:
@@ -389,7 +393,7 @@ class EngineServer:
         self._thread = threading.Thread(target=run, name="engine-server", daemon=True)
         self._thread.start()
 
-    def _kill(self, timeout_s: float = 20.0) -> None:
+    def _kill(self, timeout_s: float = 10.0) -> None:
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return
@@ -410,7 +414,7 @@ class EngineServer:
             os.killpg(self.proc.pid, sig)
             self.proc.wait(30)
 
-    def stop(self, timeout_s: float = 20.0) -> None:
+    def stop(self, timeout_s: float = 10.0) -> None:
         """End supervision and the server's process group (an attached server is left running)."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():

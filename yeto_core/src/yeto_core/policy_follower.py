@@ -47,19 +47,7 @@ import attrs
 
 from yeto_core import fingerprint as fp
 from yeto_core.errors import ReleaseError
-from yeto_core.records import Event
-
-
-@attrs.frozen
-class LocalRelease:
-    """A fetched and verified release, as an engine loads it."""
-
-    version: int
-    release_id: str
-    path: str
-    kind: str
-    weight_checksum: str
-    info: dict[str, Any] = attrs.field(factory=dict)
+from yeto_core.records import Event, LocalRelease
 
 
 @attrs.define
@@ -111,6 +99,8 @@ class PolicyFollower:
         self.fingerprint_tolerance = dict(fingerprint_tolerance or {})
         #: the fingerprint check of the release served now (None: none was made)
         self.last_check: Optional[fp.Check] = None
+        #: seconds the last load spent on its fingerprint check
+        self.last_fingerprint_s = 0.0
         self.version = int(initial_version)
         self.release_id: Optional[str] = None
         self.served_checksum = engine.served_checksum()
@@ -204,6 +194,7 @@ class PolicyFollower:
         t_fp = time.monotonic()
         verdict, check = self.check_fingerprint(local)
         fingerprint_s = time.monotonic() - t_fp
+        self.last_fingerprint_s = fingerprint_s
         if verdict == "mismatch":
             assert check is not None
             self._roll_back()
@@ -271,9 +262,12 @@ class PolicyFollower:
         """Check the fingerprint of the release served now (after an engine server restart).
 
         Emits ``release_verified`` or, on a mismatch, ``served_policy_mismatch`` (the engine
-        no longer serves the policy it loaded; the sampler should stop). :returns: the check.
+        no longer serves the policy it loaded; the sampler should stop). A load in progress
+        checks its own release, so then nothing is done. :returns: the check (None: none made).
         """
-        with self._load_mutex:
+        if not self._load_mutex.acquire(blocking=False):
+            return None
+        try:
             if self._current is None:
                 return None
             verdict, check = self.check_fingerprint(self._current)
@@ -293,9 +287,11 @@ class PolicyFollower:
                 )
             )
             return check
+        finally:
+            self._load_mutex.release()
 
     def _roll_back(self) -> None:
-        if hasattr(self.engine, "rollback"):
+        if type(self.engine).implements("rollback"):
             self.engine.rollback()
         elif self._current is not None:
             self.engine.load_release(self._current)
