@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from yeto_core.policy_follower import LocalRelease
+from yeto_core.records import LocalRelease
 
 _MODELS: dict[str, Any] = {}
 

@@ -96,7 +96,7 @@ def test_routed_experts_round_trip_into_the_trainers_batch(moe_target, tmp_path)
         host="s0",
         incarnation=0,
         group_size=2,
-        prompts_per_round=2,
+        prompts_per_call=2,
         sampling=SamplingParams(max_new_tokens=5, temperature=1.0),
     )
     loop.run_round()
