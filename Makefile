@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 DEPS := constraints.txt requirements-dev.txt $(foreach d,$(DISTS),$(d)/pyproject.toml) \
         examples/third_party_plugin/pyproject.toml
 
-.PHONY: install test lint quickstart fuzz chaos soak clean vllm-venv
+.PHONY: install test lint quickstart fuzz chaos soak clean vllm-venv vllm-example
 
 install: $(STAMP)
 
@@ -62,6 +62,10 @@ $(VLLM_STAMP): plugins/yeto-vllm/server-requirements.txt
 	-$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton
 	$(VLLM_VENV)/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 	@touch $(VLLM_STAMP)
+
+# examples/vllm/run.toml end to end (two vLLM sampler islands + the torch trainer, ~10 min).
+vllm-example: install vllm-venv
+	YETO_SOAK=1 $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/integration/test_vllm_example.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

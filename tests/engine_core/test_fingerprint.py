@@ -174,3 +174,32 @@ def test_verify_served_reports_a_server_that_lost_the_policy(follow, tmp_path):
     assert check is not None and not check.ok
     assert events[-1].kind == "served_policy_mismatch"
     assert events[-1].data["why"] == "engine server restarted"
+
+
+def test_the_island_s_recording_backend_passes_the_fingerprint_through():
+    from yeto_core.island_main import RecordingBackend
+    from yeto_core.ports import TrainerBackend
+
+    class Backend(TrainerBackend):
+        PLUGIN_NAME = "b"
+        vocab_size = 16
+        weights_dtype = "bfloat16"
+
+        def restore(self, cut_dir):
+            pass
+
+        def train_round(self, batch):
+            return {}
+
+        def save_cut(self, out_dir, trigger):
+            pass
+
+        def publish_release(self, out_dir):
+            return {"kind": "full", "weight_checksum": "x"}
+
+        def prompt_logprobs(self, prompts):
+            return score_for(1.0)(prompts)
+
+    got = fp.for_backend(RecordingBackend(Backend()))
+    assert got is not None and got.dtype == "bfloat16"
+    assert got == fp.record(score_for(1.0), fp.probe_set(16), "bfloat16")

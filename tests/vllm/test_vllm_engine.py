@@ -13,9 +13,10 @@ import torch
 from yeto_core import fingerprint as fp
 from yeto_core.engine_server import INFRA_FAILED, InfraFailedError
 from yeto_core.policy_follower import PolicyFollower
-from yeto_core.records import SamplingParams
+from yeto_core.records import LocalRelease, SamplingParams
 from yeto_core.release import ReleaseStore
 from yeto_core.stores.dir_store import DirStore
+from yeto_core.testing.contracts import SamplerEngineContract
 from yeto_torch import lora as lora_mod
 from yeto_torch import model as tiny
 from yeto_torch.export import export_full, export_lora
@@ -276,3 +277,37 @@ def test_failed_starts_end_in_infra_failed(vllm_python, sort_base, tmp_path):
     assert kinds == ["engine_server_start_failed", "engine_server_infra_failed"]
     assert "exited with code" in events[0].data["reason"]
     assert (tmp_path / "vllm-server.log").read_text().strip()
+
+
+class TestVLLMEngineContract(SamplerEngineContract):
+    """The SamplerEngine contract suite, run on the session's real vLLM server."""
+
+    @pytest.fixture
+    def make_engine(self, vllm_engine):
+        from yeto_vllm.engine import VLLMEngine
+
+        class Shared(VLLMEngine):  # the session's engine: closing it would end its server
+            def close(self):
+                self.restore_base()
+
+        def make():
+            shared = Shared.__new__(Shared)
+            shared.__dict__ = vllm_engine.__dict__
+            return shared
+
+        return make
+
+    @pytest.fixture
+    def make_release(self, sort_base):
+        def make(tmp_path, version):
+            out = tmp_path / f"contract-{version}"
+            info = export_full(perturbed(sort_base, seed=100 + version), sort_base, out)
+            return LocalRelease(
+                version=version,
+                release_id=str(version),
+                path=str(out),
+                kind="full",
+                weight_checksum=info["weight_checksum"],
+            )
+
+        return make

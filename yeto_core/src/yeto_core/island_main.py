@@ -87,6 +87,18 @@ class RecordingBackend(TrainerBackend):
     def publish_release(self, out_dir: Path) -> ReleaseInfo:
         return ReleaseInfo.coerce(self.backend.publish_release(out_dir))
 
+    # the policy fingerprint (yeto_core.fingerprint) is recorded through the wrapper
+    @property
+    def vocab_size(self) -> Optional[int]:  # type: ignore[override]
+        return getattr(self.backend, "vocab_size", None)
+
+    @property
+    def weights_dtype(self) -> str:  # type: ignore[override]
+        return str(getattr(self.backend, "weights_dtype", "float32"))
+
+    def prompt_logprobs(self, prompts: Any) -> Optional[list[list[float]]]:
+        return self.backend.prompt_logprobs(prompts)
+
 
 def trainer_event_bridge(stream: EventStream, recorder: dict[str, RecordingBackend]):
     """Turn driver events into the trainer stream's ``round_trained`` / ``release_published``."""
