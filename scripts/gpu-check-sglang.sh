@@ -19,6 +19,7 @@
 #                    PYTHONPATH=<cpu-stubs> in the environment)
 #   SGLANG_ATTENTION attention backend (default: torch_native, works for head_dim 32)
 #   SGLANG_EXTRA     extra server flags (e.g. "--mem-fraction-static 0.3")
+#   SGLANG_LORA_BACKEND  --lora-backend (default: SGLang's; torch_native on cpu)
 #   YETO_SGLANG_ATOL log-prob tolerance vs transformers (default 1e-3)
 #   CHECK_TIMEOUT_S  seconds to wait for each server (default 600)
 set -euo pipefail
@@ -30,6 +31,15 @@ SGLANG_PYTHON="${SGLANG_PYTHON:-$YETO_PYTHON}"
 DEVICE="${SGLANG_DEVICE:-cuda}"
 ATTN="${SGLANG_ATTENTION:-torch_native}"
 TIMEOUT="${CHECK_TIMEOUT_S:-600}"
+LORA_BACKEND="${SGLANG_LORA_BACKEND:-}"
+CPU_FLAGS=()
+if [[ "$DEVICE" == "cpu" ]]; then
+  LORA_BACKEND="${LORA_BACKEND:-torch_native}"
+  CPU_FLAGS=(--mem-fraction-static 0.05)
+  export SGLANG_CPU_DROP_PIN_MEMORY=1
+fi
+LORA_FLAGS=(--enable-lora --max-lora-rank 8 --lora-target-modules q_proj v_proj --max-loras-per-batch 4)
+[[ -n "$LORA_BACKEND" ]] && LORA_FLAGS+=(--lora-backend "$LORA_BACKEND")
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/yeto-sglang-check.XXXXXX")"
 PIDS=()
 
@@ -62,7 +72,7 @@ start_server() {  # name model port flags...
   "$SGLANG_PYTHON" -m sglang.launch_server --model-path "$model" --tokenizer-path "$model" \
     --host 127.0.0.1 --port "$port" --device "$DEVICE" --dtype float32 \
     --attention-backend "$ATTN" --weight-version 0 --skip-server-warmup \
-    --disable-cuda-graph "$@" ${SGLANG_EXTRA:-} >"$WORK/$name.log" 2>&1 &
+    --disable-cuda-graph "${CPU_FLAGS[@]}" "$@" ${SGLANG_EXTRA:-} >"$WORK/$name.log" 2>&1 &
   PIDS+=("$!")
   local deadline=$((SECONDS + TIMEOUT))
   until curl -fsS "http://127.0.0.1:$port/health" >/dev/null 2>&1; do
@@ -78,8 +88,7 @@ start_server() {  # name model port flags...
 }
 
 P1="$(free_port)"
-start_server tiny "$WORK/tiny" "$P1" \
-  --enable-lora --max-lora-rank 8 --lora-target-modules q_proj v_proj --max-loras-per-batch 4
+start_server tiny "$WORK/tiny" "$P1" "${LORA_FLAGS[@]}"
 export YETO_SGLANG_URL="http://127.0.0.1:$P1" YETO_SGLANG_MODEL="$WORK/tiny"
 P2="$(free_port)"
 if start_server moe "$WORK/moe" "$P2" --enable-return-routed-experts; then
