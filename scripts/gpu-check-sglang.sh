@@ -15,8 +15,8 @@
 # Environment:
 #   YETO_PYTHON      the interpreter with yeto installed (default: .venv/bin/python)
 #   SGLANG_PYTHON    the interpreter with SGLang installed (default: $YETO_PYTHON)
-#   SGLANG_DEVICE    cuda (default) or cpu (the CPU recipe in docs/sglang.md; needs
-#                    PYTHONPATH=<cpu-stubs> in the environment)
+#   SGLANG_DEVICE    cuda (default) or cpu (the CPU recipe in docs/sglang.md)
+#   SGLANG_PYTHONPATH  PYTHONPATH of the server only (the CPU recipe: the cpu-stubs folder)
 #   SGLANG_ATTENTION attention backend (default: torch_native, works for head_dim 32)
 #   SGLANG_EXTRA     extra server flags (e.g. "--mem-fraction-static 0.3")
 #   SGLANG_LORA_BACKEND  --lora-backend (default: SGLang's; torch_native on cpu)
@@ -49,7 +49,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$SGLANG_PYTHON" -c "import sglang, sys; print('SGLang', sglang.__version__, 'at', sys.executable)" \
+env PYTHONPATH="${SGLANG_PYTHONPATH:-${PYTHONPATH:-}}" \
+  "$SGLANG_PYTHON" -c "import sglang, sys; print('SGLang', sglang.__version__, 'at', sys.executable)" \
   || { echo "SGLang is not importable with $SGLANG_PYTHON; set SGLANG_PYTHON" >&2; exit 2; }
 
 echo "== building the tiny models in $WORK"
@@ -69,7 +70,8 @@ start_server() {  # name model port flags...
   local name="$1" model="$2" port="$3"; shift 3
   echo "== starting SGLang ($name) on 127.0.0.1:$port"
   # shellcheck disable=SC2086
-  "$SGLANG_PYTHON" -m sglang.launch_server --model-path "$model" --tokenizer-path "$model" \
+  env PYTHONPATH="${SGLANG_PYTHONPATH:-${PYTHONPATH:-}}" \
+    "$SGLANG_PYTHON" -m sglang.launch_server --model-path "$model" --tokenizer-path "$model" \
     --host 127.0.0.1 --port "$port" --device "$DEVICE" --dtype float32 \
     --attention-backend "$ATTN" --weight-version 0 --skip-server-warmup \
     --disable-cuda-graph "${CPU_FLAGS[@]}" "$@" ${SGLANG_EXTRA:-} >"$WORK/$name.log" 2>&1 &

@@ -263,8 +263,20 @@ class SGLangEngine(SamplerEngine):
         for fn in self._listeners:
             fn()
 
-    def _post(self, route: str, body: dict[str, Any]) -> Any:
+    def _post(self, route: str, body: dict[str, Any], *, refusal_ok: bool = False) -> Any:
+        """POST ``body``; ``refusal_ok``: an HTTP 400 ``{"success": false, ...}`` is returned.
+
+        SGLang 0.5.23 answers a refused weight update or adapter load with HTTP 400 and
+        the usual body (checked against a real server on CPU).
+        """
         resp = self.http.post(route, json=body)
+        if refusal_ok and resp.status_code == 400:
+            try:
+                data = resp.json()
+            except ValueError:
+                data = None
+            if isinstance(data, dict) and data.get("success") is False:
+                return data
         if resp.status_code >= 400:
             raise EngineError(f"SGLang {route} answered HTTP {resp.status_code}: {resp.text[:500]}")
         ctype = resp.headers.get("content-type", "")
@@ -545,7 +557,7 @@ class SGLangEngine(SamplerEngine):
             self._pause()
         try:
             try:
-                resp = self._post("/update_weights_from_disk", body)
+                resp = self._post("/update_weights_from_disk", body, refusal_ok=True)
             except (httpx.HTTPError, EngineError) as exc:
                 reported = self._reported_label()
                 if reported == label:
@@ -601,7 +613,9 @@ class SGLangEngine(SamplerEngine):
             )
 
     def _load_adapter(self, name: str, path: Path) -> None:
-        resp = self._post("/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+        resp = self._post(
+            "/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, refusal_ok=True
+        )
         if not isinstance(resp, dict) or not resp.get("success"):
             msg = resp.get("error_message") if isinstance(resp, dict) else resp
             raise ReleaseError(f"SGLang refused the LoRA adapter {path}: {msg}")
@@ -621,7 +635,7 @@ class SGLangEngine(SamplerEngine):
 
     def _unload(self, name: str) -> None:
         try:
-            resp = self._post("/unload_lora_adapter", {"lora_name": name})
+            resp = self._post("/unload_lora_adapter", {"lora_name": name}, refusal_ok=True)
         except (httpx.HTTPError, EngineError) as exc:
             log.warning("unloading adapter %s failed: %s", name, exc)
             return

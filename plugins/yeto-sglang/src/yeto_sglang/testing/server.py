@@ -570,9 +570,10 @@ class ProtocolServer:
                 if body.get("weight_version") is not None:
                     self.weight_version = str(body["weight_version"])
         except (OSError, ValueError, KeyError) as exc:
-            return {
+            # SGLang 0.5.23: HTTP 400 with {"success": false, "message": ...}
+            return HTTPStatus.BAD_REQUEST, {
                 "success": False,
-                "message": f"Failed to update weights: {exc}.\nRolling back to original weights.",
+                "message": f"Failed to get weights iterator: {exc}.",
                 "num_paused_requests": 0,
             }
         ans = recorded("update_weights_from_disk.json")
@@ -615,7 +616,7 @@ class ProtocolServer:
         ans["success"] = err is None
         ans["error_message"] = err or ""
         ans["loaded_adapters"] = {k: v[0] for k, v in self.adapters.items()}
-        return ans
+        return ans if err is None else (HTTPStatus.BAD_REQUEST, ans)
 
     def _merged(self, path: Path, cfg: dict[str, Any]) -> torch.nn.Module:
         from safetensors.torch import load_file
@@ -647,7 +648,7 @@ class ProtocolServer:
         else:
             del self.adapters[name]
         ans["loaded_adapters"] = {k: v[0] for k, v in self.adapters.items()}
-        return ans
+        return ans if ans["success"] else (HTTPStatus.BAD_REQUEST, ans)
 
     def pause(self, body: dict[str, Any]) -> Any:
         bad = P.unknown_fields(body, P.PAUSE_FIELDS)
@@ -673,7 +674,10 @@ class ProtocolServer:
                 "Cache not flushed. Please check backend logs for more details. (When there are "
                 "running or waiting requests, the operation will not be performed.)\n"
             )
-        return HTTPStatus.OK, "Cache flushed.\nPlease check backend logs for more details.\n"
+        return HTTPStatus.OK, (
+            "Cache flushed.\nPlease check backend logs for more details. (When there are running "
+            "or waiting requests, the operation will not be performed.)\n"
+        )
 
     def model_info(self) -> Any:
         ans = recorded("model_info.json")
@@ -748,7 +752,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if injected == "success_false":
                 self._send(
-                    HTTPStatus.OK,
+                    HTTPStatus.BAD_REQUEST,  # SGLang 0.5.23 answers a refusal with 400
                     {
                         "success": False,
                         "message": "injected failure",
