@@ -36,7 +36,7 @@ CPU_FLAGS=()
 if [[ "$DEVICE" == "cpu" ]]; then
   LORA_BACKEND="${LORA_BACKEND:-torch_native}"
   CPU_FLAGS=(--mem-fraction-static 0.05)
-  export SGLANG_CPU_DROP_PIN_MEMORY=1
+  export SGLANG_CPU_DROP_PIN_MEMORY=1 SGLANG_USE_CPU_ENGINE=1
 fi
 LORA_FLAGS=(--enable-lora --max-lora-rank 8 --lora-target-modules q_proj v_proj --max-loras-per-batch 4)
 [[ -n "$LORA_BACKEND" ]] && LORA_FLAGS+=(--lora-backend "$LORA_BACKEND")
