@@ -46,18 +46,17 @@ def _default_python() -> str:
     )
 
 
-def bare_generate(url: str, bodies: list[dict[str, Any]], workers: int) -> int:
+def bare_generate(
+    http: Any, pool: ThreadPoolExecutor, url: str, bodies: list[dict[str, Any]]
+) -> int:
     """POST the bodies concurrently with a plain httpx client; :returns: generated tokens."""
-    import httpx
 
-    with httpx.Client(timeout=300) as http, ThreadPoolExecutor(workers) as pool:
+    def one(body: dict[str, Any]) -> int:
+        r = http.post(url + "/inference/v1/generate", json=body)
+        r.raise_for_status()
+        return sum(len(c["token_ids"]) for c in r.json()["choices"])
 
-        def one(body: dict[str, Any]) -> int:
-            r = http.post(url + "/inference/v1/generate", json=body)
-            r.raise_for_status()
-            return sum(len(c["token_ids"]) for c in r.json()["choices"])
-
-        return sum(pool.map(one, bodies))
+    return sum(pool.map(one, bodies))
 
 
 def run(
@@ -71,6 +70,7 @@ def run(
     releases: int,
     work: Path,
     progress: Callable[[str], None],
+    eager: bool = True,
 ) -> dict[str, Any]:
     import torch
 
@@ -94,35 +94,55 @@ def run(
     engine_cls = Plugins().sampler_engine(engine_name)
     progress("starting the vLLM server (30-120 s)")
     t0 = time.monotonic()
-    engine = engine_cls(str(base), python=python, log_dir=str(work / "logs"), seed=0)
+    engine = engine_cls(
+        str(base),
+        python=python,
+        log_dir=str(work / "logs"),
+        seed=0,
+        enforce_eager=eager,
+        start_timeout_s=900,
+    )
     start_s = time.monotonic() - t0
     try:
         task = SortDigits(seed=0)
         ids = [engine.encode(task.prompt(i)[0]) for i in range(prompts)]
         sp = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=1)
+        import httpx
+
+        http = httpx.Client(timeout=300)  # kept alive like the engine's own client
+        pool = ThreadPoolExecutor(len(ids))
         engine.generate(ids, n, sp)  # warm both paths once
-        bare_generate(engine.url, engine.generate_bodies(ids, n, sp), len(ids))
+        bare_generate(http, pool, engine.url, engine.generate_bodies(ids, n, sp))
         per: list[dict[str, Any]] = []
         store = ReleaseStore(DirStore(work / "store"))
         follower = PolicyFollower(store, engine, work_dir=work / "follower")
         version = 0
         for r in range(repeat):
             progress(f"repetition {r + 1}/{repeat}: throughput")
-            t = time.perf_counter()
-            out = engine.generate(ids, n, sp)
-            eng_s = time.perf_counter() - t
-            eng_tokens = sum(len(c.tokens) for g in out for c in g)
-            bodies = engine.generate_bodies(ids, n, sp)
-            t = time.perf_counter()
-            bare_tokens = bare_generate(engine.url, bodies, len(ids))
-            bare_s = time.perf_counter() - t
+
+            def through_engine() -> tuple[int, float]:
+                t = time.perf_counter()
+                out = engine.generate(ids, n, sp)
+                return sum(len(c.tokens) for g in out for c in g), time.perf_counter() - t
+
+            def bare() -> tuple[int, float]:
+                bodies = engine.generate_bodies(ids, n, sp)
+                t = time.perf_counter()
+                return bare_generate(http, pool, engine.url, bodies), time.perf_counter() - t
+
+            if r % 2:  # alternate which goes first
+                bare_tokens, bare_s = bare()
+                eng_tokens, eng_s = through_engine()
+            else:
+                eng_tokens, eng_s = through_engine()
+                bare_tokens, bare_s = bare()
             rep: dict[str, Any] = {
                 "engine_tokens_per_s": eng_tokens / eng_s,
                 "bare_tokens_per_s": bare_tokens / bare_s,
             }
             rep["throughput_ratio"] = rep["engine_tokens_per_s"] / rep["bare_tokens_per_s"]
             progress(f"repetition {r + 1}/{repeat}: {releases} releases")
-            verified, bare, fps = [], [], []
+            verified, bare_reload, fps = [], [], []
             for k in range(releases):
                 version += 1
                 m = tiny.load_model(base).eval()
@@ -144,15 +164,17 @@ def run(
                 if status != "loaded" or follower.last_check is None or not follower.last_check.ok:
                     raise RuntimeError(f"release {version} was not verified: {status}")
                 fps.append(follower.last_fingerprint_s)
-                bare.append(engine.reload_weights_raw(str(out_dir)))  # the same bytes again
+                bare_reload.append(engine.reload_weights_raw(str(out_dir)))  # the same bytes
                 shutil.rmtree(out_dir, ignore_errors=True)
                 del k
             rep["verified_serving_s"] = statistics.median(verified)
-            rep["bare_reload_s"] = statistics.median(bare)
+            rep["bare_reload_s"] = statistics.median(bare_reload)
             rep["fingerprint_s"] = statistics.median(fps)
             rep["reload_overhead_ratio"] = rep["verified_serving_s"] / rep["bare_reload_s"]
             rep["fingerprint_share"] = rep["fingerprint_s"] / rep["verified_serving_s"]
             per.append(rep)
+        http.close()
+        pool.shutdown()
     finally:
         engine.close()
 
@@ -171,6 +193,7 @@ def run(
         "fingerprint_s": med("fingerprint_s"),
         "fingerprint_share": med("fingerprint_share"),
         "server_start_s": round(start_s, 3),
+        "enforce_eager": eager,
         "requests": {"prompts": prompts, "n": n, "max_new_tokens": max_new_tokens},
         "releases_per_repeat": releases,
         "repeat": repeat,
@@ -186,6 +209,12 @@ def run(
 @click.option("--n", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--releases", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option(
+    "--eager/--compiled",
+    default=True,
+    show_default=True,
+    help="--enforce-eager on the server (a CPU build's compile warm-up takes minutes).",
+)
 @click.option("--work-dir", type=click.Path(file_okay=False), default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
 def command(
@@ -196,6 +225,7 @@ def command(
     n: int,
     max_new_tokens: int,
     releases: int,
+    eager: bool,
     work_dir: Optional[str],
     as_json: bool,
 ) -> None:
@@ -218,6 +248,7 @@ def command(
             releases=releases,
             work=work,
             progress=progress,
+            eager=eager,
         )
     finally:
         if not work_dir:
