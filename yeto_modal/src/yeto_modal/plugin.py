@@ -73,7 +73,9 @@ def check_plan(config: Any, report: Any) -> None:
         return
     try:
         plans = modal_app.plan(config, get_plugins())
-        modal_app.build(config, plans, credentials={"YETO_STORE": "(store credentials)"})
+        modal_app.build(
+            config, plans, credentials={"YETO_STORE": "(store credentials)"}, config_json={}
+        )
     except Exception as exc:  # a readable check result
         report.fail(PLAN_CHECK, f"{type(exc).__name__}: {exc}")
         return
