@@ -1,31 +1,14 @@
 """The Modal app of a run: one function per island role, built from the run config.
 
 Each ``[[samplers]]`` group and the ``[trainer]`` whose ``provider`` is
-``modal`` become one Modal function (``yeto-<group>``) on one app
-(``yeto-<run name>``). ``provider_options`` of that table set the function:
-
-=================  ==========================================================
-``gpu``            ``"H100"``, ``"A100-80GB:4"`` (type and count), or none
-``cpu``            physical cores reserved (default Modal's 0.125)
-``memory``         MiB reserved (default Modal's 128)
-``timeout_s``      the call's time limit (default 86400, Modal's longest)
-``region``         a region or a list of them (billed at a multiplier)
-``nonpreemptible`` ask Modal not to preempt (billed at a multiplier)
-``volumes``        ``{"/models" = "volume-name"}``: Volumes mounted read-write
-``secrets``        names of Modal Secrets to attach (e.g. an HF token)
-``image``          ``{python, apt, pip, env, source}``; ``source = "local"``
-                   adds the yeto packages from this machine instead of PyPI
-``prices``         overrides of the dated price table (dollars per second)
-``price_multiplier`` region/non-preemptible surcharge on the whole price
-``environment``    the Modal environment of the app
-=================  ==========================================================
-
-The image holds the yeto distributions that provide what the run names
-(core, this plugin, the engine or backend, the task, the store) at the
-installed versions, and whatever ``image.pip`` adds (the engine's pinned
-wheels). The store's credentials reach the containers as a Modal Secret,
-never as call arguments. :func:`plan` is pure (``yeto run up --dry-run``
-prints it); :func:`build` makes the real ``modal`` objects, offline.
+``modal`` become one function ``yeto-<group>`` of the app ``yeto-<run name>``;
+their ``provider_options`` (``gpu``, ``cpu``, ``memory``, ``timeout_s``,
+``region``, ``nonpreemptible``, ``volumes``, ``secrets``, ``image``,
+``prices``, ``price_multiplier``, ``environment``; see docs/modal.md) set it.
+The image holds the yeto distributions that provide what the run names, at
+the installed versions, plus ``image.pip``. The store's credentials reach the
+containers as a Secret, never as call arguments. :func:`plan` is pure (the
+dry run prints it); :func:`build` makes the real ``modal`` objects, offline.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """The ``modal`` island provider: each island incarnation is one call of a Modal function.
 
-On its first launch the provider reads the run's resolved config from the
-store, builds the run's app (:mod:`yeto_modal.app`) and deploys it, so calls
-outlive a head that dies. Each launch is one ``spawn`` of the island group's
-function; the ``FunctionCall`` id goes to the head's launch journal
-(``<state_dir>/modal/<handle>.json``, written before ``launch`` returns), so
-a restarted head finds the calls of the previous one (:meth:`orphans`),
-cancels them with ``terminate_containers=True`` and confirms that each has
-ended before it starts anything new.
-
-Status comes from the call: still pending → running; a result, a failure, a
-timeout, a terminated (preempted or cancelled) input, or a call the service
-no longer knows → exited. An exited incarnation is lost: the head releases it
-and the sampler pool or S1 starts a new incarnation (a new number, so a
-preempted trainer is fenced off). Modal's own retries are off for the same
-reason. Every such decision is also an event (:meth:`events`).
+On its first launch the provider reads the run's config from the store, builds
+the run's app (:mod:`yeto_modal.app`) and deploys it, so calls outlive a head
+that dies. Each launch is one ``spawn``; its ``FunctionCall`` id goes to the
+head's launch journal (``<state_dir>/modal/<handle>.json``) before ``launch``
+returns, so a restarted head finds the previous head's calls
+(:meth:`~ModalIslands.orphans`), cancels them (``terminate_containers=True``)
+and confirms each ended. A call that is no longer pending (done, failed, timed
+out, preempted, cancelled, unknown) is an exited incarnation: the head replaces
+it with a new incarnation number (Modal's own retries are off).
 """
 
 from __future__ import annotations

@@ -1,32 +1,13 @@
 """The ``modal-volume`` object store: a run's objects in a Modal Volume, through the SDK.
 
-``modal-volume://VOLUME/PREFIX`` (``?environment=ENV`` picks a Modal
-environment). Every verb is one SDK call on the Volume, made from the head
-or from an island container alike:
-
-- ``get``: ``read_file``; ``put``: ``batch_upload(force=True)`` with one file
-  (one ``VolumePutFiles`` request: readers see the old object or the new one);
-- ``put_if_absent``: ``batch_upload(force=False)``, which the service refuses
-  with ``FileExistsError`` when the file exists;
-- ``list``: ``listdir(recursive=True)`` of the deepest directory that can
-  hold the prefix, filtered and sorted here; ``delete``: ``remove_file``.
-
-**Mounts are never read.** A container's mount is a snapshot: changes made
-through the SDK or by other containers appear only after ``reload()``, and
-its own writes leave it only after ``commit()``; ``reload()`` fails while any
-file of the volume is open. yeto overwrites small control objects (release
-and cut pointers, the consumed watermark) that must be read fresh, so the
-store goes through the SDK only. Volumes mounted into island functions (for
-model files) are reloaded by the island body before anything opens them
-(:func:`reload_mount`).
-
-**Create-if-absent is not atomic across writers.** Modal documents no
-atomic create or lock on a Volume ("last write wins"), and the SDK retries a
-``VolumePutFiles`` whose answer was lost, so two containers may both "create"
-a key, and a retried create may find its own file. Within one process the
-store serialises ``put_if_absent`` with a lock (one winner), and
-:meth:`ModalVolumeStore.capabilities` says ``atomic_create_if_absent: False``
-so preflight refuses layouts that need it with several writers.
+``modal-volume://VOLUME/PREFIX[?environment=ENV]``. Every verb is one SDK call
+(``read_file``, ``batch_upload``, ``listdir``, ``remove_file``), from the head
+and from island containers alike; mounts are never read, because a mount is a
+snapshot refreshed only by ``reload()`` (which fails while a file is open) and
+yeto's pointers must be read fresh. Modal documents no atomic create on a
+Volume ("last write wins") and the SDK retries lost uploads, so
+``put_if_absent`` is exclusive only within one process, and
+:meth:`ModalVolumeStore.capabilities` says so for preflight. See docs/modal.md.
 """
 
 from __future__ import annotations
