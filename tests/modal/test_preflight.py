@@ -60,8 +60,15 @@ def test_layouts_that_need_atomic_create_with_several_writers_are_refused(
 ):
     report = Report()
     check_store_layout(cfg("modal-volume://vol/runs/demo", counts, layout), report)
-    [(got, detail)] = statuses(report, "modal-volume")
+    [(got, detail)] = statuses(report, "modal-store")
     assert got == status and words in detail
+
+
+def test_a_local_directory_store_is_refused_for_modal_islands():
+    report = Report()
+    check_store_layout(cfg("runs/demo/store"), report)
+    [(status, detail)] = statuses(report, "modal-store")
+    assert status == "fail" and "cannot reach" in detail
 
 
 def test_other_stores_are_not_checked():

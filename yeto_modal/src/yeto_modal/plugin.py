@@ -13,7 +13,7 @@ from typing import Any
 
 from yeto_core import hookimpl
 
-STORE_CHECK = "modal-volume"
+STORE_CHECK = "modal-store"
 PLAN_CHECK = "modal-plan"
 PRICE_CHECK = "modal-prices"
 
@@ -37,6 +37,16 @@ def check_store_layout(config: Any, report: Any) -> None:
     from yeto_modal.volume import SCHEME
 
     url = config.store_url()
+    if "://" not in url or url.startswith("file:"):
+        from yeto_modal.app import modal_groups
+
+        if modal_groups(config):
+            report.fail(
+                STORE_CHECK,
+                f"store {url!r} is a directory on this machine, which islands on Modal cannot "
+                "reach; set store = 's3://…' or 'modal-volume://VOLUME/PREFIX'",
+            )
+        return
     if not url.startswith(f"{SCHEME}://"):
         return
     buffer = getattr(config, "buffer", None)
