@@ -252,6 +252,7 @@ class CallService:
 
     def cancel(self, call_id: str, terminate_containers: bool) -> None:
         self.cancelled.append((call_id, terminate_containers))
+        (self.root / f"{call_id}.cancelled").write_text(json.dumps(terminate_containers))
         rec = self._rec(call_id)
         if rec is None or rec.get("lost"):
             raise LookupError(f"NotFoundError: function call {call_id} not found")
