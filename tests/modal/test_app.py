@@ -129,7 +129,6 @@ def test_the_body_runs_through_local(monkeypatch):
 
     from yeto_core import island_main
 
-    monkeypatch.setattr(island_main, "run_island", lambda env: fake_main(), raising=False)
     monkeypatch.setattr(island_main, "main", fake_main)
     assert built.functions["yeto-gen"].local({"YETO_ISLAND": "gen-1"}) == 2
     assert seen == {"island": "gen-1"}

@@ -31,7 +31,4 @@ def island(env: Mapping[str, str]) -> int:
             reload_mount(VolumeSeam(name, os.environ.get("MODAL_ENVIRONMENT")))
     from yeto_core import island_main
 
-    run_island = getattr(island_main, "run_island", None)
-    if run_island is not None:
-        return int(run_island(dict(os.environ)) or 0)
     return int(island_main.main() or 0)
