@@ -186,18 +186,6 @@ class ModalIslands(IslandProvider):
             self.built = built
         return self.built
 
-    def price_per_hour(self, options: dict[str, Any]) -> float:
-        """Modal's list price of one island with these ``provider_options``."""
-        from yeto_modal.prices import hourly_usd
-
-        return hourly_usd(
-            options.get("gpu"),
-            options.get("cpu"),
-            options.get("memory"),
-            overrides=options.get("prices"),
-            multiplier=float(options.get("price_multiplier", 1.0)),
-        )
-
     # -- the port ----------------------------------------------------------------------
 
     def launch(self, launch: Any) -> str:
