@@ -118,3 +118,22 @@ def test_create_if_absent_is_exclusive_in_a_process_but_not_across_containers(vo
     t.join(timeout=10)
     assert won and results == ["B"], "both writers believed they created the key"
     assert a.get("buffer/index/000000000000.json") in (b"A", b"B")  # last write wins
+
+
+def test_without_a_modal_token_every_verb_says_what_to_do(monkeypatch):
+    """The real SDK, offline: no token is a StoreError that names `modal token new`."""
+    import modal.config
+
+    if modal.config.config.get("token_id"):
+        pytest.skip("a Modal token is configured here; this checks the no-token path")
+    monkeypatch.delenv("MODAL_TOKEN_ID", raising=False)
+    monkeypatch.delenv("MODAL_TOKEN_SECRET", raising=False)
+    store = ModalVolumeStore.from_url("modal-volume://yeto-no-token/p")
+    for verb in (
+        lambda: store.put("k", b"1"),
+        lambda: store.get("k"),
+        lambda: list(store.list()),
+        lambda: store.put_if_absent("k", b"1"),
+    ):
+        with pytest.raises(StoreError, match="modal token new"):
+            verb()

@@ -73,6 +73,8 @@ class CallSeam:
             return "missing", str(exc)
         except mx.InputCancellation:
             return "terminated", "cancelled"
+        except (mx.AuthError, mx.ConnectionError, mx.ServiceError, mx.InternalError) as exc:
+            raise ModalError(f"cannot ask Modal about call {call_id}: {exc}") from exc
         except Exception as exc:  # the island's own failure, re-raised by get()
             return "failure", f"{type(exc).__name__}: {exc}"
 

@@ -12,6 +12,7 @@ Volume ("last write wins") and the SDK retries lost uploads, so
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import threading
@@ -28,10 +29,29 @@ SCHEME = "modal-volume"
 OPEN_FILES = "there are open files preventing the operation"
 
 
+@contextlib.contextmanager
+def _sdk_errors(volume: str) -> Iterator[None]:
+    """Modal's errors (no token, the service unreachable) as a :class:`StoreError`."""
+    import modal.exception as mx
+
+    try:
+        yield
+    except mx.AuthError as exc:
+        raise StoreError(
+            f"Modal volume {volume!r}: no valid Modal token ({exc}); run `modal token new` or "
+            "set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET"
+        ) from None
+    except (mx.Error, ConnectionError) as exc:
+        if isinstance(exc, mx.NotFoundError):
+            raise
+        raise StoreError(f"Modal volume {volume!r}: {type(exc).__name__}: {exc}") from exc
+
+
 class VolumeSeam:
     """The Volume calls the store makes, on Modal's SDK (tests put a double here).
 
-    Paths are absolute inside the volume (``/runs/demo/buffer/DATA_END``).
+    Paths are absolute inside the volume (``/runs/demo/buffer/DATA_END``). Modal's
+    errors other than a missing file arrive as :class:`StoreError`.
     """
 
     def __init__(self, name: str, environment: Optional[str] = None) -> None:
@@ -44,7 +64,7 @@ class VolumeSeam:
 
     def upload(self, path: str, data: bytes, *, overwrite: bool) -> None:
         """Write one file; ``FileExistsError`` when it exists and not ``overwrite``."""
-        with self.volume.batch_upload(force=overwrite) as batch:
+        with _sdk_errors(self.name), self.volume.batch_upload(force=overwrite) as batch:
             batch.put_file(io.BytesIO(data), path)
 
     def read(self, path: str) -> bytes:
@@ -52,7 +72,8 @@ class VolumeSeam:
         import modal.exception
 
         try:
-            return b"".join(self.volume.read_file(path))
+            with _sdk_errors(self.name):
+                return b"".join(self.volume.read_file(path))
         except modal.exception.NotFoundError:
             raise FileNotFoundError(path) from None
 
@@ -62,7 +83,8 @@ class VolumeSeam:
         from modal.volume import FileEntryType
 
         try:
-            entries = self.volume.listdir(path, recursive=True)
+            with _sdk_errors(self.name):
+                entries = self.volume.listdir(path, recursive=True)
         except modal.exception.NotFoundError:
             return []
         return [e.path for e in entries if e.type == FileEntryType.FILE]
@@ -72,7 +94,8 @@ class VolumeSeam:
         import modal.exception
 
         try:
-            self.volume.remove_file(path)
+            with _sdk_errors(self.name):
+                self.volume.remove_file(path)
         except modal.exception.NotFoundError:
             raise FileNotFoundError(path) from None
 
