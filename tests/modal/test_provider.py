@@ -181,3 +181,19 @@ def test_a_restarted_head_finds_cancels_and_verifies_the_previous_calls(
     assert all(second.release(h) for h in second.orphans())
     assert sorted(service2.cancelled) == sorted((i, True) for i in ids)
     assert call_service.running() == [] and second.orphans() == []
+
+
+def test_a_poll_that_cannot_reach_modal_is_not_a_lost_island(call_service, provider_for):
+    call_service.command = SLEEP
+    p = provider_for(call_service)
+    h = p.launch(launch())
+    real_poll = call_service.poll
+
+    def unreachable(call_id):
+        raise ModalError("cannot ask Modal about call: ConnectionError")
+
+    call_service.poll = unreachable
+    assert p.status(h) == IslandStatus.RUNNING
+    assert "modal_poll_failed" in [e.kind for e in p.events(h)]
+    call_service.poll = real_poll
+    assert p.release(h) is True

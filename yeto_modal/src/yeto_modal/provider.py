@@ -234,7 +234,11 @@ class ModalIslands(IslandProvider):
         rec = self.record(handle)
         if rec is None:
             return None, "gone", ""
-        state, detail = self.seam.poll(rec["call_id"])
+        try:
+            state, detail = self.seam.poll(rec["call_id"])
+        except ModalError as exc:  # Modal unreachable: unknown is not lost; ask again later
+            self._event(handle, "modal_poll_failed", call_id=rec["call_id"], error=str(exc))
+            return rec, "pending", str(exc)
         if state in ENDED and self._reported.get(handle) != state:
             self._reported[handle] = state
             self._event(
