@@ -86,7 +86,7 @@ def _head(service: Path, *args: str) -> subprocess.Popen:
 
 
 def test_modal_islands_learn_and_a_restarted_head_cancels_the_previous_calls(
-    tmp_path, s3, monkeypatch
+    tmp_path, s3, monkeypatch, request
 ):
     for k, v in s3.items():
         monkeypatch.setenv(k, v)
