@@ -93,16 +93,19 @@ class ObjectStore(Port):
 
     Complete plugin::
 
+        import threading
+
         from yeto_core import hookimpl
         from yeto_core.errors import NotFoundError
         from yeto_core.ports import ObjectStore
+        from yeto_core.stores.keys import check_key, check_prefix
 
         class MemoryStore(ObjectStore):
             PLUGIN_NAME = "memory-doc"
             URL_SCHEMES = ("memory-doc",)
 
             def __init__(self):
-                self._d = {}
+                self._d, self._lock = {}, threading.Lock()
 
             @classmethod
             def from_url(cls, url, **options):
@@ -110,28 +113,30 @@ class ObjectStore(Port):
 
             def get(self, key):
                 try:
-                    return self._d[key]
+                    return self._d[check_key(key)]
                 except KeyError:
-                    raise NotFoundError(key) from None
+                    raise NotFoundError(f"no object {key!r}") from None
 
             def put(self, key, data):
-                self._d[key] = bytes(data)
+                self._d[check_key(key)] = bytes(data)
 
             def put_if_absent(self, key, data):
-                if key in self._d:
-                    return False
-                self._d[key] = bytes(data)
-                return True
+                with self._lock:
+                    if check_key(key) in self._d:
+                        return False
+                    self._d[key] = bytes(data)
+                    return True
 
             def exists(self, key):
-                return key in self._d
+                return check_key(key) in self._d
 
             def list(self, prefix="", after=None):
-                return iter(sorted(k for k in self._d
+                check_prefix(prefix)
+                return iter(sorted(k for k in list(self._d)
                                    if k.startswith(prefix) and (after is None or k > after)))
 
             def delete(self, key):
-                self._d.pop(key, None)
+                self._d.pop(check_key(key), None)
 
         @hookimpl
         def yeto_register_object_stores(register):
@@ -860,7 +865,12 @@ class IslandProvider(Port):
 
             def _gone(self, handle, pgid):
                 if handle in self.procs:
-                    self.procs[handle].poll()  # reap the leader
+                    self.procs[handle].poll()  # reap our leader (keeps its exit code)
+                else:
+                    try:  # a leader an earlier provider object of this process launched
+                        os.waitpid(pgid, os.WNOHANG)
+                    except ChildProcessError:
+                        pass
                 try:
                     os.killpg(pgid, 0)
                 except ProcessLookupError:

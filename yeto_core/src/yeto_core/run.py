@@ -389,6 +389,7 @@ class Head:
             "head_train_failed": "trainer_train_failed",
             "head_drain_failed": "trainer_drain_failed",
         }
+        self.plugins.emit(event)  # the journal's stream (head_decision, head_start, ...)
         kind = names.get(event.kind)
         if kind is not None:
             self.events.emit(kind, **dict(event.data))

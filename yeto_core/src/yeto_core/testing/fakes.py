@@ -146,7 +146,9 @@ class ScriptIslands(IslandProvider):
         return iter(())
 
     def release(self, handle: str) -> bool:
-        p = self.procs[handle]
+        p = self.procs.get(handle)
+        if p is None:
+            return True  # not launched by this provider: nothing to stop
         try:
             p.wait(timeout=self.wait_s)
         except subprocess.TimeoutExpired:
