@@ -115,24 +115,12 @@ def test_real_modal_objects_carry_the_config():
     }
 
 
-def test_the_body_runs_through_local(monkeypatch):
-    """`.local()` runs the function's real body in process (here: an island that exits 2)."""
+def test_the_body_runs_through_local():
+    """`.local()` runs the function's real body in process: here an entry module that exits 2."""
     cfg = config(SAMPLER)
     built = modal_app.build(cfg, modal_app.plan(cfg, get_plugins()), config_json={})
-    seen = {}
-
-    def fake_main():
-        import os
-
-        seen["island"] = os.environ["YETO_ISLAND"]
-        return 2
-
-    from yeto_core import island_main
-
-    monkeypatch.setattr(island_main, "main", fake_main)
-    assert built.functions["yeto-gen"].local({"YETO_ISLAND": "gen-1"}) == 2
-    assert seen == {"island": "gen-1"}
-    assert built.functions["yeto-gen"].local.__self__ is not None
+    env = {"YETO_MODAL_ENTRY": "yeto_core.testing.idle_island"}  # no store named: exit 2
+    assert built.functions["yeto-gen"].local(env) == 2
     assert island.__module__ == "yeto_modal.entry"
 
 

@@ -5,18 +5,21 @@ id, role, island, incarnation); the store's credentials are already in the
 container's environment through the function's Secret. The body reloads the
 volumes mounted for model files (a reused container would otherwise see an
 old snapshot; a reload fails while a file is open, so it runs before the
-engine opens anything) and runs the core's island entry, which reads
-everything else from the store.
+engine opens anything) and runs the island's entry module
+(``yeto_core.island_main``), which reads everything else from the store.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import runpy
 from collections.abc import Mapping
 
 #: JSON ``{mount path: volume name}`` of the volumes the function mounts.
 ENV_MOUNTS = "YETO_MODAL_MOUNTS"
+#: The module the body runs as ``__main__`` (``IslandLaunch.entry_module``).
+ENV_ENTRY = "YETO_MODAL_ENTRY"
 
 
 def island(env: Mapping[str, str]) -> int:
@@ -29,6 +32,8 @@ def island(env: Mapping[str, str]) -> int:
 
         for name in json.loads(os.environ.get(ENV_MOUNTS) or "{}").values():
             reload_mount(VolumeSeam(name, os.environ.get("MODAL_ENVIRONMENT")))
-    from yeto_core import island_main
-
-    return int(island_main.main() or 0)
+    try:
+        runpy.run_module(os.environ.get(ENV_ENTRY) or "yeto_core.island_main", run_name="__main__")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0

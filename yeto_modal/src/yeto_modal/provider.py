@@ -24,7 +24,7 @@ from yeto_core.errors import YetoError
 from yeto_core.ports import IslandProvider
 from yeto_core.records import Event
 from yeto_modal import app as modal_app
-from yeto_modal.entry import ENV_MOUNTS
+from yeto_modal.entry import ENV_ENTRY, ENV_MOUNTS
 
 try:  # the typed port (yeto-core with IslandLaunch)
     from yeto_core.records import IslandStatus
@@ -207,6 +207,7 @@ class ModalIslands(IslandProvider):
         env = {k: v for k, v in launch.env.items() if k.startswith(IDENTITY_PREFIX)}
         env = {k: v for k, v in env.items() if not k.startswith("YETO_STORE_")}
         env[ENV_MOUNTS] = json.dumps(group.volumes)
+        env[ENV_ENTRY] = launch.entry_module
         try:
             call_id = self.seam.spawn(built, group.name, env)
         except Exception as exc:
