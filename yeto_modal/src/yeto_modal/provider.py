@@ -22,17 +22,9 @@ from typing import Any, Optional
 
 from yeto_core.errors import YetoError
 from yeto_core.ports import IslandProvider
-from yeto_core.records import Event
+from yeto_core.records import Event, IslandStatus
 from yeto_modal import app as modal_app
 from yeto_modal.entry import ENV_ENTRY, ENV_MOUNTS
-
-try:  # the typed port (yeto-core with IslandLaunch)
-    from yeto_core.records import IslandStatus
-except ImportError:  # pragma: no cover - older yeto-core
-
-    class IslandStatus:  # type: ignore[no-redef]
-        STARTING, RUNNING, EXITED, GONE = "starting", "running", "exited", "gone"
-
 
 #: Variables a call carries; every other launch variable is a credential (a Secret).
 IDENTITY_PREFIX = "YETO_"
