@@ -1,0 +1,45 @@
+"""Fixtures over the doubles of yeto-modal's SDK seams (``modal_doubles.py``)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from modal_doubles import CallService, VolumeSeamDouble, VolumeService
+
+
+@pytest.fixture
+def volume_service() -> VolumeService:
+    return VolumeService()
+
+
+@pytest.fixture
+def volume_double():
+    """(VolumeService, VolumeSeamDouble) classes for tests that build several."""
+    return VolumeService, VolumeSeamDouble
+
+
+@pytest.fixture
+def call_service(tmp_path):
+    service = CallService(tmp_path / "modal-service")
+    yield service
+    service.stop_all()
+
+
+@pytest.fixture
+def wait_until():
+    def wait(predicate, timeout_s: float = 60.0, what: str = "condition"):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.05)
+        raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+    return wait

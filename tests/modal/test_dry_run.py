@@ -1,0 +1,40 @@
+"""`yeto run up examples/modal/run.toml --dry-run`: the plan and $/hour, offline.
+
+The only check that needs Modal's service is the store probe (a write to the
+Volume); here the Volume seam is the double, so everything else is real: the
+config, the core's checks, the Modal objects built for the plan.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from yeto_core.cli import cli
+from yeto_modal.prices import hourly_usd
+from yeto_modal.volume import ModalVolumeStore
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "modal" / "run.toml"
+
+
+def test_example_dry_run_prints_the_plan_and_passes(tmp_path, monkeypatch, volume_double):
+    service_cls, seam_cls = volume_double
+    service = service_cls("yeto-runs")
+    monkeypatch.setattr(ModalVolumeStore, "seam_factory", lambda name, env: seam_cls(service))
+    res = CliRunner().invoke(
+        cli, ["run", "up", str(EXAMPLE), "--run-dir", str(tmp_path / "run"), "--dry-run"]
+    )
+    assert res.exit_code == 0, res.output
+    out = res.output
+    price = round(hourly_usd("L4", 4, 16384), 4)
+    assert "[ok  ] store: modal-volume://yeto-runs/modal-quickstart is reachable" in out
+    assert "modal-store: modal-volume://yeto-runs/modal-quickstart: one appender" in out
+    assert "yeto-sampler (sampler: sampler-0): gpu L4, cpu 4, memory 16384 MiB" in out
+    assert "yeto-trainer (trainer: trainer): gpu L4" in out
+    assert "pip_install yeto-core==0.1.0 yeto-modal==0.1.0 yeto-torch==0.1.0" in out
+    assert f"${price:.4f}/hour per island" in out
+    assert "FAIL" not in out
+    assert not (tmp_path / "run" / "modal").exists()  # nothing was launched
+    assert [c[0] for c in service.calls] == ["upload"]  # only the preflight probe

@@ -1,0 +1,262 @@
+"""The Modal app of a run: one function per island role, built from the run config.
+
+Each ``[[samplers]]`` group and the ``[trainer]`` whose ``provider`` is
+``modal`` become one function ``yeto-<group>`` of the app ``yeto-<run name>``;
+their ``provider_options`` (``gpu``, ``cpu``, ``memory``, ``timeout_s``,
+``region``, ``nonpreemptible``, ``volumes``, ``secrets``, ``image``,
+``prices``, ``price_multiplier``, ``environment``; see docs/modal.md) set it.
+The image holds the yeto distributions that provide what the run names, at
+the installed versions, plus ``image.pip``. The store's credentials reach the
+containers as a Secret, never as call arguments. :func:`plan` is pure (the
+dry run prints it); :func:`build` makes the real ``modal`` objects, offline.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import re
+import sys
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import attrs
+
+from yeto_core.errors import ConfigError
+from yeto_modal.prices import PRICES_DATE, hourly_usd, parse_gpu
+
+PROVIDER = "modal"
+DEFAULT_TIMEOUT_S = 86400
+OPTIONS = {
+    "gpu", "cpu", "memory", "timeout_s", "region", "nonpreemptible", "volumes", "secrets",
+    "image", "prices", "price_multiplier", "environment",
+}  # fmt: skip
+IMAGE_OPTIONS = {"python", "apt", "pip", "env", "source"}
+
+
+@attrs.frozen
+class FunctionPlan:
+    """One Modal function: what it runs on, what its image holds, what it costs."""
+
+    name: str
+    role: str
+    group: str
+    islands: tuple[str, ...]
+    gpu: Optional[str]
+    cpu: Optional[float]
+    memory: Optional[int]
+    timeout_s: int
+    region: Any
+    nonpreemptible: bool
+    image: tuple[tuple[str, Any], ...]  # (Image method, argument) in order
+    volumes: dict[str, str]
+    secrets: tuple[str, ...]
+    usd_per_hour: float
+    environment: Optional[str] = None
+
+
+def modal_groups(config: Any) -> list[tuple[str, str, tuple[str, ...], str, dict[str, Any]]]:
+    """(role, group, islands, implementation, provider_options) of each island group on Modal."""
+    out = []
+    for s in config.samplers:
+        if getattr(s, "provider", "local") == PROVIDER:
+            out.append(("sampler", s.name, tuple(s.island_names()), s.engine, s.provider_options))
+    t = config.trainer
+    if getattr(t, "provider", "local") == PROVIDER:
+        out.append(("trainer", t.name, (t.name,), t.backend, t.provider_options))
+    return out
+
+
+def distributions(modules: list[str]) -> list[tuple[str, str]]:
+    """(distribution, version) that install each top-level module, without repeats."""
+    owners = md.packages_distributions()
+    out: dict[str, str] = {}
+    for module in modules:
+        for dist in owners.get(module.split(".")[0], [])[:1]:
+            out.setdefault(dist, md.version(dist))
+    return sorted(out.items())
+
+
+def _requirements(dists: list[str]) -> list[str]:
+    """Third-party requirements of local yeto distributions (the ``source = "local"`` image)."""
+    reqs: set[str] = set()
+    for dist in dists:
+        for req in md.requires(dist) or ():
+            name = re.split(r"[ ;<>=!~\[]", req, maxsplit=1)[0]
+            if ";" not in req and not name.lower().startswith("yeto"):
+                reqs.add(req)
+    return sorted(reqs)
+
+
+def image_steps(options: Mapping[str, Any], modules: list[str]) -> tuple[tuple[str, Any], ...]:
+    """The image as (method, argument) steps: debian_slim, apt, pip, env, local sources."""
+    img = dict(options.get("image") or {})
+    unknown = sorted(set(img) - IMAGE_OPTIONS)
+    if unknown:
+        raise ConfigError(
+            f"provider_options.image: unknown key(s) {unknown}; allowed: {sorted(IMAGE_OPTIONS)}"
+        )
+    python = str(img.get("python") or f"{sys.version_info.major}.{sys.version_info.minor}")
+    steps: list[tuple[str, Any]] = [("debian_slim", python)]
+    if img.get("apt"):
+        steps.append(("apt_install", tuple(img["apt"])))
+    dists = distributions(modules)
+    if img.get("source", "pypi") == "local":
+        pip = _requirements([d for d, _ in dists])
+    elif img.get("source", "pypi") == "pypi":
+        pip = [f"{d}=={v}" for d, v in dists]
+    else:
+        raise ConfigError(f"provider_options.image.source = {img['source']!r}; use pypi or local")
+    pip += list(img.get("pip") or ())
+    if pip:
+        steps.append(("pip_install", tuple(pip)))
+    if img.get("env"):
+        steps.append(("env", dict(img["env"])))
+    if img.get("source") == "local":
+        tops = sorted({m.split(".")[0] for m in modules if m.split(".")[0].startswith("yeto")})
+        steps.append(("add_local_python_source", tuple(tops)))
+    return tuple(steps)
+
+
+def plan(config: Any, plugins: Any) -> list[FunctionPlan]:
+    """The functions of ``config``'s Modal island groups (``plugins`` resolves names)."""
+    resolve = plugins.resolve
+    base = ["yeto_core", "yeto_modal", resolve("Task", config.task.name).__module__]
+    base.append(plugins.store_class_for_url(config.store_url()).__module__)
+    out = []
+    for role, group, islands, impl, options in modal_groups(config):
+        unknown = sorted(set(options) - OPTIONS)
+        where = "trainer" if role == "trainer" else f"samplers[name={group!r}]"
+        if unknown:
+            raise ConfigError(
+                f"{where}.provider_options: unknown key(s) {unknown}; allowed: {sorted(OPTIONS)}"
+            )
+        port = "TrainerBackend" if role == "trainer" else "SamplerEngine"
+        modules = [*base, resolve(port, impl).__module__]
+        gpu = options.get("gpu")
+        parse_gpu(gpu)
+        out.append(
+            FunctionPlan(
+                name=f"yeto-{group}",
+                role=role,
+                group=group,
+                islands=islands,
+                gpu=gpu,
+                cpu=options.get("cpu"),
+                memory=options.get("memory"),
+                timeout_s=int(options.get("timeout_s", DEFAULT_TIMEOUT_S)),
+                region=options.get("region"),
+                nonpreemptible=bool(options.get("nonpreemptible", False)),
+                image=image_steps(options, modules),
+                volumes=dict(options.get("volumes") or {}),
+                secrets=tuple(options.get("secrets") or ()),
+                usd_per_hour=hourly_usd(
+                    gpu,
+                    options.get("cpu"),
+                    options.get("memory"),
+                    overrides=options.get("prices"),
+                    multiplier=float(options.get("price_multiplier", 1.0)),
+                ),
+                environment=options.get("environment"),
+            )
+        )
+    return out
+
+
+def render(plans: list[FunctionPlan], app_name: str) -> list[str]:
+    """The plan as lines for ``yeto run up --dry-run``."""
+    lines = [f"Modal app {app_name!r} (prices of {PRICES_DATE}):"]
+    for p in plans:
+        steps = "; ".join(f"{m} {' '.join(a) if isinstance(a, tuple) else a}" for m, a in p.image)
+        islands = ", ".join(p.islands)
+        vols = ", ".join(f"{k} <- {v}" for k, v in p.volumes.items()) or "none"
+        lines.append(
+            f"  {p.name} ({p.role}: {islands}): gpu {p.gpu or 'none'}, cpu {p.cpu or 0.125}, "
+            f"memory {p.memory or 128} MiB, timeout {p.timeout_s} s, region {p.region or 'any'}; "
+            f"image: {steps}; volumes: {vols}; secrets: {', '.join(p.secrets) or 'none'} "
+            f"(+ store credentials); ${p.usd_per_hour:.4f}/hour per island, "
+            f"${p.usd_per_hour * len(p.islands):.4f}/hour for {len(p.islands)}"
+        )
+    return lines
+
+
+@attrs.define
+class BuiltApp:
+    """The real Modal objects of a run's app (built offline; deploy needs a token)."""
+
+    app: Any
+    app_name: str
+    functions: dict[str, Any]
+    plans: dict[str, FunctionPlan]
+    kwargs: dict[str, dict[str, Any]]
+    config_json: dict[str, Any]
+    environment: Optional[str] = None
+    #: What the store-credentials Secret holds (the containers' environment gets it).
+    secret_env: dict[str, str] = attrs.field(factory=dict)
+
+
+def app_name_of(config: Any) -> str:
+    return f"yeto-{config.name}"
+
+
+def build(
+    config: Any,
+    plans: list[FunctionPlan],
+    *,
+    credentials: Optional[Mapping[str, str]] = None,
+    config_json: Optional[dict[str, Any]] = None,
+) -> BuiltApp:
+    """``modal.App``, ``Image``, ``Volume``, ``Secret`` and one function per plan."""
+    import modal
+
+    from yeto_modal.entry import island
+
+    name = app_name_of(config)
+    app = modal.App(name)
+    creds = modal.Secret.from_dict(dict(credentials)) if credentials else None
+    functions, kwargs = {}, {}
+    for p in plans:
+        image: Any = modal.Image
+        for method, arg in p.image:
+            if method == "debian_slim":
+                image = image.debian_slim(python_version=arg)
+            elif isinstance(arg, tuple):
+                image = getattr(image, method)(*arg)
+            else:
+                image = getattr(image, method)(arg)
+        secrets = [modal.Secret.from_name(s, environment_name=p.environment) for s in p.secrets]
+        if creds is not None:
+            secrets.append(creds)
+        kw: dict[str, Any] = {
+            "name": p.name,
+            "image": image,
+            "gpu": p.gpu,
+            "cpu": p.cpu,
+            "memory": p.memory,
+            "timeout": p.timeout_s,
+            "region": p.region,
+            "nonpreemptible": p.nonpreemptible,
+            "volumes": {
+                path: modal.Volume.from_name(v, environment_name=p.environment)
+                for path, v in p.volumes.items()
+            },
+            "secrets": secrets,
+            "retries": 0,  # a lost incarnation is replaced by yeto, with a new number
+            "serialized": True,
+        }
+        functions[p.name] = app.function(**kw)(island)
+        kwargs[p.name] = kw
+    if config_json is None:
+        from yeto_core.config import config_to_dict
+
+        config_json = config_to_dict(config)
+    return BuiltApp(
+        app=app,
+        app_name=name,
+        functions=functions,
+        plans={p.name: p for p in plans},
+        kwargs=kwargs,
+        config_json=json.loads(json.dumps(config_json)),
+        environment=next((p.environment for p in plans if p.environment), None),
+        secret_env=dict(credentials or {}),
+    )

@@ -1,0 +1,39 @@
+"""The body of every yeto island function on Modal.
+
+The head spawns ``yeto-<group>`` with the island's identity (store URL, run
+id, role, island, incarnation); the store's credentials are already in the
+container's environment through the function's Secret. The body reloads the
+volumes mounted for model files (a reused container would otherwise see an
+old snapshot; a reload fails while a file is open, so it runs before the
+engine opens anything) and runs the island's entry module
+(``yeto_core.island_main``), which reads everything else from the store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+from collections.abc import Mapping
+
+#: JSON ``{mount path: volume name}`` of the volumes the function mounts.
+ENV_MOUNTS = "YETO_MODAL_MOUNTS"
+#: The module the body runs as ``__main__`` (``IslandLaunch.entry_module``).
+ENV_ENTRY = "YETO_MODAL_ENTRY"
+
+
+def island(env: Mapping[str, str]) -> int:
+    """Run the yeto island that ``env`` names; return its exit code."""
+    import modal
+
+    os.environ.update({str(k): str(v) for k, v in env.items()})
+    if not modal.is_local():  # inside a Modal container (not through .local())
+        from yeto_modal.volume import VolumeSeam, reload_mount
+
+        for name in json.loads(os.environ.get(ENV_MOUNTS) or "{}").values():
+            reload_mount(VolumeSeam(name, os.environ.get("MODAL_ENVIRONMENT")))
+    try:
+        runpy.run_module(os.environ.get(ENV_ENTRY) or "yeto_core.island_main", run_name="__main__")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0

@@ -1,0 +1,269 @@
+"""The ``modal-volume`` object store: a run's objects in a Modal Volume, through the SDK.
+
+``modal-volume://VOLUME/PREFIX[?environment=ENV]``. Every verb is one SDK call
+(``read_file``, ``batch_upload``, ``listdir``, ``remove_file``), from the head
+and from island containers alike; mounts are never read, because a mount is a
+snapshot refreshed only by ``reload()`` (which fails while a file is open) and
+yeto's pointers must be read fresh. Modal documents no atomic create on a
+Volume ("last write wins") and the SDK retries lost uploads, so
+``put_if_absent`` is exclusive only within one process, and
+:meth:`ModalVolumeStore.capabilities` says so for preflight. See docs/modal.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Optional
+from urllib.parse import parse_qs, urlsplit
+
+from yeto_core.errors import ConfigError, NotFoundError, StoreError
+from yeto_core.ports import ObjectStore
+from yeto_core.stores.keys import check_key, check_prefix
+
+SCHEME = "modal-volume"
+OPEN_FILES = "there are open files preventing the operation"
+
+
+@contextlib.contextmanager
+def _sdk_errors(volume: str) -> Iterator[None]:
+    """Modal's errors (no token, the service unreachable) as a :class:`StoreError`."""
+    import modal.exception as mx
+
+    try:
+        yield
+    except mx.AuthError as exc:
+        raise StoreError(
+            f"Modal volume {volume!r}: no valid Modal token ({exc}); run `modal token new` or "
+            "set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET"
+        ) from None
+    except (mx.Error, ConnectionError) as exc:
+        if isinstance(exc, mx.NotFoundError):
+            raise
+        raise StoreError(f"Modal volume {volume!r}: {type(exc).__name__}: {exc}") from exc
+
+
+class VolumeSeam:
+    """The Volume calls the store makes, on Modal's SDK (tests put a double here).
+
+    Paths are absolute inside the volume (``/runs/demo/buffer/DATA_END``). Modal's
+    errors other than a missing file arrive as :class:`StoreError`.
+    """
+
+    def __init__(self, name: str, environment: Optional[str] = None) -> None:
+        import modal
+
+        self.name = name
+        self.volume = modal.Volume.from_name(
+            name, environment_name=environment, create_if_missing=True
+        )
+
+    def upload(self, path: str, data: bytes, *, overwrite: bool) -> None:
+        """Write one file; ``FileExistsError`` when it exists and not ``overwrite``."""
+        with _sdk_errors(self.name), self.volume.batch_upload(force=overwrite) as batch:
+            batch.put_file(io.BytesIO(data), path)
+
+    def read(self, path: str) -> bytes:
+        """The file's bytes; ``FileNotFoundError`` when there is no such file."""
+        import modal.exception
+
+        try:
+            with _sdk_errors(self.name):
+                return b"".join(self.volume.read_file(path))
+        except modal.exception.NotFoundError:
+            raise FileNotFoundError(path) from None
+
+    def files(self, path: str) -> list[str]:
+        """Paths of every file under the directory ``path`` (none when it is missing)."""
+        import modal.exception
+        from modal.volume import FileEntryType
+
+        try:
+            with _sdk_errors(self.name):
+                entries = self.volume.listdir(path, recursive=True)
+        except modal.exception.NotFoundError:
+            return []
+        return [e.path for e in entries if e.type == FileEntryType.FILE]
+
+    def remove(self, path: str) -> None:
+        """Remove one file; ``FileNotFoundError`` when there is none."""
+        import modal.exception
+
+        try:
+            with _sdk_errors(self.name):
+                self.volume.remove_file(path)
+        except modal.exception.NotFoundError:
+            raise FileNotFoundError(path) from None
+
+    def reload(self) -> None:
+        """Refresh this container's mount (``RuntimeError`` while a file is open)."""
+        self.volume.reload()
+
+    def commit(self) -> None:
+        """Publish this container's writes to the mount (reloads it afterwards)."""
+        self.volume.commit()
+
+
+_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+def _process_lock(volume: str) -> threading.Lock:
+    with _LOCKS_GUARD:
+        return _LOCKS.setdefault(volume, threading.Lock())
+
+
+def parse_volume_url(url: str) -> tuple[str, str, Optional[str]]:
+    """``modal-volume://NAME/PREFIX?environment=ENV`` → (name, prefix, environment)."""
+    parts = urlsplit(url)
+    if parts.scheme != SCHEME or not parts.netloc:
+        raise ConfigError(
+            f"store URL {url!r} is not a Modal Volume URL; write modal-volume://VOLUME/PREFIX"
+        )
+    prefix = parts.path.strip("/")
+    if prefix:
+        check_prefix(prefix)
+    query = parse_qs(parts.query)
+    unknown = sorted(set(query) - {"environment"})
+    if unknown:
+        raise ConfigError(
+            f"store URL {url!r}: unknown parameter(s) {unknown}; allowed: environment"
+        )
+    env = query.get("environment", [None])[0]
+    return parts.netloc, prefix, env
+
+
+class ModalVolumeStore(ObjectStore):
+    """Objects as files in a Modal Volume (``modal-volume://VOLUME/PREFIX``).
+
+    :param volume: the Volume's name (created when missing).
+    :param prefix: a folder inside the volume holding this store's keys.
+    :param environment: the Modal environment (default: the profile's).
+    :param seam: the Volume calls (default: :class:`VolumeSeam` on Modal's SDK).
+    """
+
+    PLUGIN_NAME = "modal-volume"
+    URL_SCHEMES = (SCHEME,)
+
+    #: Builds the seam from (volume, environment); tests replace it with a double.
+    seam_factory: Callable[..., Any] = VolumeSeam
+
+    def __init__(
+        self,
+        volume: str,
+        prefix: str = "",
+        *,
+        environment: Optional[str] = None,
+        seam: Any = None,
+    ) -> None:
+        self.volume = volume
+        self.prefix = prefix.strip("/")
+        self.environment = environment
+        self.seam = seam if seam is not None else type(self).seam_factory(volume, environment)
+        self._root = f"/{self.prefix}/" if self.prefix else "/"
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> ModalVolumeStore:
+        name, prefix, env = parse_volume_url(url)
+        unknown = sorted(set(options) - {"environment"})
+        if unknown:
+            raise ConfigError(
+                f"unknown modal-volume store option(s) {unknown}; allowed: environment"
+            )
+        return cls(name, prefix, environment=options.get("environment") or env)
+
+    def url(self) -> str:
+        tail = f"?environment={self.environment}" if self.environment else ""
+        return f"{SCHEME}://{self.volume}/{self.prefix}{tail}"
+
+    def credentials_env(self) -> dict[str, str]:
+        """Modal's token variables when the head has them (containers on Modal need none)."""
+        return {
+            k: os.environ[k] for k in ("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET") if k in os.environ
+        }
+
+    def capabilities(self) -> dict[str, Any]:
+        """What the store guarantees, for preflight."""
+        return {
+            "atomic_put": True,
+            "atomic_create_if_absent": False,
+            "create_if_absent_scope": "process",
+            "list_after": True,
+        }
+
+    def __repr__(self) -> str:
+        return f"ModalVolumeStore({self.url()!r})"
+
+    # -- verbs -------------------------------------------------------------------------
+
+    def _path(self, key: str) -> str:
+        return self._root + check_key(key)
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self.seam.read(self._path(key))
+        except (FileNotFoundError, IsADirectoryError):
+            raise NotFoundError(f"{key} (in {self.url()})") from None
+
+    def put(self, key: str, data: bytes) -> None:
+        self.seam.upload(self._path(key), bytes(data), overwrite=True)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        with _process_lock(f"{self.environment}/{self.volume}"):
+            try:
+                self.seam.upload(path, bytes(data), overwrite=False)
+            except FileExistsError:
+                return False
+        return True
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.seam.read(self._path(key))
+        except (FileNotFoundError, IsADirectoryError):
+            return False
+        return True
+
+    def list(self, prefix: str = "", after: Optional[str] = None) -> Iterator[str]:
+        check_prefix(prefix)
+        folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        inside = self._root.lstrip("/")  # listdir paths are relative to the volume root
+        keys = []
+        for path in self.seam.files((self._root + folder).rstrip("/") or "/"):
+            rel = path.lstrip("/")
+            if not rel.startswith(inside):
+                continue
+            key = rel[len(inside) :]
+            if key.startswith(prefix) and (after is None or key > after):
+                keys.append(key)
+        return iter(sorted(keys))
+
+    def delete(self, key: str) -> None:
+        try:
+            self.seam.remove(self._path(key))
+        except FileNotFoundError:
+            pass
+
+
+def reload_mount(seam: Any, *, attempts: int = 5, wait_s: float = 0.5, sleep=time.sleep) -> int:
+    """Reload a mounted volume, retrying while files are open; return the attempts used.
+
+    Raises :class:`StoreError` naming the cause once ``attempts`` are spent.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            seam.reload()
+            return attempt
+        except RuntimeError as exc:
+            if OPEN_FILES not in str(exc) or attempt == attempts:
+                raise StoreError(
+                    f"cannot reload Modal volume {getattr(seam, 'name', '?')!r}: {exc}. A volume "
+                    "reloads only while none of its files is open: close them (or reload before "
+                    "the engine opens model files)"
+                ) from exc
+            sleep(wait_s)
+    return attempts
