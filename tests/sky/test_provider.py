@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import pytest
 
 from yeto_sky.provider import EXITED, GONE, RUNNING, STARTING, SkyIslands
-
 from yeto_sky.testing import LocalCloud
 
 PROBE_DIR = Path(__file__).parent / "probe"

@@ -96,7 +96,9 @@ def test_without_a_local_catalog_names_are_not_checked_and_it_says_so(monkeypatc
 
 
 def test_prices_come_from_the_catalog_when_it_is_local():
-    spot = prices.estimate(_task({"infra": "aws/us-east-1", "accelerators": "L4:1", "use_spot": True}))
+    spot = prices.estimate(
+        _task({"infra": "aws/us-east-1", "accelerators": "L4:1", "use_spot": True})
+    )
     assert spot.per_hour == pytest.approx(0.31) and "aws/vms.csv us-east-1 g6.xlarge" in spot.source
     od = prices.estimate(_task({"infra": "aws/us-west-2", "accelerators": "L4:1"}))
     assert od.per_hour == pytest.approx(0.9) and "on-demand" in od.source

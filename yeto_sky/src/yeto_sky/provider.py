@@ -37,7 +37,6 @@ from typing import Any, Optional
 
 from yeto_core.ports import IslandProvider
 from yeto_core.records import Event
-
 from yeto_sky.seam import TERMINAL_JOB_STATES, SkyLaunchError, SkySeam
 from yeto_sky.tasks import build_task, redacted_yaml
 
@@ -187,7 +186,9 @@ class SkyIslands(IslandProvider):
             self._emit(cluster, "sky_launch_requested", request_id=request_id)
             job_id = self.seam.wait_launch(request_id)
         except (SkyLaunchError, Exception) as exc:  # any SDK failure is a failed launch
-            message = f"{type(exc).__name__}: {exc}" if not isinstance(exc, SkyLaunchError) else str(exc)
+            message = (
+                f"{type(exc).__name__}: {exc}" if not isinstance(exc, SkyLaunchError) else str(exc)
+            )
             self._write(cluster, state="launch_failed", error=message)
             self._emit(cluster, "sky_launch_failed", error=message)
             with self._lock:
@@ -218,7 +219,9 @@ class SkyIslands(IslandProvider):
     def _ensure_monitor(self) -> None:
         if self._monitor is None or not self._monitor.is_alive():
             self._stop.clear()
-            self._monitor = threading.Thread(target=self._monitor_loop, name="sky-monitor", daemon=True)
+            self._monitor = threading.Thread(
+                target=self._monitor_loop, name="sky-monitor", daemon=True
+            )
             self._monitor.start()
 
     def _monitor_loop(self) -> None:
@@ -317,7 +320,9 @@ class SkyIslands(IslandProvider):
             runs.add(str(config.get("run_id") or config.get("name") or ""))
             islands.add(str((config.get("trainer") or {}).get("name", "trainer")))
             for s in config.get("samplers") or ():
-                islands.update(f"{s.get('name', 'sampler')}-{i}" for i in range(int(s.get("count", 1))))
+                islands.update(
+                    f"{s.get('name', 'sampler')}-{i}" for i in range(int(s.get("count", 1)))
+                )
         runs.discard("")
         islands.discard("")
         return runs, islands
@@ -327,11 +332,12 @@ class SkyIslands(IslandProvider):
         runs, islands = self._known_islands()
         if not runs or not islands:
             return []
-        pattern = re.compile(
-            "^(?:%s)-(?:%s)-i[0-9]+$"
-            % ("|".join(map(re.escape, sorted(runs))), "|".join(map(re.escape, sorted(islands))))
+        run_alt = "|".join(map(re.escape, sorted(runs)))
+        island_alt = "|".join(map(re.escape, sorted(islands)))
+        pattern = re.compile(f"^(?:{run_alt})-(?:{island_alt})-i[0-9]+$")
+        return sorted(
+            c for c in self.seam.clusters(None) if pattern.match(c) and c not in self._live
         )
-        return sorted(c for c in self.seam.clusters(None) if pattern.match(c) and c not in self._live)
 
     def close(self) -> None:
         """Stop the monitor thread (the clusters are left as they are)."""

@@ -82,9 +82,7 @@ class SkyPilotSeam(SkySeam):
         return None if job_id is None else int(job_id)
 
     def clusters(self, names: Optional[list[str]] = None) -> dict[str, str]:
-        records = self.sky.get(
-            self.sky.status(names, refresh=self.sky.StatusRefreshMode.AUTO)
-        )
+        records = self.sky.get(self.sky.status(names, refresh=self.sky.StatusRefreshMode.AUTO))
         out = {}
         for r in records:
             name = r["name"] if isinstance(r, Mapping) else r.name

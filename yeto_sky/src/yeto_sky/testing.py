@@ -120,9 +120,7 @@ class LocalCloud(SkySeam):
     def clusters(self, names: Optional[list[str]] = None) -> dict[str, str]:
         with self.lock:
             return {
-                n: c["status"]
-                for n, c in self.clusters_.items()
-                if names is None or n in names
+                n: c["status"] for n, c in self.clusters_.items() if names is None or n in names
             }
 
     def job_status(self, cluster: str, job_id: int) -> Optional[str]:
