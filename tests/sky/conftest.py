@@ -10,10 +10,14 @@ test of this folder runs, so no SkyPilot call can reach the network.
 from __future__ import annotations
 
 import socket
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+# the seam's double (sky_double.py) and the probe island import from this folder
+sys.path.insert(0, str(Path(__file__).parent))
 
 CATALOG_VERSION = "v8"  # sky.skylet.constants.CATALOG_SCHEMA_VERSION in SkyPilot 0.14
 

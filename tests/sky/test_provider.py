@@ -8,9 +8,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from sky_double import LocalCloud
 
 from yeto_sky.provider import EXITED, GONE, RUNNING, STARTING, SkyIslands
-from yeto_sky.testing import LocalCloud
 
 PROBE_DIR = Path(__file__).parent / "probe"
 

@@ -28,10 +28,10 @@ def yeto_register_island_providers(register):
 def sky_groups(config: Any) -> Iterator[tuple[str, str, list[str], Any, dict[str, Any]]]:
     """``(toml_path, role, islands, group, provider_options)`` of each group on ``sky``."""
     for i, s in enumerate(config.samplers):
-        if s.provider == "sky":
+        if getattr(s, "provider", "local") == "sky":
             yield f"samplers[{i}]", "sampler", s.island_names(), s, dict(s.provider_options)
     t = config.trainer
-    if t.provider == "sky":
+    if getattr(t, "provider", "local") == "sky":
         yield "trainer", "trainer", [t.name], t, dict(t.provider_options)
 
 

@@ -1,7 +1,6 @@
 """A test double of the SkyPilot seam: each "cluster" runs its task's run command locally.
 
-For tests only (yeto's own and a user's check of a sky run config on one machine):
-nothing here talks to SkyPilot or a cloud.
+Nothing here talks to SkyPilot or a cloud.
 
 The task's ``run`` runs as a process group in a fresh empty directory with the
 task's ``envs`` and ``secrets`` (plus ``PATH`` with this interpreter first), so
