@@ -25,9 +25,9 @@ launch this journal recorded as failed or released.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
-import queue
 import re
 import threading
 import time
@@ -52,6 +52,8 @@ try:  # the typed status of the ports API; plain strings compare equal to it
 except ImportError:  # pragma: no cover - before the typed port API
     STARTING, RUNNING, EXITED, GONE = "starting", "running", "exited", "gone"
 
+#: Events kept per cluster until :meth:`SkyIslands.events` reads them.
+MAX_EVENTS = 10_000
 #: Cluster states in which an island's job can run.
 _ALIVE = ("UP", "INIT")
 
@@ -92,7 +94,8 @@ class SkyIslands(IslandProvider):
         self._lock = threading.Lock()
         self._journal_lock = threading.Lock()
         self._live: dict[str, dict[str, Any]] = {}  # cluster -> in-memory state
-        self._events: dict[str, queue.SimpleQueue[Event]] = {}
+        # events() drains these; each keeps the newest MAX_EVENTS when nobody reads them
+        self._events: dict[str, collections.deque[Event]] = {}
         self._stop = threading.Event()
         self._monitor: Optional[threading.Thread] = None
 
@@ -129,8 +132,8 @@ class SkyIslands(IslandProvider):
         return out
 
     def _emit(self, cluster: str, kind: str, **data: Any) -> None:
-        q = self._events.setdefault(cluster, queue.SimpleQueue())
-        q.put(Event(kind=kind, time=self.clock(), source=cluster, data=data))
+        q = self._events.setdefault(cluster, collections.deque(maxlen=MAX_EVENTS))
+        q.append(Event(kind=kind, time=self.clock(), source=cluster, data=data))
 
     # -- the port --------------------------------------------------------------------
 
@@ -165,7 +168,6 @@ class SkyIslands(IslandProvider):
         state = {"state": "launching", "code": None, "use_spot": task.use_spot}
         with self._lock:
             self._live[cluster] = state
-        self._events.setdefault(cluster, queue.SimpleQueue())
         self._emit(cluster, "sky_task", yaml=redacted_yaml(task.config))
         t = threading.Thread(
             target=self._launch_worker,
@@ -278,11 +280,8 @@ class SkyIslands(IslandProvider):
     def events(self, handle: str) -> Iterator[Event]:
         q = self._events.get(handle)
         out = []
-        while q is not None:
-            try:
-                out.append(q.get_nowait())
-            except queue.Empty:
-                break
+        while q:
+            out.append(q.popleft())
         return iter(out)
 
     def log_hint(self, handle: str) -> str:

@@ -1,0 +1,183 @@
+"""End to end: the quickstart task with provider = "sky", islands as local processes.
+
+The head runs in this process; the seam's double runs each cluster's run
+command (``python3 -m yeto_core.island_main`` with only the store URL, the ids
+and the store's credentials) in an empty directory against a loopback S3
+server. A first head is left mid-run as a killed head would leave it; a
+second head on the same run dir tears down the first head's clusters, trains
+to the target, and survives a spot preemption of a sampler mid-run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("yeto_torch")
+pytest.importorskip("yeto_s3")
+
+from sky_double import LocalCloud
+
+from yeto_sky.provider import RUNNING, SkyIslands
+
+pytestmark = pytest.mark.slow
+
+BUCKET = "yeto-sky-e2e"
+TOTAL_ROUNDS = 60
+
+
+def _config_toml(store: str, run_dir, model_dir) -> str:
+    sky_spot = '{ resources = { infra = "aws/us-east-1", accelerators = "L4:1", use_spot = true } }'
+    sky_od = '{ resources = { infra = "aws/us-east-1", accelerators = "L4:1" } }'
+    return f"""
+name = "skye2e"
+run_dir = "{run_dir}"
+store = "{store}"
+seed = 0
+
+[model]
+path = "{model_dir}"
+base_options = {{ task = "sort4", target_reward = 0.3 }}
+
+[task]
+name = "sort4"
+
+[[samplers]]
+name = "sampler"
+engine = "hf"
+count = 2
+group_size = 8
+prompts_per_call = 8
+min_round_s = 0.3
+backlog_cap = 64
+price_per_hour = 0.31
+provider = "sky"
+provider_options = {sky_spot}
+engine_options = {{ threads = 1 }}
+[samplers.sampling]
+max_new_tokens = 6
+temperature = 1.0
+
+[trainer]
+backend = "torch"
+backend_options = {{ lr = 0.0002, threads = 1 }}
+groups_per_round = 16
+max_policy_age = 3
+total_rounds = {TOTAL_ROUNDS}
+price_per_hour = 0.8
+provider = "sky"
+provider_options = {sky_od}
+
+[scheduler]
+name = "always-on"
+tick_s = 0.1
+
+[backstops]
+budget_usd = 10.0
+wall_clock_s = 600
+silence_s = 120
+"""
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    from yeto_s3.testing import create_bucket, s3_env, start_moto_server
+
+    endpoint, stop = start_moto_server()
+    create_bucket(endpoint, BUCKET)
+    for k, v in s3_env(endpoint).items():
+        monkeypatch.setenv(k, v)
+    yield endpoint
+    stop()
+
+
+def _wait(predicate, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def test_sky_run_learns_through_a_preemption_and_a_restarted_head(s3, tmp_path):
+    from yeto_core.config import parse_config
+    from yeto_core.plugins import get_plugins
+    from yeto_core.preflight import run_preflight
+    from yeto_core.run import Head
+
+    try:
+        import tomllib
+    except ImportError:  # pragma: no cover
+        import tomli as tomllib
+
+    run_dir, model_dir = tmp_path / "run", tmp_path / "base"
+    text = _config_toml(f"s3://{BUCKET}/skye2e", run_dir, model_dir)
+    config = parse_config(tomllib.loads(text), source="e2e.toml")
+    plugins = get_plugins()
+    cloud = LocalCloud(tmp_path / "cloud")
+    try:
+        report = run_preflight(config, plugins)
+        assert report.passed, report.render()
+
+        # -- a first head, left running as a killed head leaves it --------------------
+        first_provider = SkyIslands(run_dir, seam=cloud, poll_s=0.2)
+        first = Head(config, plugins, provider=first_provider)
+        first.prepare_base(print)
+        first.start(print)
+        _wait(lambda: len(cloud.processes()) == 2, 120, "the first head's two samplers")
+        for _ in range(100):  # ticks until the trainer's cluster is up too
+            first.tick()
+            first.trainer_loop.tick()
+            if any("trainer" in c for c in cloud.processes()):
+                break
+            time.sleep(0.1)
+        left_by_first = sorted(cloud.processes())
+        assert any("trainer" in c for c in left_by_first), left_by_first
+        first_provider.close()  # the head "dies": its clusters keep running
+
+        # -- a second head: orphans torn down, the run trained to its target ----------
+        provider = SkyIslands(run_dir, seam=cloud, poll_s=0.2)
+        second = Head(config, plugins, provider=provider)
+        preempted: list[str] = []
+
+        def preempt_once() -> None:
+            # wait for the second head's sampler-0 cluster and some of its groups, then take it
+            def target():
+                for name in cloud.processes():
+                    if "sampler-0" in name and name not in left_by_first:
+                        return name
+                return None
+
+            _wait(lambda: target() and provider.status(target()) == RUNNING, 300, "sampler-0")
+            name = target()
+            b0 = second.buffer.backlog().head_position
+            _wait(lambda: second.buffer.backlog().head_position >= b0 + 16, 300, "new groups")
+            cloud.preempt(name)
+            preempted.append(name)
+
+        chaos = threading.Thread(target=preempt_once, daemon=True)
+        chaos.start()
+        code = second.run(print)
+        chaos.join(timeout=10)
+        summary = second.write_summary()
+    finally:
+        cloud.shutdown()
+
+    assert code == 0, summary
+    for name in left_by_first:  # the first head's clusters were torn down
+        assert name in cloud.downs
+    assert preempted, "the preemption did not happen"
+    (lost,) = preempted
+    incarnation = int(lost.rsplit("-i", 1)[1])
+    assert f"skye2e-sampler-0-i{incarnation + 1}" in [c for k, c in cloud.calls if k == "launch"]
+    assert provider.record(lost)["state"] in ("preempted", "released")
+    assert (
+        summary["groups_trained"] + sum(summary["groups_skipped"].values())
+        == summary["groups_appended"]
+    ), summary
+    assert summary["reward_last"] - summary["reward_first"] >= 0.1, summary
+    assert cloud.clusters() == {}  # every cluster released
+    assert summary["cost_usd"] > 0
