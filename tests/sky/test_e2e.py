@@ -17,6 +17,7 @@ import pytest
 
 pytest.importorskip("yeto_torch")
 pytest.importorskip("yeto_s3")
+pytest.importorskip("yeto_core.island_env", reason="needs the ports API (islands need only the store)")
 
 from sky_double import LocalCloud
 
