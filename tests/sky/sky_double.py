@@ -90,9 +90,9 @@ class LocalCloud(SkySeam):
         env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
         env.update(config.get("envs", {}))
         env.update(config.get("secrets", {}))
-        for k in ("HOME", "TMPDIR"):
+        for k in ("HOME", "TMPDIR", "PYTHONPATH"):  # the test machine's, not the head's data
             if k in os.environ:
-                env[k] = os.environ[k]
+                env.setdefault(k, os.environ[k])
         log = work.parent / f"{cluster}.log"
         with open(log, "ab") as f:
             proc = subprocess.Popen(

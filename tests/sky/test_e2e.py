@@ -17,7 +17,9 @@ import pytest
 
 pytest.importorskip("yeto_torch")
 pytest.importorskip("yeto_s3")
-pytest.importorskip("yeto_core.island_env", reason="needs the ports API (islands need only the store)")
+pytest.importorskip(
+    "yeto_core.island_env", reason="needs the ports API (islands need only the store)"
+)
 
 from sky_double import LocalCloud
 
@@ -167,6 +169,21 @@ def test_sky_run_learns_through_a_preemption_and_a_restarted_head(s3, tmp_path):
     finally:
         cloud.shutdown()
 
+    print(
+        {
+            k: summary.get(k)
+            for k in (
+                "reward_first",
+                "reward_last",
+                "groups_appended",
+                "groups_trained",
+                "groups_skipped",
+                "trainer_starts",
+                "cost_usd",
+                "wall_s",
+            )
+        }
+    )
     assert code == 0, summary
     for name in left_by_first:  # the first head's clusters were torn down
         assert name in cloud.downs
