@@ -33,7 +33,6 @@ TOTAL_ROUNDS = 60
 
 def _config_toml(store: str, run_dir, model_dir) -> str:
     sky_spot = '{ resources = { infra = "aws/us-east-1", accelerators = "L4:1", use_spot = true } }'
-    sky_od = '{ resources = { infra = "aws/us-east-1", accelerators = "L4:1" } }'
     return f"""
 name = "skye2e"
 run_dir = "{run_dir}"
@@ -71,7 +70,7 @@ max_policy_age = 3
 total_rounds = {TOTAL_ROUNDS}
 price_per_hour = 0.8
 provider = "sky"
-provider_options = {sky_od}
+provider_options = {sky_spot}
 
 [scheduler]
 name = "always-on"
@@ -94,6 +93,15 @@ def s3(monkeypatch):
         monkeypatch.setenv(k, v)
     yield endpoint
     stop()
+
+
+def trained_rounds(head) -> int:
+    return (head.lifecycle.last_report or {}).get("trained_rounds") or 0 if head.lifecycle else 0
+
+
+def journal_tail(store, n=40) -> str:
+    keys = sorted(store.list("head/journal/"))[-n:]
+    return "\n".join(store.get(k).decode() for k in keys)
 
 
 def _wait(predicate, timeout_s, what):
@@ -131,11 +139,11 @@ def test_sky_run_learns_through_a_preemption_and_a_restarted_head(s3, tmp_path):
         first.prepare_base(print)
         first.start(print)
         _wait(lambda: len(cloud.processes()) == 2, 120, "the first head's two samplers")
-        for _ in range(100):  # ticks until the trainer's cluster is up too
+        deadline = time.monotonic() + 300
+        while trained_rounds(first) < 3:  # the first head trains a few rounds, then "dies"
+            assert time.monotonic() < deadline, "the first head trained no 3 rounds in time"
             first.tick()
             first.trainer_loop.tick()
-            if any("trainer" in c for c in cloud.processes()):
-                break
             time.sleep(0.1)
         left_by_first = sorted(cloud.processes())
         assert any("trainer" in c for c in left_by_first), left_by_first
@@ -146,26 +154,36 @@ def test_sky_run_learns_through_a_preemption_and_a_restarted_head(s3, tmp_path):
         second = Head(config, plugins, provider=provider)
         preempted: list[str] = []
 
-        def preempt_once() -> None:
-            # wait for the second head's sampler-0 cluster and some of its groups, then take it
-            def target():
-                for name in cloud.processes():
-                    if "sampler-0" in name and name not in left_by_first:
-                        return name
-                return None
+        def current(island: str):
+            for name in cloud.processes():
+                if f"-{island}-i" in name and name not in left_by_first:
+                    return name
+            return None
 
-            _wait(lambda: target() and provider.status(target()) == RUNNING, 300, "sampler-0")
-            name = target()
+        def preempt_mid_run() -> None:
+            # the second head's sampler-0 once it appended 16 groups, then its trainer once
+            # it trained 3 more rounds (spot clusters both)
+            def up(island):
+                return current(island) and provider.status(current(island)) == RUNNING
+
+            _wait(lambda: up("sampler-0"), 300, "sampler-0")
             b0 = second.buffer.backlog().head_position
             _wait(lambda: second.buffer.backlog().head_position >= b0 + 16, 300, "new groups")
+            name = current("sampler-0")
+            cloud.preempt(name)
+            preempted.append(name)
+            r0 = trained_rounds(second)
+            _wait(lambda: up("trainer") and trained_rounds(second) >= r0 + 3, 300, "3 more rounds")
+            name = current("trainer")
             cloud.preempt(name)
             preempted.append(name)
 
-        chaos = threading.Thread(target=preempt_once, daemon=True)
+        chaos = threading.Thread(target=preempt_mid_run, daemon=True)
         chaos.start()
         code = second.run(print)
         chaos.join(timeout=10)
         summary = second.write_summary()
+        journal = journal_tail(second.store)
     finally:
         cloud.shutdown()
 
@@ -184,14 +202,15 @@ def test_sky_run_learns_through_a_preemption_and_a_restarted_head(s3, tmp_path):
             )
         }
     )
-    assert code == 0, summary
+    assert code == 0, f"{summary}\n{journal}"
     for name in left_by_first:  # the first head's clusters were torn down
         assert name in cloud.downs
-    assert preempted, "the preemption did not happen"
-    (lost,) = preempted
-    incarnation = int(lost.rsplit("-i", 1)[1])
-    assert f"skye2e-sampler-0-i{incarnation + 1}" in [c for k, c in cloud.calls if k == "launch"]
-    assert provider.record(lost)["state"] in ("preempted", "released")
+    assert len(preempted) == 2, f"the preemptions did not happen: {preempted}"
+    launched = [c for k, c in cloud.calls if k == "launch"]
+    for lost in preempted:  # each lost incarnation was replaced by the next one
+        island, n = lost[len("skye2e-") :].rsplit("-i", 1)
+        assert f"skye2e-{island}-i{int(n) + 1}" in launched, (lost, launched)
+        assert provider.record(lost)["state"] in ("preempted", "released")
     assert (
         summary["groups_trained"] + sum(summary["groups_skipped"].values())
         == summary["groups_appended"]
