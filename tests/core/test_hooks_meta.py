@@ -47,4 +47,33 @@ def test_hook_has_a_test(hook):
 def test_every_port_is_abstract_and_documented(port):
     assert isinstance(port, abc.ABCMeta) and inspect.isabstract(port)
     assert port.PORT and "PLUGIN_NAME" in (port.__doc__ or "")
-    assert "Minimal implementation" in (port.__doc__ or "")
+    assert "Complete plugin" in (port.__doc__ or "")
+    assert "@hookimpl" in (port.__doc__ or "")
+
+
+def port_example(port) -> str:
+    """The code block of ``port``'s docstring example (after ``Complete plugin ...::``)."""
+    doc = inspect.getdoc(port) or ""
+    block = doc.split("Complete plugin", 1)[1].split("::\n", 1)[1]
+    lines = []
+    for line in block.splitlines():
+        if line and not line.startswith("    "):
+            break
+        lines.append(line[4:])
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("port", ports.PORTS)
+def test_every_port_example_is_a_plugin_that_registers(port):
+    """The example runs as a module, and its hookimpl registers a class of that port."""
+    import types
+
+    module = types.ModuleType(f"example_{port.__name__}")
+    exec(compile(port_example(port), f"<{port.__name__} example>", "exec"), module.__dict__)
+    pm = Plugins(entry_points=False)
+    pm.add(module, f"example-{port.__name__.lower()}")
+    info = [i for i in pm.infos() if i.name == f"example-{port.__name__.lower()}"][0]
+    assert info.error is None, info.error
+    assert list(info.provides) == [port.PORT]
+    (name,) = info.provides[port.PORT]
+    assert issubclass(pm.resolve(port.PORT, name), port)

@@ -81,7 +81,7 @@ def test_restart_resets_buffer_to_cut_watermark(tmp_path):
     lc.train(2)
     lc.drain(StopReason.PREEMPTED)
     lc.release()
-    buf.watermark = 20  # a crashed trainer consumed more after the cut
+    buf._watermark = 20  # a crashed trainer consumed more after the cut
     lc.start(1)
     assert buf.watermark == 4 and lc.counters.policy_version == 2
     assert lc.restored_cut.trigger == Trigger.PREEMPT

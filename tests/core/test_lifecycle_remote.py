@@ -7,11 +7,7 @@ through the store's command channel; the final cut equals an in-process run, bit
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
-from collections.abc import Mapping
-from pathlib import Path
 
 from yeto_core.cut import CutStore
 from yeto_core.ledger import BatchLedger
@@ -20,6 +16,7 @@ from yeto_core.records import LifecycleState, StopReason, Trigger
 from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import FakeBackend, make_group
+from yeto_core.testing.fakes import ScriptIslands, launch_for
 
 S = LifecycleState
 N, G = 12, 4
@@ -35,7 +32,7 @@ from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import FakeBackend
 
 root = Path(sys.argv[1])
-inc = int(os.environ["YETO_TRAINER_INCARNATION"])
+inc = int(os.environ["YETO_INCARNATION"])
 store = DirStore(root, fsync=False)
 driver = DriverLifecycle(
     lambda i: FakeBackend(seed=5), FileSampleBuffer(store, host="trainer"), CutStore(store),
@@ -44,36 +41,6 @@ driver = DriverLifecycle(
 )
 IslandTrainerAgent(store, driver, inc, idle_timeout_s=60).run(os.environ.get("YETO_TRAINER_CUT"))
 """
-
-
-class PopenIslands:
-    """A minimal IslandProvider: one local process per incarnation."""
-
-    def __init__(self, script: Path, root: Path) -> None:
-        self.script, self.root = script, root
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def launch(self, island: str, incarnation: int, env: Mapping[str, str]) -> str:
-        import os
-
-        p = subprocess.Popen(
-            [sys.executable, str(self.script), str(self.root)], env={**os.environ, **env}
-        )
-        handle = f"{island}-{incarnation}-{p.pid}"
-        self.procs[handle] = p
-        return handle
-
-    def status(self, handle: str) -> str:
-        return "running" if self.procs[handle].poll() is None else "exited"
-
-    def release(self, handle: str) -> bool:
-        p = self.procs[handle]
-        try:
-            p.wait(timeout=30)  # the agent exits after it answered the drain
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
-        return p.poll() is not None
 
 
 def _fill(store: DirStore) -> None:
@@ -102,8 +69,8 @@ def test_two_remote_incarnations_in_real_processes_equal_an_in_process_run(tmp_p
     _fill(store)
     script = tmp_path / "trainer_island.py"
     script.write_text(TRAINER)
-    islands = PopenIslands(script, root)
-    remote = RemoteTrainerLifecycle(store, islands, timeout_s=60, poll_s=0.02)
+    islands = ScriptIslands(script, str(root))
+    remote = RemoteTrainerLifecycle(store, islands, launch_for(store), timeout_s=60, poll_s=0.02)
     cuts = []
     for inc, (rounds, reason) in enumerate([(4, StopReason.STOPPED), (100, StopReason.FINISHED)]):
         remote.start(inc)
@@ -134,8 +101,8 @@ def test_a_trainer_process_killed_mid_run_is_a_failed_state(tmp_path):
     _fill(store)
     script = tmp_path / "trainer_island.py"
     script.write_text(TRAINER)
-    islands = PopenIslands(script, root)
-    remote = RemoteTrainerLifecycle(store, islands, timeout_s=60, poll_s=0.02)
+    islands = ScriptIslands(script, str(root))
+    remote = RemoteTrainerLifecycle(store, islands, launch_for(store), timeout_s=60, poll_s=0.02)
     remote.start(0)
     assert remote.wait_ready() == S.READY
     assert remote.train(1) == 1

@@ -5,53 +5,16 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 from yeto_core.policy_follower import PolicyFollower
-from yeto_core.records import Backlog, Completion, SamplingParams
+from yeto_core.records import SamplingParams
 from yeto_core.release import ReleaseStore
 from yeto_core.sampler_loop import SamplerLoop, dispense_offset, group_id
 from yeto_core.stores.dir_store import DirStore
-
-
-class FakeEngine:
-    """Serves the bytes of ``w.bin``; its checksum is read back from what it holds."""
-
-    def __init__(self):
-        self.weights, self.version, self._prev = b"base", 0, None
-
-    def load_release(self, release):
-        self._prev = (self.weights, self.version)
-        self.weights = (Path(release.path) / "w.bin").read_bytes()
-        self.version = release.version
-
-    def rollback(self):
-        self.weights, self.version = self._prev
-
-    def served_checksum(self):
-        return hashlib.sha256(self.weights).hexdigest()
-
-    def encode(self, text):
-        return [ord(c) for c in text]
-
-    def decode(self, ids):
-        return "".join(chr(i) for i in ids)
-
-    def generate(self, prompts, n, sampling):
-        return [
-            [
-                Completion(
-                    tokens=np.array([48 + k], dtype=np.int64),
-                    logprobs=np.array([-0.5], dtype=np.float32),
-                    weight_version=self.version,
-                )
-                for k in range(n)
-            ]
-            for _ in prompts
-        ]
+from yeto_core.testing.fake_backend import MemoryBuffer
+from yeto_core.testing.fakes import DigitsTask, WeightFileEngine
 
 
 def publish(releases, tmp, version, payload, checksum=None):
@@ -66,7 +29,7 @@ def publish(releases, tmp, version, payload, checksum=None):
 @pytest.fixture
 def setup(tmp_path):
     releases = ReleaseStore(DirStore(tmp_path / "store"))
-    engine = FakeEngine()
+    engine = WeightFileEngine()
     events = []
     follower = PolicyFollower(
         releases, engine, work_dir=tmp_path / "work", reload_max_defer_s=5.0, emit=events.append
@@ -140,7 +103,7 @@ def test_round_defers_a_load_until_it_ends(setup):
 
 def test_a_long_round_cannot_defer_past_the_budget(tmp_path):
     releases = ReleaseStore(DirStore(tmp_path / "store"))
-    engine, events = FakeEngine(), []
+    engine, events = WeightFileEngine(), []
     follower = PolicyFollower(
         releases, engine, work_dir=tmp_path / "w", reload_max_defer_s=0.05, emit=events.append
     )
@@ -153,41 +116,18 @@ def test_a_long_round_cannot_defer_past_the_budget(tmp_path):
     assert loaded.data["forced"] is True and "reload_max_defer_s" in loaded.data["reason"]
 
 
-class ListBuffer:
-    def __init__(self):
-        self.groups, self.cap_hits = [], 0
-
-    def append(self, group):
-        self.groups.append(group)
-        return len(self.groups) - 1
-
-    def backlog(self):
-        n = len(self.groups)
-        return Backlog(groups=n, samples=n * 4, watermark=0, head_position=n)
-
-
-class Digits:
-    PLUGIN_NAME = "digits"
-
-    def prompt(self, index):
-        return f"p{index}", str(index % 4)
-
-    def reward(self, answer, completion):
-        return 1.0 if completion == answer else 0.0
-
-
 def test_sampler_loop_appends_scored_groups_and_stops_at_the_cap(setup):
     releases, engine, follower, events, tmp = setup
-    buf, stop = ListBuffer(), threading.Event()
+    buf, stop = MemoryBuffer(), threading.Event()
     loop = SamplerLoop(
         buf,
         engine,
-        Digits(),
+        DigitsTask(),
         follower,
         host="h1",
         incarnation=2,
         group_size=4,
-        prompts_per_round=3,
+        prompts_per_call=3,
         sampling=SamplingParams(),
         seed=5,
         backlog_cap=6,

@@ -8,55 +8,16 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 from yeto_core.policy_follower import PolicyFollower
-from yeto_core.records import Backlog, Completion, SamplingParams
+from yeto_core.records import SamplingParams
 from yeto_core.release import ReleaseStore
 from yeto_core.sampler_loop import SamplerLoop
 from yeto_core.stores.dir_store import DirStore
-
-# The fakes of test_policy_follower.py (copied: tests import as modules of their own).
-
-
-class FakeEngine:
-    """Serves the bytes of ``w.bin``; its checksum is read back from what it holds."""
-
-    def __init__(self):
-        self.weights, self.version, self._prev = b"base", 0, None
-
-    def load_release(self, release):
-        self._prev = (self.weights, self.version)
-        self.weights = (Path(release.path) / "w.bin").read_bytes()
-        self.version = release.version
-
-    def rollback(self):
-        self.weights, self.version = self._prev
-
-    def served_checksum(self):
-        return hashlib.sha256(self.weights).hexdigest()
-
-    def encode(self, text):
-        return [ord(c) for c in text]
-
-    def decode(self, ids):
-        return "".join(chr(i) for i in ids)
-
-    def generate(self, prompts, n, sampling):
-        return [
-            [
-                Completion(
-                    tokens=np.array([48 + k], dtype=np.int64),
-                    logprobs=np.array([-0.5], dtype=np.float32),
-                    weight_version=self.version,
-                )
-                for k in range(n)
-            ]
-            for _ in prompts
-        ]
+from yeto_core.testing.fake_backend import MemoryBuffer
+from yeto_core.testing.fakes import DigitsTask, WeightFileEngine
 
 
 def publish(releases, tmp, version, payload, checksum=None):
@@ -76,33 +37,10 @@ def _wait_until(cond, what, deadline_s=10.0):
         time.sleep(0.005)
 
 
-class ListBuffer:
-    def __init__(self):
-        self.groups, self.cap_hits = [], 0
-
-    def append(self, group):
-        self.groups.append(group)
-        return len(self.groups) - 1
-
-    def backlog(self):
-        n = len(self.groups)
-        return Backlog(groups=n, samples=n * 4, watermark=0, head_position=n)
-
-
-class Digits:
-    PLUGIN_NAME = "digits"
-
-    def prompt(self, index):
-        return f"p{index}", str(index % 4)
-
-    def reward(self, answer, completion):
-        return 1.0 if completion == answer else 0.0
-
-
 @pytest.fixture
 def setup(tmp_path):
     releases = ReleaseStore(DirStore(tmp_path / "store"))
-    engine = FakeEngine()
+    engine = WeightFileEngine()
     events = []
     follower = PolicyFollower(
         releases, engine, work_dir=tmp_path / "work", reload_max_defer_s=5.0, emit=events.append
@@ -114,12 +52,12 @@ def _loop(buf, engine, follower, events, stop, **kw):
     return SamplerLoop(
         buf,
         engine,
-        Digits(),
+        DigitsTask(),
         follower,
         host="h",
         incarnation=0,
         group_size=2,
-        prompts_per_round=2,
+        prompts_per_call=2,
         sampling=SamplingParams(),
         backlog_cap=None,
         stop=stop,
@@ -130,7 +68,7 @@ def _loop(buf, engine, follower, events, stop, **kw):
 
 def test_sync_rounds_waits_for_the_release_of_each_round(setup):
     releases, engine, follower, events, tmp = setup
-    buf, stop = ListBuffer(), threading.Event()
+    buf, stop = MemoryBuffer(), threading.Event()
     loop = _loop(buf, engine, follower, events, stop, sync_rounds=True, sync_poll_s=0.005)
     t = threading.Thread(target=loop.run)
     t.start()
@@ -155,7 +93,7 @@ def test_sync_rounds_waits_for_the_release_of_each_round(setup):
 
 def test_without_sync_rounds_the_loop_does_not_wait_for_versions(setup):
     releases, engine, follower, events, tmp = setup
-    buf, stop = ListBuffer(), threading.Event()
+    buf, stop = MemoryBuffer(), threading.Event()
     loop = _loop(buf, engine, follower, events, stop)
     assert loop.run(max_rounds=3) == 3
     assert len(buf.groups) == 6 and not any(e.kind == "sampler_sync_wait" for e in events)
@@ -164,5 +102,5 @@ def test_without_sync_rounds_the_loop_does_not_wait_for_versions(setup):
 def test_sync_rounds_needs_a_follower():
     with pytest.raises(ValueError, match="follower"):
         SamplerLoop(
-            ListBuffer(), object(), Digits(), None, host="h", incarnation=0, sync_rounds=True
+            MemoryBuffer(), object(), DigitsTask(), None, host="h", incarnation=0, sync_rounds=True
         )

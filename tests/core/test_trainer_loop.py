@@ -6,6 +6,7 @@ import pytest
 
 from yeto_core.cut import CutStore
 from yeto_core.lifecycle import DriverLifecycle
+from yeto_core.ports import TrainerLifecycle
 from yeto_core.records import LifecycleState, StopReason, Trigger
 from yeto_core.release import ReleaseStore
 from yeto_core.s1 import S1Scheduler
@@ -180,8 +181,8 @@ def test_gives_up_after_max_failures_without_a_trained_round(tmp_path):
 
 
 def test_drain_limit_finishes_after_data_end(tmp_path):
-    class Stuck:
-        start_seconds = None
+    class Stuck(TrainerLifecycle):
+        PLUGIN_NAME = "stuck"
 
         def __init__(self):
             self.s = LifecycleState.STOPPED
@@ -194,6 +195,12 @@ def test_drain_limit_finishes_after_data_end(tmp_path):
 
         def release(self):
             self.s = LifecycleState.STOPPED
+
+        def train(self, rounds):
+            raise AssertionError("never READY")
+
+        def drain(self, reason):
+            raise AssertionError("never READY")
 
     clock = Clock()
     buf = MemoryBuffer()

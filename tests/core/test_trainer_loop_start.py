@@ -8,7 +8,6 @@ so the loop never journaled ``started`` and S1's ``T_s`` stayed the fallback. Al
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -17,11 +16,13 @@ import attrs
 import pytest
 
 from yeto_core.lifecycle import RemoteTrainerLifecycle
+from yeto_core.ports import TrainerLifecycle
 from yeto_core.records import Action, Backlog, LifecycleState, StopReason, Trigger
 from yeto_core.s1 import S1Scheduler
 from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import make_group
+from yeto_core.testing.fakes import Clock, ScriptIslands, launch_for
 from yeto_core.trainer_loop import Journal, LoopConfig, TrainerLoop
 
 S = LifecycleState
@@ -33,7 +34,7 @@ class FakeCut:
     cut_id: str
 
 
-class ReadyInsideState:
+class ReadyInsideState(TrainerLifecycle):
     """A lifecycle double that, like the remote one, turns READY inside ``state()``.
 
     ``start`` only launches; the ``ready_after``-th ``state()`` poll after it sees the
@@ -41,23 +42,29 @@ class ReadyInsideState:
     ``ready`` and the process exit in the same poll (FAILED).
     """
 
+    PLUGIN_NAME = "ready-inside-state"
+
     def __init__(self, start_s: float, *, ready_after: int = 2, dies_after_ready=False):
         self.measured, self.ready_after, self.dies = start_s, ready_after, dies_after_ready
         self._state = S.STOPPED
-        self.start_seconds: Optional[float] = None
+        self._start_s: Optional[float] = None
         self.groups = 0
         self.polls = 0
         self.waited = False
 
     def start(self, incarnation: int, cut: Any = None) -> None:
         assert self._state == S.STOPPED
-        self._state, self.start_seconds, self.polls = S.STARTING, None, 0
+        self._state, self._start_s, self.polls = S.STARTING, None, 0
+
+    @property
+    def start_seconds(self) -> Optional[float]:
+        return self._start_s
 
     def state(self) -> LifecycleState:
         if self._state == S.STARTING:
             self.polls += 1
             if self.polls >= self.ready_after:
-                self.start_seconds = self.measured
+                self._start_s = self.measured
                 self._state = S.FAILED if self.dies else S.READY
         return self._state
 
@@ -79,14 +86,6 @@ class ReadyInsideState:
 
     def release(self) -> None:
         self._state = S.STOPPED
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def _loop(lc, clock, journal, config=CFG):
@@ -195,7 +194,7 @@ from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import FakeBackend
 
 root = Path(sys.argv[1])
-inc = int(os.environ["YETO_TRAINER_INCARNATION"])
+inc = int(os.environ["YETO_INCARNATION"])
 store = DirStore(root, fsync=False)
 driver = DriverLifecycle(
     lambda i: FakeBackend(seed=5), FileSampleBuffer(store, host="trainer"), CutStore(store),
@@ -206,35 +205,6 @@ IslandTrainerAgent(store, driver, inc, idle_timeout_s=60).run(os.environ.get("YE
 """
 
 
-class PopenIslands:
-    def __init__(self, script: Path, root: Path) -> None:
-        self.script, self.root = script, root
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def launch(self, island: str, incarnation: int, env) -> str:
-        import os
-        import sys
-
-        p = subprocess.Popen(
-            [sys.executable, str(self.script), str(self.root)], env={**os.environ, **env}
-        )
-        handle = f"{island}-{incarnation}-{p.pid}"
-        self.procs[handle] = p
-        return handle
-
-    def status(self, handle: str) -> str:
-        return "running" if self.procs[handle].poll() is None else "exited"
-
-    def release(self, handle: str) -> bool:
-        p = self.procs[handle]
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
-        return p.poll() is not None
-
-
 def test_the_real_remote_lifecycle_journals_its_measured_start(tmp_path: Path) -> None:
     root = tmp_path / "store"
     store = DirStore(root, fsync=False)
@@ -243,8 +213,8 @@ def test_the_real_remote_lifecycle_journals_its_measured_start(tmp_path: Path) -
         sampler.append(make_group(i, 0, g=4))
     script = tmp_path / "trainer_island.py"
     script.write_text(TRAINER)
-    islands = PopenIslands(script, root)
-    remote = RemoteTrainerLifecycle(store, islands, timeout_s=60, poll_s=0.02)
+    islands = ScriptIslands(script, str(root))
+    remote = RemoteTrainerLifecycle(store, islands, launch_for(store), timeout_s=60, poll_s=0.02)
     journal = Journal(store)
     view = FileSampleBuffer(store, host="head")
     loop = TrainerLoop(

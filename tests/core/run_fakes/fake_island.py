@@ -18,28 +18,30 @@ from yeto_core import hookimpl
 from yeto_core.testing.fake_backend import FakeBackend, make_group
 
 
-def register_fakes() -> None:
-    from yeto_core.plugins import get_plugins
+def plugins_with_fakes():
+    from yeto_core.plugins import Plugins
 
-    get_plugins().add(
+    plugins = Plugins()
+    plugins.add(
         types.SimpleNamespace(
             yeto_register_trainer_backends=hookimpl(lambda register: register(FakeBackend))
         ),
         "test-fakes",
     )
+    return plugins
 
 
-def fake_sampler() -> int:
+def fake_sampler(plugins) -> int:
     from yeto_core.event_stream import EventStream
-    from yeto_core.island_main import load_run_config
-    from yeto_core.plugins import get_plugins
+    from yeto_core.island_main import open_run_buffer
     from yeto_core.release import ReleaseStore
+    from yeto_core.run_store import read_config
 
     island = os.environ["YETO_ISLAND"]
-    config = load_run_config(os.environ["YETO_RUN_DIR"])
+    store = plugins.open_store(os.environ["YETO_STORE"])
+    config = read_config(store)
     scfg = dict(config.sampler_islands())[island]
-    store = get_plugins().open_store(config.store_url())
-    buffer = get_plugins().sample_buffer("file")(store, host=island)
+    buffer = open_run_buffer(plugins, config, store, island)
     releases = ReleaseStore(store)
     stream = EventStream(store, island, flush_s=0.5)
     stop = []
@@ -72,9 +74,9 @@ def fake_sampler() -> int:
 
 
 if __name__ == "__main__":
-    register_fakes()
+    plugins = plugins_with_fakes()
     if os.environ["YETO_ROLE"] == "sampler":
-        sys.exit(fake_sampler())
+        sys.exit(fake_sampler(plugins))
     from yeto_core.island_main import main
 
-    sys.exit(main())
+    sys.exit(main(plugins=plugins))

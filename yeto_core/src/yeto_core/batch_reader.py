@@ -474,9 +474,9 @@ class BatchReader:
                     "another trainer is committing to this buffer"
                 )
             seen_end = self._seen_end
-            entries = [e for e in getattr(rnd, "entries", ()) if e.position >= seen_end]
-            stale = [e for e in getattr(rnd, "stale", ()) if e.position >= seen_end]
-            dups = [int(p) for p in getattr(rnd, "duplicates", ()) if p >= seen_end]
+            entries = [e for e in rnd.entries if e.position >= seen_end]
+            stale = [e for e in rnd.stale if e.position >= seen_end]
+            dups = [int(p) for p in rnd.duplicates if p >= seen_end]
             self._seen_end = max(seen_end, int(rnd.end))
             if entries or stale or dups:
                 last_progress = self.clock()
@@ -558,8 +558,7 @@ class BatchReader:
         return batch
 
     def _data_ended(self) -> bool:
-        fn = getattr(self.buffer, "data_ended", None)
-        return bool(fn()) if callable(fn) else False
+        return bool(self.buffer.data_ended())
 
     def _watermark(self) -> int:
         return int(self.buffer.watermark)

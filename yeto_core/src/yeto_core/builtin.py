@@ -43,3 +43,10 @@ def yeto_register_trainer_lifecycles(register):
 
     register(DriverLifecycle)
     register(RemoteTrainerLifecycle)
+
+
+@hookimpl
+def yeto_register_conversions(register):
+    from yeto_core.conversion import NoConversion
+
+    register(NoConversion)

@@ -32,6 +32,8 @@ Layout (all tables optional except ``model``, ``task``, ``samplers`` and ``train
     sync_rounds = false                # synchronous GRPO: before call n+1, wait for policy version >= n
     price_per_hour = 0.0
     engine_options = {}
+    provider = "local"                 # the island provider that runs these islands
+    provider_options = {}              # passed to the provider with each launch
     [samplers.sampling]
     max_new_tokens = 8
     temperature = 1.0
@@ -43,6 +45,18 @@ Layout (all tables optional except ``model``, ``task``, ``samplers`` and ``train
     max_policy_age = 2
     total_rounds = 0                   # rounds before the run finishes; 0: no limit
     price_per_hour = 0.0
+    lifecycle = "remote"               # "remote": the trainer is an island; "driver": in the head
+    provider = "local"                 # the island provider of the trainer island
+    provider_options = {}
+
+    [buffer]
+    kind = "file"                      # the sample buffer implementation
+    layout = "auto"                    # file buffer: auto, jsonl, objects, shards
+    options = {}
+
+    [conversion]
+    name = "none"                      # the conversion port (sampler <-> trainer nodes)
+    options = {}
 
     [scheduler]
     name = "s1"                        # or "always-on"
@@ -116,6 +130,9 @@ class SamplerIslandConfig:
     price_per_hour: float = 0.0
     engine_options: dict[str, Any] = attrs.field(factory=dict)
     sampling: SamplingParams = attrs.field(factory=SamplingParams)
+    #: The island provider that runs these islands, and its options for each launch.
+    provider: str = "local"
+    provider_options: dict[str, Any] = attrs.field(factory=dict)
 
     def island_names(self) -> list[str]:
         """The islands of this group: ``<name>-0``, ``<name>-1``, ..."""
@@ -134,6 +151,28 @@ class TrainerConfig:
     total_rounds: int = 0
     price_per_hour: float = 0.0
     name: str = "trainer"
+    #: ``remote``: each incarnation is an island (``provider``) driven through the store;
+    #: ``driver``: the trainer runs inside the head's process.
+    lifecycle: str = "remote"
+    provider: str = "local"
+    provider_options: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class BufferConfig:
+    """The durable sample buffer: implementation, index layout and options."""
+
+    kind: str = "file"
+    layout: str = "auto"
+    options: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class ConversionConfig:
+    """How nodes convert between the sampler and trainer roles (``none``: they do not)."""
+
+    name: str = "none"
+    options: dict[str, Any] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -168,6 +207,8 @@ class RunConfig:
     seed: int = 0
     scheduler: SchedulerConfig = attrs.field(factory=SchedulerConfig)
     backstops: BackstopsConfig = attrs.field(factory=BackstopsConfig)
+    buffer: BufferConfig = attrs.field(factory=BufferConfig)
+    conversion: ConversionConfig = attrs.field(factory=ConversionConfig)
     #: Where the config was read from (set by :func:`load_config`; not a TOML key).
     source: str = ""
 
@@ -182,6 +223,18 @@ class RunConfig:
         prices = {name: s.price_per_hour for name, s in self.sampler_islands()}
         prices[self.trainer.name] = self.trainer.price_per_hour
         return prices
+
+    @property
+    def run_id(self) -> str:
+        """The run's id in launch records and island environments (its ``name``)."""
+        return self.name
+
+    def providers(self) -> list[str]:
+        """Every island provider the run uses (sampler groups first, then the trainer's)."""
+        names = [s.provider for s in self.samplers]
+        if self.trainer.lifecycle == "remote":
+            names.append(self.trainer.provider)
+        return list(dict.fromkeys(names))
 
     def store_url(self) -> str:
         """The store URL; the default is ``<run_dir>/store``."""
@@ -263,6 +316,8 @@ def validate(config: RunConfig) -> list[str]:
             errors.append(f"{p}.name = {s.name!r} is the trainer's name; pick another")
         if not s.engine:
             errors.append(f"{p}.engine is empty; give an engine name such as 'hf'")
+        if not s.provider:
+            errors.append(f"{p}.provider is empty; give an island provider such as 'local'")
         _positive(errors, f"{p}.count", s.count)
         _positive(errors, f"{p}.group_size", s.group_size)
         if s.group_size == 1:
@@ -289,6 +344,14 @@ def validate(config: RunConfig) -> list[str]:
         errors.append(f"trainer.name = {t.name!r}; use lower-case letters, digits and '-'")
     if not t.backend:
         errors.append("trainer.backend is empty; give a backend name such as 'torch'")
+    if not t.lifecycle:
+        errors.append("trainer.lifecycle is empty; use 'remote' or 'driver'")
+    if not t.provider:
+        errors.append("trainer.provider is empty; give an island provider such as 'local'")
+    if not config.buffer.kind:
+        errors.append("buffer.kind is empty; give a sample buffer such as 'file'")
+    if not config.conversion.name:
+        errors.append("conversion.name is empty; use 'none' when nodes do not convert")
     _positive(errors, "trainer.groups_per_round", t.groups_per_round)
     _positive(errors, "trainer.max_policy_age", t.max_policy_age, zero_ok=True)
     _positive(errors, "trainer.price_per_hour", t.price_per_hour, zero_ok=True)

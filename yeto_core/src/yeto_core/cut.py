@@ -35,25 +35,9 @@ from yeto_core.manifest import (
     upload_files,
 )
 from yeto_core.ports import ObjectStore
-from yeto_core.records import Event, ShardDigest, Trigger
+from yeto_core.records import ConsistentCut, Event
 
 _CUT_ID = re.compile(r"^c(\d{8})-i(\d+)-([a-z]+)$")
-
-
-@attrs.frozen
-class ConsistentCut:
-    """One committed cut. The driver fills the counters; :class:`CutStore` fills id and files."""
-
-    trigger: Trigger
-    policy_version: int
-    trained_rounds: int
-    buffer_watermark: int
-    incarnation: int
-    cut_id: str = ""
-    parent_cut: Optional[str] = None
-    created_at: float = 0.0
-    files: tuple[ShardDigest, ...] = ()
-    counters: dict[str, Any] = attrs.field(factory=dict)
 
 
 def _seq(cut_id: str) -> int:

@@ -1,19 +1,17 @@
-"""``python -m yeto_core.island_main``: the entry point of a local island process.
+"""``python -m yeto_core.island_main``: the entry point of an island process.
 
-The head launches it through an island provider with this environment:
-
-- ``YETO_RUN_DIR``: the run dir (it holds ``config.json``, the resolved config);
-- ``YETO_ROLE``: ``sampler`` or ``trainer``;
-- ``YETO_ISLAND`` / ``YETO_INCARNATION``: which island and incarnation this is;
-- ``YETO_TRAINER_CUT`` (trainer, optional): the cut id to restore (default:
-  the newest valid cut);
-- ``YETO_LEDGER_SET_ASIDE_BEFORE`` (trainer, optional): the head's start time; batch
-  ledger rounds recorded before it are set aside by a start from the base.
+An island needs only the store. Its environment (set by the island provider
+from the head's :class:`~yeto_core.records.IslandLaunch`) holds the store URL,
+the run id, its role, island name and incarnation, and the store's explicit
+credentials (:mod:`yeto_core.island_env`). It reads the resolved config
+(``run/config.json``) and the base model (``run/model/``) from the store, works
+in a scratch directory under its own working directory, and writes its events
+to the store. It never reads the head's run dir.
 
 Everything is resolved through the plugin manager (engine, task, backend,
-store); the core never imports an adapter. SIGTERM ends the island at once
-after flushing its event stream: a sampler's appended groups are durable and
-a trainer's rounds after its last cut are trained again by the next
+store, buffer); the core never imports an adapter. SIGTERM ends the island at
+once after flushing its event stream: a sampler's appended groups are durable
+and a trainer's rounds after its last cut are trained again by the next
 incarnation, so nothing is lost.
 
 Exit codes: 0 done or terminated, 2 config or plugin error, 1 anything else.
@@ -21,56 +19,39 @@ Exit codes: 0 done or terminated, 2 config or plugin error, 1 anything else.
 
 from __future__ import annotations
 
-import inspect
-import json
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-from yeto_core.config import RunConfig, config_from_dict
+from yeto_core.batch_reader import ReaderBatch
+from yeto_core.config import RunConfig
 from yeto_core.event_stream import EventStream
-from yeto_core.records import Event
-
-ENV_RUN_DIR = "YETO_RUN_DIR"
-ENV_ROLE = "YETO_ROLE"
-ENV_CUT = "YETO_TRAINER_CUT"
-#: Rounds the batch ledger recorded before this time belong to an earlier head's trainer:
-#: a start from the base sets them aside instead of refusing to start.
-ENV_LEDGER_SET_ASIDE = "YETO_LEDGER_SET_ASIDE_BEFORE"
-CONFIG_FILE = "config.json"
+from yeto_core.island_env import IslandIdentity, identity_from_env
+from yeto_core.ports import TrainerBackend
+from yeto_core.records import Batch, Event, ReleaseInfo, Trigger
 
 
 class Terminated(SystemExit):
     """Raised in the main thread by SIGTERM."""
 
 
-def load_run_config(run_dir: str | os.PathLike[str]) -> RunConfig:
-    """The resolved config the head wrote into the run dir."""
-    data = json.loads((Path(run_dir) / CONFIG_FILE).read_text())
-    return config_from_dict(data)
+def scratch_dir(ident: IslandIdentity) -> Path:
+    """The island's own scratch directory, under its working directory."""
+    d = Path.cwd() / f".yeto-{ident.island}-i{ident.incarnation}"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
 
 
-def _accepts(cls: type, name: str) -> bool:
-    try:
-        params = inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        return True
-    return name in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+def base_model(store: Any, config: RunConfig, ident: IslandIdentity) -> str:
+    """The base model directory: fetched from the store into the island's own disk."""
+    from yeto_core.run_store import fetch_model
 
-
-def with_model_dir(cls: type, options: dict[str, Any], config: RunConfig) -> dict[str, Any]:
-    """Engine and backend options, with ``model_dir`` (``[model].path``) and ``seed``.
-
-    Each is added only when not set and when ``cls`` takes it.
-    """
-    out = dict(options)
-    if "model_dir" not in out and _accepts(cls, "model_dir"):
-        out["model_dir"] = str(Path(config.model.path).absolute())
-    return out
+    return str(fetch_model(store, Path.cwd() / ".yeto-model"))
 
 
 def group_reward(group: Any) -> float:
@@ -79,33 +60,32 @@ def group_reward(group: Any) -> float:
     return sum(rewards) / len(rewards) if rewards else 0.0
 
 
-class RecordingBackend:
+class RecordingBackend(TrainerBackend):
     """Wraps a trainer backend and remembers the groups of the last trained batch."""
 
-    def __init__(self, backend: Any) -> None:
+    PLUGIN_NAME = "recording"
+
+    def __init__(self, backend: TrainerBackend) -> None:
         self.backend = backend
         self.last_rewards: dict[int, float] = {}
         self.last_skipped: dict[str, list[int]] = {}
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.backend, name)
-
-    def restore(self, cut_dir: Any) -> None:
+    def restore(self, cut_dir: Optional[Path]) -> None:
         self.backend.restore(cut_dir)
 
-    def train_round(self, batch: Any) -> Any:
+    def train_round(self, batch: Batch) -> Mapping[str, float]:
         self.last_rewards = {
             int(p): group_reward(g) for p, g in zip(batch.positions, batch.groups, strict=True)
         }
-        skipped = getattr(batch, "skipped", None) or {}
+        skipped = batch.skipped if isinstance(batch, ReaderBatch) else {}
         self.last_skipped = {str(k): [int(p) for p in v] for k, v in skipped.items()}
         return self.backend.train_round(batch)
 
-    def save_cut(self, out_dir: Any, trigger: Any) -> None:
+    def save_cut(self, out_dir: Path, trigger: Trigger) -> None:
         self.backend.save_cut(out_dir, trigger)
 
-    def publish_release(self, out_dir: Any) -> Any:
-        return self.backend.publish_release(out_dir)
+    def publish_release(self, out_dir: Path) -> ReleaseInfo:
+        return ReleaseInfo.coerce(self.backend.publish_release(out_dir))
 
 
 def trainer_event_bridge(stream: EventStream, recorder: dict[str, RecordingBackend]):
@@ -149,24 +129,25 @@ def trainer_event_bridge(stream: EventStream, recorder: dict[str, RecordingBacke
     return on_event
 
 
-def run_trainer(config: RunConfig, run_dir: Path, island: str, incarnation: int) -> int:
+def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdentity) -> int:
     from yeto_core.cut import CutStore
     from yeto_core.lifecycle import DriverLifecycle, IslandTrainerAgent
-    from yeto_core.plugins import get_plugins
     from yeto_core.release import ReleaseStore
+    from yeto_core.run_store import head_started_at
 
-    plugins = get_plugins()
-    store = plugins.open_store(config.store_url())
+    island, incarnation = ident.island, ident.incarnation
     backend_cls = plugins.trainer_backend(config.trainer.backend)
-    buffer = plugins.sample_buffer("file")(store, host=island)
-    stream = EventStream(store, config.trainer.name, flush_s=0.0)
+    buffer = open_run_buffer(plugins, config, store, island)
+    stream = EventStream(store, config.trainer.name, flush_s=0.0, observer=plugins.emit)
     recorder: dict[str, RecordingBackend] = {}
+    model_dir = base_model(store, config, ident)
+    work = scratch_dir(ident)
 
-    def factory(_incarnation: int) -> Any:
-        options = with_model_dir(backend_cls, config.trainer.backend_options, config)
-        if _accepts(backend_cls, "seed"):
-            options.setdefault("seed", config.seed)
-        rec = RecordingBackend(backend_cls(**options))
+    def factory(_incarnation: int) -> TrainerBackend:
+        backend = backend_cls.from_config(
+            config.trainer.backend_options, model_dir=model_dir, seed=config.seed
+        )
+        rec = RecordingBackend(backend)
         recorder["backend"] = rec
         return rec
 
@@ -178,38 +159,45 @@ def run_trainer(config: RunConfig, run_dir: Path, island: str, incarnation: int)
         groups_per_round=config.trainer.groups_per_round,
         max_policy_age=config.trainer.max_policy_age,
         emit=trainer_event_bridge(stream, recorder),
-        workdir=run_dir / "work" / f"{island}-i{incarnation}",
+        workdir=work,
         partial_last_round=True,
-        ledger_set_aside_before=_float_env(ENV_LEDGER_SET_ASIDE),
+        ledger_set_aside_before=head_started_at(store),
     )
     agent = IslandTrainerAgent(store, driver, incarnation)
     try:
-        agent.run(os.environ.get(ENV_CUT) or None)
+        agent.run(ident.cut)
     finally:
         stream.flush()
     return 0
 
 
-def run_sampler(config: RunConfig, run_dir: Path, island: str, incarnation: int) -> int:
-    from yeto_core.plugins import get_plugins
+def open_run_buffer(plugins: Any, config: RunConfig, store: Any, host: str, **kw: Any) -> Any:
+    """The run's sample buffer (``[buffer]``) for appender ``host``."""
+    b = config.buffer
+    return plugins.open_buffer(
+        store, host=host, kind=b.kind, layout=b.layout, options=b.options, **kw
+    )
+
+
+def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdentity) -> int:
     from yeto_core.policy_follower import PolicyFollower
     from yeto_core.release import ReleaseStore
     from yeto_core.sampler_loop import SamplerLoop
 
+    island, incarnation = ident.island, ident.incarnation
     groups = {name: s for name, s in config.sampler_islands()}
     if island not in groups:
         raise SystemExit(f"island {island!r} is not a sampler island of this config")
     scfg = groups[island]
-    plugins = get_plugins()
-    store = plugins.open_store(config.store_url())
     engine_cls = plugins.sampler_engine(scfg.engine)
-    options = with_model_dir(engine_cls, scfg.engine_options, config)
-    if _accepts(engine_cls, "seed"):
-        options.setdefault("seed", config.seed * 1000 + incarnation * 100 + _index(island))
-    engine = engine_cls(**options)
+    engine = engine_cls.from_config(
+        scfg.engine_options,
+        model_dir=base_model(store, config, ident),
+        seed=config.seed * 1000 + incarnation * 100 + _index(island),
+    )
     task = plugins.task(config.task.name)(**config.task.options)
-    buffer = plugins.sample_buffer("file")(store, host=island)
-    stream = EventStream(store, island, flush_s=1.0)
+    buffer = open_run_buffer(plugins, config, store, island)
+    stream = EventStream(store, island, flush_s=1.0, observer=plugins.emit)
     on_event = sampler_event_bridge(stream)
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
@@ -217,7 +205,7 @@ def run_sampler(config: RunConfig, run_dir: Path, island: str, incarnation: int)
     follower = PolicyFollower(
         ReleaseStore(store),
         engine,
-        work_dir=run_dir / "work" / f"{island}-i{incarnation}",
+        work_dir=scratch_dir(ident) / "releases",
         emit=on_event,
         source=island,
     )
@@ -230,7 +218,7 @@ def run_sampler(config: RunConfig, run_dir: Path, island: str, incarnation: int)
         incarnation=incarnation,
         task_name=config.task.name,
         group_size=scfg.group_size,
-        prompts_per_round=scfg.prompts_per_call,
+        prompts_per_call=scfg.prompts_per_call,
         sampling=scfg.sampling,
         seed=config.seed,
         backlog_cap=scfg.backlog_cap,
@@ -247,6 +235,7 @@ def run_sampler(config: RunConfig, run_dir: Path, island: str, incarnation: int)
     finally:
         follower.stop()
         stream.flush()
+        engine.close()
     return 0
 
 
@@ -281,11 +270,6 @@ def sampler_event_bridge(stream: EventStream):
     return on_event
 
 
-def _float_env(name: str) -> Optional[float]:
-    raw = os.environ.get(name)
-    return float(raw) if raw else None
-
-
 def _index(island: str) -> int:
     tail = island.rsplit("-", 1)[-1]
     return int(tail) if tail.isdigit() else 0
@@ -301,26 +285,46 @@ def _install_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def run_island(env: Mapping[str, str], plugins: Any = None) -> int:
+    """Run the island ``env`` describes (an :class:`~yeto_core.records.IslandLaunch`'s env).
+
+    :param plugins: the plugin manager (default: a fresh one with every entry point).
+    :returns: the exit code.
+    """
     from yeto_core.errors import YetoError
 
-    run_dir = Path(os.environ[ENV_RUN_DIR])
-    role = os.environ[ENV_ROLE]
-    island = os.environ["YETO_ISLAND"]
-    incarnation = int(os.environ["YETO_INCARNATION"])
-    _install_sigterm()
+    ident = identity_from_env(env)
+    if plugins is None:
+        from yeto_core.plugins import Plugins
+
+        plugins = Plugins()
     try:
-        config = load_run_config(run_dir)
-        if role == "trainer":
-            return run_trainer(config, run_dir, island, incarnation)
-        if role == "sampler":
-            return run_sampler(config, run_dir, island, incarnation)
-        print(f"yeto island: unknown role {role!r}; use sampler or trainer", file=sys.stderr)
+        from yeto_core.run_store import read_config
+
+        store = plugins.open_store(ident.store_url)
+        config = read_config(store)
+        if ident.role == "trainer":
+            return run_trainer(plugins, store, config, ident)
+        if ident.role == "sampler":
+            return run_sampler(plugins, store, config, ident)
+        print(f"yeto island: unknown role {ident.role!r}; use sampler or trainer", file=sys.stderr)
         return 2
     except Terminated:
         return 0
     except YetoError as exc:
-        print(f"yeto island {island}: error: {exc}", file=sys.stderr)
+        print(f"yeto island {ident.island}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def main(argv: Optional[list[str]] = None, *, plugins: Any = None) -> int:
+    """The process entry point: SIGTERM ends the island; the environment says the rest."""
+    from yeto_core.errors import YetoError
+
+    _install_sigterm()
+    try:
+        return run_island(os.environ, plugins)
+    except YetoError as exc:  # the environment itself is wrong
+        print(f"yeto island: error: {exc}", file=sys.stderr)
         return 2
 
 

@@ -38,6 +38,7 @@ import attrs
 
 from yeto_core import serde
 from yeto_core.errors import YetoError
+from yeto_core.records import ReleaseInfo
 
 PREFIX = "ledger"
 
@@ -431,13 +432,7 @@ class ReplayResult:
 
 
 def _entries_by_position(buffer: Any) -> dict[int, Any]:
-    fn = getattr(buffer, "entries", None)
-    if fn is None:
-        raise LedgerError(
-            "this sample buffer cannot list its entries by position; replay needs "
-            "FileSampleBuffer.entries()"
-        )
-    return {int(e.position): e for e in fn()}
+    return {int(e.position): e for e in buffer.entries()}
 
 
 def replay(
@@ -499,10 +494,10 @@ def replay(
 
 
 def _checksum(info: Any) -> str:
-    if isinstance(info, Mapping):
-        value = info.get("weight_checksum")
-    else:
-        value = getattr(info, "weight_checksum", None)
+    try:
+        value = ReleaseInfo.coerce(info).weight_checksum
+    except TypeError:
+        value = None
     if not value:
         raise LedgerError(
             f"the backend's publish_release returned {info!r} without a weight_checksum; "

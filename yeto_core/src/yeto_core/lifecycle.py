@@ -37,11 +37,26 @@ import attrs
 
 from yeto_core import serde
 from yeto_core.batch_reader import SKIP_REASONS, BatchReader, EndOfData
-from yeto_core.cut import ConsistentCut, CutStore
+from yeto_core.cut import CutStore
 from yeto_core.errors import IllegalTransitionError, NotFoundError, YetoError
+from yeto_core.island_env import relaunch
 from yeto_core.ledger import BatchLedger
-from yeto_core.ports import IslandProvider, ObjectStore, TrainerBackend, TrainerLifecycle
-from yeto_core.records import Event, LifecycleState, RoundSpec, StopReason
+from yeto_core.ports import (
+    IslandProvider,
+    LifecycleContext,
+    ObjectStore,
+    TrainerBackend,
+    TrainerLifecycle,
+)
+from yeto_core.records import (
+    ConsistentCut,
+    Event,
+    IslandLaunch,
+    LifecycleState,
+    ReleaseInfo,
+    RoundSpec,
+    StopReason,
+)
 from yeto_core.release import ReleaseStore
 
 S = LifecycleState
@@ -140,6 +155,11 @@ class DriverLifecycle(TrainerLifecycle):
 
     PLUGIN_NAME = "driver"
 
+    @classmethod
+    def create(cls, context: LifecycleContext) -> TrainerLifecycle:
+        """The trainer inside the head's process (``[trainer] lifecycle = "driver"``)."""
+        return context.build_driver()
+
     def __init__(
         self,
         backend_factory: Callable[[int], TrainerBackend],
@@ -185,7 +205,7 @@ class DriverLifecycle(TrainerLifecycle):
         self.counters = TrainerCounters()
         self.restored_cut: Optional[ConsistentCut] = None
         self.last_cut: Optional[ConsistentCut] = None
-        self.start_seconds: Optional[float] = None
+        self._start_seconds: Optional[float] = None
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -216,7 +236,7 @@ class DriverLifecycle(TrainerLifecycle):
             return
         assert self.backend is not None
         out = self._scratch("release")
-        info = dict(self.backend.publish_release(out))
+        info = ReleaseInfo.coerce(self.backend.publish_release(out)).as_dict()
         info["version"] = self.counters.policy_version
         info.setdefault("buffer_watermark", self.counters.buffer_watermark)
         rel = self.releases.publish(out, info)
@@ -227,6 +247,13 @@ class DriverLifecycle(TrainerLifecycle):
     def state(self) -> LifecycleState:
         return self.sm.state
 
+    @property
+    def start_seconds(self) -> Optional[float]:
+        return self._start_seconds
+
+    def report(self) -> Mapping[str, Any]:
+        return attrs.asdict(self.counters)
+
     def start(self, incarnation: int, cut: Optional[Union[ConsistentCut, str]] = None) -> None:
         """JOIN, build a fresh backend, restore the newest valid cut, reset the buffer.
 
@@ -235,7 +262,7 @@ class DriverLifecycle(TrainerLifecycle):
         """
         self.sm.go(S.STARTING, "start")
         t0 = self._clock()
-        self.start_seconds = None  # this incarnation's, once it started
+        self._start_seconds = None  # this incarnation's, once it started
         self.incarnation = incarnation
         self._event("trainer_join", incarnation=incarnation)
         try:
@@ -274,12 +301,12 @@ class DriverLifecycle(TrainerLifecycle):
             raise TrainerFailedError(
                 f"trainer incarnation {incarnation} failed to start: {exc}"
             ) from exc
-        self.start_seconds = self._clock() - t0
+        self._start_seconds = self._clock() - t0
         self.sm.go(S.READY, "finish start")
         self._event(
             "trainer_start_summary",
             incarnation=incarnation,
-            start_s=self.start_seconds,
+            start_s=self._start_seconds,
             cut_id=self.restored_cut.cut_id if self.restored_cut else None,
             ledger_set_aside=len(self.ledger_set_aside),
             **attrs.asdict(self.counters),
@@ -362,7 +389,7 @@ class DriverLifecycle(TrainerLifecycle):
         if reader is None:
             return False
         c = self.counters
-        ended = bool(getattr(self.buffer, "data_ended", lambda: False)())
+        ended = bool(self.buffer.data_ended())
         try:
             batch = reader.try_take(c.policy_version, short_ok=self.partial_last_round and ended)
         except EndOfData:
@@ -538,34 +565,37 @@ class RemoteTrainerLifecycle(TrainerLifecycle):
 
     :param store: the run's object store (the channel lives there).
     :param provider: launches the trainer island (``launch``/``status``/``release``).
-    :param island: the island name given to the provider.
-    :param env: environment for every incarnation (the agent reads it).
+    :param launch: the trainer island's launch record; each incarnation launches it
+        with its own incarnation number (and cut).
     :param timeout_s: how long ``train``/``drain`` wait for the trainer's answer.
     :param sleep: waits between polls (injected).
     """
 
     PLUGIN_NAME = "remote"
 
+    @classmethod
+    def create(cls, context: LifecycleContext) -> RemoteTrainerLifecycle:
+        return cls(context.store, context.provider, context.launch, emit=context.emit)
+
     def __init__(
         self,
         store: ObjectStore,
         provider: IslandProvider,
+        launch: IslandLaunch,
         *,
-        island: str = "trainer",
-        env: Optional[Mapping[str, str]] = None,
         timeout_s: float = 600.0,
         poll_s: float = 0.05,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         emit: Optional[Callable[[Event], None]] = None,
     ) -> None:
-        self.store, self.provider, self.island = store, provider, island
-        self.env = dict(env or {})
+        self.store, self.provider, self.launch = store, provider, launch
+        self.island = launch.island
         self.timeout_s, self.poll_s = timeout_s, poll_s
         self._clock, self._sleep = clock, sleep
         self._emit = emit or (lambda e: None)
         self.sm = StateMachine("trainer lifecycle 'remote'")
-        self.handle: Optional[str] = None
+        self._handle: Optional[str] = None
         self.incarnation: Optional[int] = None
         self.last_report: dict[str, Any] = {}
         self.start_summary: Optional[dict[str, Any]] = None
@@ -579,10 +609,15 @@ class RemoteTrainerLifecycle(TrainerLifecycle):
         self.start_summary = None  # this incarnation's, from its ``ready`` message
         self._commands = Channel(self.store, incarnation, "commands")
         self._events = Channel(self.store, incarnation, "events")
-        env = dict(self.env, YETO_TRAINER_INCARNATION=str(incarnation))
-        if cut is not None:
-            env["YETO_TRAINER_CUT"] = cut if isinstance(cut, str) else cut.cut_id
-        self.handle = self.provider.launch(self.island, incarnation, env)
+        cut_id = None if cut is None else cut if isinstance(cut, str) else cut.cut_id
+        self._handle = self.provider.launch(relaunch(self.launch, incarnation, cut_id))
+
+    @property
+    def handle(self) -> Optional[str]:
+        return self._handle
+
+    def report(self) -> Mapping[str, Any]:
+        return self.last_report
 
     def _pump(self) -> None:
         assert self._events is not None
@@ -695,7 +730,7 @@ class RemoteTrainerLifecycle(TrainerLifecycle):
         if self.sm.state not in (S.LEFT, S.FAILED):
             self.sm.state = S.FAILED
         self.sm.go(S.STOPPED, "release")
-        self.handle = None
+        self._handle = None
 
     def release_orphan(self, handle: str) -> bool:
         """Release an island a previous head launched (found in its journal)."""

@@ -1,10 +1,12 @@
 """The ``local`` island provider: each island is an OS process group on this machine.
 
 Every sampler island and every trainer incarnation runs as its own process
-(``python -m yeto_core.island_main`` by default) in a new session, so it and
-everything it starts share one process group. The environment carries the
-island, the incarnation and whatever the head adds (run dir, store URL, the
-cut to restore). Output goes to ``<run_dir>/logs/<handle>.log``.
+(``python -m <launch.entry_module>``, i.e. ``yeto_core.island_main``) in a new
+session, so it and everything it starts share one process group. Its
+environment is this process's plus the launch record's ``env`` (store URL,
+run id, role, island, incarnation, store credentials); its working directory
+is ``<state_dir>/work/<handle>`` (its scratch space; it reads nothing there
+from the head). Output goes to ``<state_dir>/logs/<handle>.log``.
 
 Handles are recorded in ``<run_dir>/islands/<handle>.json`` (pid, process
 group, the leader's start time, the command) before ``launch`` returns, so a
@@ -18,24 +20,24 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
 from yeto_core.errors import YetoError
 from yeto_core.ports import IslandProvider
-from yeto_core.records import Event
+from yeto_core.records import Event, IslandLaunch, IslandStatus
 
 ISLANDS_DIR = "islands"
 LOGS_DIR = "logs"
+WORK_DIR = "work"
 
-#: Environment variables the provider sets for every island.
-ENV_ISLAND = "YETO_ISLAND"
-ENV_INCARNATION = "YETO_INCARNATION"
+#: Set for every island: its handle (for its log lines; islands do not need it).
 ENV_HANDLE = "YETO_HANDLE"
 
 
@@ -43,9 +45,9 @@ class IslandError(YetoError):
     """An island could not be launched or released."""
 
 
-def default_command() -> list[str]:
+def default_command(entry_module: str = "yeto_core.island_main") -> list[str]:
     """The island entry point with this interpreter."""
-    return [sys.executable, "-m", "yeto_core.island_main"]
+    return [sys.executable, "-m", entry_module]
 
 
 def _proc_stat(pid: int) -> Optional[list[str]]:
@@ -86,8 +88,9 @@ def _group_alive(pgid: int) -> bool:
 class LocalIslands(IslandProvider):
     """Islands as process groups on this machine.
 
-    :param run_dir: where handles and logs are kept.
-    :param command: the argv of an island (default: ``python -m yeto_core.island_main``).
+    :param run_dir: where handles, logs and the islands' working directories are kept
+        (the head's run dir).
+    :param command: the argv of an island (default: ``python -m <launch.entry_module>``).
     :param launcher: ``subprocess.Popen``-compatible (injected for tests).
     :param clock: monotonic seconds (for release deadlines).
     :param term_timeout_s: how long a group gets after SIGTERM before SIGKILL.
@@ -108,7 +111,7 @@ class LocalIslands(IslandProvider):
         kill_timeout_s: float = 10.0,
     ) -> None:
         self.run_dir = Path(run_dir)
-        self.command = list(command) if command is not None else default_command()
+        self.command = list(command) if command is not None else None
         self.launcher = launcher
         self.clock = clock
         self.sleep = sleep
@@ -140,23 +143,25 @@ class LocalIslands(IslandProvider):
 
     # -- the port ----------------------------------------------------------------------
 
-    def launch(self, island: str, incarnation: int, env: Mapping[str, str]) -> str:
-        """Start ``island``'s incarnation as a new process group; return its handle."""
-        handle = f"{island}-i{incarnation}"
+    def launch(self, launch: IslandLaunch) -> str:
+        """Start the island as a new process group; return its handle."""
+        island, incarnation, handle = launch.island, launch.incarnation, launch.handle
         if self.record(handle) is not None:
             raise IslandError(
                 f"island handle {handle!r} is already recorded in "
                 f"{self._record_path(handle)}; release it before launching it again"
             )
         full_env = dict(os.environ)
-        full_env.update(env)
-        full_env[ENV_ISLAND] = island
-        full_env[ENV_INCARNATION] = str(incarnation)
+        full_env.update(launch.env)
         full_env[ENV_HANDLE] = handle
+        command = self.command or default_command(launch.entry_module)
+        cwd = self.run_dir / WORK_DIR / handle
+        cwd.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path(handle), "ab")
         try:
             proc = self.launcher(
-                self.command,
+                command,
+                cwd=str(cwd),
                 env=full_env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -165,7 +170,7 @@ class LocalIslands(IslandProvider):
                 close_fds=True,
             )
         except OSError as exc:
-            raise IslandError(f"cannot launch island {handle!r} ({self.command!r}): {exc}") from exc
+            raise IslandError(f"cannot launch island {handle!r} ({command!r}): {exc}") from exc
         finally:
             log.close()
         self._procs[handle] = proc
@@ -176,7 +181,7 @@ class LocalIslands(IslandProvider):
             "pid": proc.pid,
             "pgid": proc.pid,  # start_new_session: the leader's pid is the group id
             "start_time": _start_time(proc.pid),
-            "command": self.command,
+            "command": command,
             "launched_at": time.time(),
         }
         tmp = self._record_path(handle).with_suffix(".tmp")
@@ -194,11 +199,11 @@ class LocalIslands(IslandProvider):
         self._reap(handle)
         return _group_alive(int(rec["pgid"]))
 
-    def status(self, handle: str) -> str:
+    def status(self, handle: str) -> IslandStatus:
         """``running`` (the leader lives), ``exited`` (leader gone, record kept) or ``gone``."""
         rec = self.record(handle)
         if rec is None:
-            return "gone"
+            return IslandStatus.GONE
         code = self._reap(handle)
         pid = int(rec["pid"])
         if handle in self._procs:
@@ -207,12 +212,15 @@ class LocalIslands(IslandProvider):
             st = _proc_stat(pid)
             leader = st is not None and st[0] != "Z" and _start_time(pid) == rec["start_time"]
         if leader:
-            return "running"
-        return "exited" if not _group_alive(int(rec["pgid"])) else "running"
+            return IslandStatus.RUNNING
+        return IslandStatus.EXITED if not _group_alive(int(rec["pgid"])) else IslandStatus.RUNNING
 
     def returncode(self, handle: str) -> Optional[int]:
         """The leader's exit code, when this provider launched it and it exited."""
         return self._reap(handle)
+
+    def log_hint(self, handle: str) -> str:
+        return str(self.log_path(handle))
 
     def events(self, handle: str) -> Iterator[Event]:
         """New lines of the island's log since the last call, as ``log`` events."""
@@ -261,6 +269,7 @@ class LocalIslands(IslandProvider):
                     return False
         self._procs.pop(handle, None)
         self._record_path(handle).unlink(missing_ok=True)
+        shutil.rmtree(self.run_dir / WORK_DIR / handle, ignore_errors=True)
         return True
 
     def orphans(self) -> list[str]:

@@ -278,6 +278,11 @@ class Plugins:
         hint = self._broken_hint(dist)
         if hint:
             raise UnknownPluginError(f"Unknown {word} {name!r}. {hint}")
+        if dist and self._installed(dist):
+            raise UnknownPluginError(
+                f"The {word} {name!r} is not implemented yet: {dist} is installed but does not "
+                f"provide it (planned). Installed {word}s: {', '.join(self.names(port)) or 'none'}."
+            )
         if dist:
             raise UnknownPluginError(f"Unknown {word} {name!r}. Install {dist}.")
         known = ", ".join(self.names(port)) or "none installed"
@@ -285,6 +290,9 @@ class Plugins:
             f"Unknown {word} {name!r}. Installed: {known}. "
             "Check the name, or install the plugin that provides it (`yeto plugins` lists them)."
         )
+
+    def _installed(self, dist: str) -> bool:
+        return any(info["distribution"] == dist for info in self._infos.values())
 
     def _broken_hint(self, dist: Optional[str]) -> str:
         if not dist:
@@ -342,6 +350,22 @@ class Plugins:
     def open_store(self, url: str, **options: Any) -> ports.ObjectStore:
         """Open the object store that ``url`` names."""
         return self.store_class_for_url(url).from_url(url, **options)
+
+    def open_buffer(
+        self,
+        store: ports.ObjectStore,
+        *,
+        host: str,
+        kind: str = "file",
+        layout: str = "auto",
+        options: Optional[dict[str, Any]] = None,
+        merger: bool = False,
+        read_only: bool = False,
+    ) -> ports.DurableSampleBuffer:
+        """Open the sample buffer ``kind`` (``[buffer]`` of the run config) in ``store``."""
+        return self.sample_buffer(kind).open(
+            store, host=host, layout=layout, merger=merger, read_only=read_only, **(options or {})
+        )
 
     def preflight(self, config: Any, report: Any) -> None:
         """Run every plugin's ``yeto_preflight``; a plugin that raises fails its own check."""

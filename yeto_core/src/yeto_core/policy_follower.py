@@ -34,18 +34,7 @@ from typing import Any, Optional
 import attrs
 
 from yeto_core.errors import ReleaseError
-from yeto_core.records import Event
-
-
-@attrs.frozen
-class LocalRelease:
-    """A fetched and verified release, as an engine loads it."""
-
-    version: int
-    release_id: str
-    path: str
-    kind: str
-    weight_checksum: str
+from yeto_core.records import Event, LocalRelease
 
 
 @attrs.define
@@ -197,7 +186,7 @@ class PolicyFollower:
         return "forced" if forced else "loaded"
 
     def _roll_back(self) -> None:
-        if hasattr(self.engine, "rollback"):
+        if type(self.engine).implements("rollback"):
             self.engine.rollback()
         elif self._current is not None:
             self.engine.load_release(self._current)

@@ -119,19 +119,28 @@ def _resolve(plugins: Any, report: Report, check: str, port: str, name: str) -> 
 
 
 def check_plugins(config: RunConfig, plugins: Any, report: Report) -> None:
-    """Every engine, the backend, the task and the scheduler resolve."""
+    """Every port the config chooses resolves through the plugin manager.
+
+    Engines, island providers (per sampler group and the trainer's), the backend,
+    the trainer lifecycle, the task, the scheduler, the sample buffer and the
+    conversion; each failure says what to install or what is installed.
+    """
+    t = config.trainer
     for i, s in enumerate(config.samplers):
         _resolve(plugins, report, f"samplers[{i}].engine", ports.SamplerEngine.PORT, s.engine)
-    backend = _resolve(
-        plugins, report, "trainer.backend", ports.TrainerBackend.PORT, config.trainer.backend
-    )
+        _resolve(plugins, report, f"samplers[{i}].provider", ports.IslandProvider.PORT, s.provider)
+    backend = _resolve(plugins, report, "trainer.backend", ports.TrainerBackend.PORT, t.backend)
+    _resolve(plugins, report, "trainer.lifecycle", ports.TrainerLifecycle.PORT, t.lifecycle)
+    if t.lifecycle == "remote":
+        _resolve(plugins, report, "trainer.provider", ports.IslandProvider.PORT, t.provider)
     _resolve(plugins, report, "task.name", ports.Task.PORT, config.task.name)
     _resolve(plugins, report, "scheduler.name", ports.TrainerScheduler.PORT, config.scheduler.name)
-    _resolve(plugins, report, "islands", ports.IslandProvider.PORT, "local")
+    _resolve(plugins, report, "buffer.kind", ports.DurableSampleBuffer.PORT, config.buffer.kind)
+    _resolve(plugins, report, "conversion.name", ports.ConversionPort.PORT, config.conversion.name)
     model = Path(config.model.path)
     if model.is_dir():
         report.ok("model.path", f"{model} exists")
-    elif backend is not None and hasattr(backend, "prepare_base"):
+    elif backend is not None and backend.implements("prepare_base"):
         report.warn(
             "model.path",
             f"{model} does not exist; the {config.trainer.backend!r} backend will build it",

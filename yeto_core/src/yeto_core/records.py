@@ -1,13 +1,28 @@
-"""Records shared across ports. All are ``@attrs.frozen``; change them with ``attrs.evolve``.
+"""Records the ports exchange. All are ``@attrs.frozen``; change them with ``attrs.evolve``.
+
+Every argument and result of a port method (:mod:`yeto_core.ports`) is one of
+these records, a builtin, or a :class:`pathlib.Path`:
+
+- samples and groups: :class:`Sample`, :class:`SampleGroup`, :class:`Completion`,
+  :class:`SamplingParams`;
+- the buffer: :class:`GroupEntry`, :class:`BufferRound`, :class:`RoundSpec`,
+  :class:`Backlog`;
+- the trainer: :class:`Batch`, :class:`Trigger`, :class:`StopReason`,
+  :class:`ConsistentCut`, :class:`ReleaseInfo`, :class:`LifecycleState`;
+- the scheduler: :class:`SchedulerInputs`, :class:`Decision`, :class:`Action`;
+- releases as engines load them: :class:`LocalRelease`;
+- islands: :class:`IslandLaunch`, :class:`IslandStatus`;
+- events: :class:`Event`.
 
 JSON goes through :mod:`yeto_core.serde`. Arrays (token ids, log-probs, masks,
 routed experts) never travel as JSON: they go into one safetensors payload per
-group (see :mod:`yeto_core.sample_buffer`).
+group (see :mod:`yeto_core.group_codec`).
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from typing import Any, Optional
 
 import attrs
@@ -186,3 +201,198 @@ class Batch:
     @property
     def n_real_samples(self) -> int:
         return sum(len(g.samples) for g in self.groups)
+
+
+# -- the buffer --------------------------------------------------------------------------
+
+
+@attrs.frozen
+class GroupEntry:
+    """The index record of one group in a sample buffer (small: no arrays)."""
+
+    position: int
+    group_id: str
+    prompt_id: str
+    host: str
+    incarnation: int
+    n_samples: int
+    min_version: int
+    max_version: int
+    appended_at: float
+    payload: str
+    seq: int = -1  # sequence number in its host shard (layout "shards"), else -1
+
+
+@attrs.frozen
+class BufferRound:
+    """A selection: trainable ``entries`` and consumed-but-not-trained ``stale``/``duplicates``.
+
+    ``start`` is the watermark it was selected at, ``end`` the watermark after commit.
+    Every position in ``start..end`` is in exactly one of ``entries``, ``stale`` and
+    ``duplicates``.
+    """
+
+    start: int
+    end: int
+    entries: tuple[GroupEntry, ...] = ()
+    stale: tuple[GroupEntry, ...] = ()
+    duplicates: tuple[int, ...] = ()
+
+    @property
+    def positions(self) -> tuple[int, ...]:
+        return tuple(e.position for e in self.entries)
+
+    @property
+    def n_samples(self) -> int:
+        return sum(e.n_samples for e in self.entries)
+
+
+# -- cuts and releases -------------------------------------------------------------------
+
+
+@attrs.frozen
+class ConsistentCut:
+    """One committed cut. The driver fills the counters; the cut store fills id and files."""
+
+    trigger: Trigger
+    policy_version: int
+    trained_rounds: int
+    buffer_watermark: int
+    incarnation: int
+    cut_id: str = ""
+    parent_cut: Optional[str] = None
+    created_at: float = 0.0
+    files: tuple[ShardDigest, ...] = ()
+    counters: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class ReleaseInfo:
+    """What a :class:`~yeto_core.ports.TrainerBackend` says about the release files it wrote.
+
+    ``kind`` is ``"full"`` (a whole checkpoint) or ``"lora"`` (an adapter);
+    ``weight_checksum`` is the checksum an engine's ``served_checksum()`` must read
+    back after loading it; ``extra`` goes into the release manifest's ``info``.
+    """
+
+    kind: str
+    weight_checksum: str
+    extra: dict[str, Any] = attrs.field(factory=dict)
+
+    @classmethod
+    def coerce(cls, value: Any) -> ReleaseInfo:
+        """A :class:`ReleaseInfo`, or a mapping with ``kind`` and ``weight_checksum``."""
+        if isinstance(value, ReleaseInfo):
+            return value
+        if isinstance(value, Mapping) and "kind" in value and "weight_checksum" in value:
+            extra = {k: v for k, v in value.items() if k not in ("kind", "weight_checksum")}
+            return cls(
+                kind=str(value["kind"]), weight_checksum=str(value["weight_checksum"]), extra=extra
+            )
+        raise TypeError(
+            f"publish_release returned {value!r}; return a ReleaseInfo(kind=..., "
+            "weight_checksum=...) (or a mapping with those keys)"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """``kind``, ``weight_checksum`` and the extra keys, flat."""
+        return {**self.extra, "kind": self.kind, "weight_checksum": self.weight_checksum}
+
+
+@attrs.frozen
+class LocalRelease:
+    """A fetched and verified release, as an engine loads it (``path`` is a local directory)."""
+
+    version: int
+    release_id: str
+    path: str
+    kind: str
+    weight_checksum: str
+
+
+# -- the scheduler -----------------------------------------------------------------------
+
+
+@attrs.frozen
+class SchedulerInputs:
+    """Everything a scheduling decision depends on (journaled with it)."""
+
+    now: float
+    state: LifecycleState
+    backlog_groups: int
+    backlog_samples: int
+    groups_per_round: int
+    a_hard: int
+    start_s: float
+    idle_since: Optional[float] = None
+    data_ended: bool = False
+    failures: int = 0
+    max_failures: int = 3
+    has_release: bool = True
+    first_policy_incarnation: bool = False
+    rounds_this_incarnation: int = 0
+    alpha: Optional[float] = None
+    round_s: Optional[float] = None
+
+    @property
+    def backlog_rounds(self) -> int:
+        return self.backlog_groups // max(1, self.groups_per_round)
+
+
+@attrs.frozen
+class Decision:
+    """A scheduler's answer: the action, why, the inputs it saw and its start threshold."""
+
+    action: Action
+    reason: str
+    inputs: SchedulerInputs
+    q_on: int = 1
+
+
+# -- islands -----------------------------------------------------------------------------
+
+
+class IslandStatus(str, enum.Enum):
+    """What :meth:`~yeto_core.ports.IslandProvider.status` reports for a handle."""
+
+    STARTING = "starting"  # accepted by the provider, not running yet
+    RUNNING = "running"
+    EXITED = "exited"  # its process ended; the provider still holds it (release it)
+    GONE = "gone"  # released, or never known
+
+
+#: Roles an island runs.
+ROLES = ("sampler", "trainer")
+
+
+@attrs.frozen
+class IslandLaunch:
+    """Everything an :class:`~yeto_core.ports.IslandProvider` needs to start one island.
+
+    An island needs only the store: it reads the resolved config, the base model
+    and the releases from ``store_url`` and writes its events there. ``env`` is
+    the complete environment the island process must get (the store URL, the
+    run id, the role, the island name, the incarnation, and the store's explicit
+    credentials); nothing from the head's machine is needed. ``options`` are the
+    ``provider_options`` of the config group this island belongs to
+    (``[[samplers]]`` or ``[trainer]``), for the provider to interpret
+    (machine type, region, image, ...).
+
+    Run the island as ``python -m {entry_module}`` with ``env`` (plus what the
+    machine itself needs, such as ``PATH``), or in process with
+    ``yeto_core.island_main.run_island(env)``.
+    """
+
+    run_id: str
+    store_url: str
+    role: str
+    island: str
+    incarnation: int
+    env: Mapping[str, str] = attrs.field(factory=dict)
+    options: Mapping[str, Any] = attrs.field(factory=dict)
+    entry_module: str = "yeto_core.island_main"
+
+    @property
+    def handle(self) -> str:
+        """The handle a provider should return (unique per island and incarnation)."""
+        return f"{self.island}-i{self.incarnation}"

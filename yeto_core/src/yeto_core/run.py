@@ -1,23 +1,29 @@
 """The head of a run: ``yeto run up``.
 
 One process on the user's machine. It checks the config (preflight), builds
-the base model when it is missing, launches the sampler islands through the
-``local`` island provider, and drives the trainer through the
-:class:`~yeto_core.trainer_loop.TrainerLoop` (the scheduler decides, a
-:class:`~yeto_core.lifecycle.RemoteTrainerLifecycle` launches each trainer
-incarnation as its own island and talks to it through the store). Every tick
-it writes ``status.json`` in the run dir, checks the backstops and the
-``DOWN`` request file, and shows the progress.
+the base model when it is missing, puts the resolved config and the base
+model into the store (``run/``, :mod:`yeto_core.run_store`), launches the
+sampler islands through each group's island provider (``[[samplers]]
+provider``), and drives the trainer through the
+:class:`~yeto_core.trainer_loop.TrainerLoop` (the scheduler decides; the
+``[trainer] lifecycle`` starts and stops incarnations: ``remote`` launches
+each as an island of ``[trainer] provider`` and talks to it through the
+store). Islands get only the store URL, the ids and the store's credentials
+(:mod:`yeto_core.island_env`). Every tick the head writes ``status.json`` in
+the run dir, checks the backstops and the ``DOWN`` request file, and shows
+the progress.
 
-Run dir (``run_dir`` in the config, or ``--run-dir``)::
+Run dir (``run_dir`` in the config, or ``--run-dir``): the head's local view;
+no island reads it::
 
-    config.json      the resolved config (islands read it)
+    config.json      the resolved config (a copy of the store's run/config.json)
     head.json        the live head's pid (one head per run dir)
     status.json      progress, rewritten every tick (``yeto run status``)
     DOWN             a stop request (``yeto run down``)
     cost.jsonl       island starts and verified releases (``yeto cost``)
-    islands/         handles of live islands (a restarted head releases them)
-    logs/            one log per island incarnation
+    islands/         handles of live local islands (a restarted head releases them)
+    logs/            one log per local island incarnation
+    work/            the working directories of local islands
     summary.json     the run's figures, written when the head stops
     store/           the store, unless ``store`` names another one
 
@@ -29,56 +35,51 @@ run dir releases them and continues from the newest cut and the buffer.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
 import attrs
 
+from yeto_core import run_store
 from yeto_core.config import RunConfig, config_to_dict
 from yeto_core.cost import CostLedger
 from yeto_core.errors import ConfigError, YetoError
 from yeto_core.event_stream import EventStream, read_all
-from yeto_core.island_main import CONFIG_FILE, ENV_LEDGER_SET_ASIDE, ENV_ROLE, ENV_RUN_DIR
-from yeto_core.records import StopReason
+from yeto_core.island_env import island_launch
+from yeto_core.ports import IslandProvider, LifecycleContext, TrainerLifecycle
+from yeto_core.records import IslandLaunch, IslandStatus, StopReason
+from yeto_core.run_dir import (  # noqa: F401 (the run-dir protocol, re-exported)
+    BACKSTOP_EXIT,
+    CONFIG_FILE,
+    DOWN_FILE,
+    EXIT_BUDGET,
+    EXIT_BUSY,
+    EXIT_CODES,
+    EXIT_CONFIG,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PREFLIGHT,
+    EXIT_SILENCE,
+    EXIT_WALL_CLOCK,
+    FINISHED_FILE,
+    HEAD_FILE,
+    STATUS_FILE,
+    SUMMARY_FILE,
+    _pid_alive,
+    live_head,
+    load_run_config,
+    read_json,
+    request_down,
+    write_json_atomic,
+)
 from yeto_core.run_summary import summarize
-
-# -- exit codes (docs/run-config.md#exit-codes) ---------------------------------------
-EXIT_OK = 0  # finished (total_rounds trained, data ended) or stopped by `yeto run down`
-EXIT_FAILED = 1  # an island kept failing, a release could not be verified, an error
-EXIT_CONFIG = 2  # the config or a plugin is wrong (nothing started)
-EXIT_PREFLIGHT = 3  # a preflight check failed (nothing started)
-EXIT_BUDGET = 4  # backstop: the budget was reached
-EXIT_WALL_CLOCK = 5  # backstop: the wall-clock limit was reached
-EXIT_SILENCE = 6  # backstop: no new group for silence_s
-EXIT_BUSY = 7  # another head is running on this run dir
-EXIT_INTERRUPTED = 130  # Ctrl-C (the run was still stopped cleanly)
-
-EXIT_CODES: dict[int, str] = {
-    EXIT_OK: "finished, or stopped by yeto run down",
-    EXIT_FAILED: "failed (see the head's message and logs/)",
-    EXIT_CONFIG: "config or plugin error; nothing started",
-    EXIT_PREFLIGHT: "a preflight check failed; nothing started",
-    EXIT_BUDGET: "stopped by the budget backstop",
-    EXIT_WALL_CLOCK: "stopped by the wall-clock backstop",
-    EXIT_SILENCE: "stopped by the silence backstop",
-    EXIT_BUSY: "another head runs on this run dir",
-    EXIT_INTERRUPTED: "interrupted (Ctrl-C); stopped cleanly",
-}
-
-BACKSTOP_EXIT = {"budget": EXIT_BUDGET, "wall_clock": EXIT_WALL_CLOCK, "silence": EXIT_SILENCE}
-
-HEAD_FILE = "head.json"
-STATUS_FILE = "status.json"
-DOWN_FILE = "DOWN"
-SUMMARY_FILE = "summary.json"
-FINISHED_FILE = "FINISHED"
 
 #: A sampler island that exits this many times is not relaunched again.
 MAX_SAMPLER_RESTARTS = 3
@@ -103,46 +104,6 @@ def backstop_reason(
     return None
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> Optional[dict[str, Any]]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def live_head(run_dir: Path) -> Optional[dict[str, Any]]:
-    """The head running on ``run_dir`` (pid alive), or None."""
-    info = read_json(run_dir / HEAD_FILE)
-    if info and _pid_alive(int(info.get("pid", -1))):
-        return info
-    return None
-
-
-def request_down(run_dir: Path, reason: str = "yeto run down") -> None:
-    """Ask the head of ``run_dir`` to stop cleanly (it polls for the file)."""
-    write_json_atomic(run_dir / DOWN_FILE, {"time": time.time(), "reason": reason})
-
-
 @attrs.define
 class HeadState:
     """What the head tracks between ticks (not persisted: a restarted head starts fresh)."""
@@ -163,8 +124,9 @@ class Head:
     """One run's head. ``run()`` returns an exit code (see ``EXIT_CODES``).
 
     :param config: the checked run config.
-    :param plugins: the plugin manager.
-    :param provider: the island provider (default: ``local`` in the run dir).
+    :param plugins: the plugin manager (:class:`~yeto_core.plugins.Plugins`).
+    :param provider: one island provider for every island (tests); default: each
+        provider the config names, built with ``IslandProvider.create(run_dir)``.
     :param clock: seconds since the epoch.
     :param sleep: waits between ticks.
     :param display: called with the status dict every tick (progress display).
@@ -175,7 +137,7 @@ class Head:
         config: RunConfig,
         plugins: Any,
         *,
-        provider: Any = None,
+        provider: Optional[IslandProvider] = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
         display: Optional[Callable[[dict[str, Any]], None]] = None,
@@ -187,29 +149,66 @@ class Head:
         self.sleep = sleep
         self.display = display or (lambda status: None)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.provider = provider or plugins.island_provider("local")(self.run_dir)
+        self.providers: dict[str, IslandProvider] = {
+            name: provider
+            if provider is not None
+            else plugins.island_provider(name).create(self.run_dir)
+            for name in config.providers()
+        }
         self.store = plugins.open_store(config.store_url())
-        self.buffer = plugins.sample_buffer("file")(self.store, host="head")
+        b = config.buffer
+        self.buffer = plugins.open_buffer(
+            self.store,
+            host="head",
+            kind=b.kind,
+            layout=b.layout,
+            options=b.options,
+            merger=b.layout == "shards",
+        )
+        self.conversion = plugins.conversion(config.conversion.name)(**config.conversion.options)
         self.costs = CostLedger(self.run_dir, config.island_prices(), clock=clock)
-        self.events = EventStream(self.store, "head", clock=clock, flush_s=0.0)
+        self.events = EventStream(
+            self.store, "head", clock=clock, flush_s=0.0, observer=plugins.emit
+        )
         self.state = HeadState(started_at=clock())
         self.sampler_handles: dict[str, str] = {}
         self._stop_requested: Optional[str] = None
         self.trainer_loop: Any = None
-        self.lifecycle: Any = None
+        self.lifecycle: Optional[TrainerLifecycle] = None
 
     # -- set-up ----------------------------------------------------------------------
 
-    def island_env(self, role: str) -> dict[str, str]:
-        return {
-            ENV_RUN_DIR: str(self.run_dir.absolute()),
-            ENV_ROLE: role,
-            "YETO_STORE": self.config.store_url(),
-            "PYTHONUNBUFFERED": "1",
-        }
+    def provider_of(self, island: str) -> IslandProvider:
+        """The island provider of ``island`` (its sampler group's, or the trainer's)."""
+        return self.providers[self._group_of(island)[0]]
+
+    def _group_of(self, island: str) -> tuple[str, dict[str, Any]]:
+        for name, s in self.config.sampler_islands():
+            if name == island:
+                return s.provider, dict(s.provider_options)
+        t = self.config.trainer
+        return t.provider, dict(t.provider_options)
+
+    def launch_record(self, role: str, island: str, incarnation: int) -> IslandLaunch:
+        """What the provider gets: store URL, ids, store credentials, the group's options."""
+        _provider, options = self._group_of(island)
+        return island_launch(
+            self.store,
+            run_id=self.config.run_id,
+            role=role,
+            island=island,
+            incarnation=incarnation,
+            options=options,
+        )
 
     def write_config(self) -> None:
+        """The resolved config and the base model into the store (islands read them there)."""
         write_json_atomic(self.run_dir / CONFIG_FILE, config_to_dict(self.config))
+        run_store.write_config(self.store, self.config)
+        model = Path(self.config.model.path)
+        if model.is_dir():
+            if run_store.publish_model(self.store, model):
+                self.events.emit("model_published", path=str(model.absolute()))
 
     def prepare_base(self, say: Callable[[str], None] = print) -> None:
         """Build the base model through the backend when ``model.path`` is missing."""
@@ -217,8 +216,7 @@ class Head:
         if (path / "config.json").is_file():
             return
         backend_cls = self.plugins.trainer_backend(self.config.trainer.backend)
-        prepare = getattr(backend_cls, "prepare_base", None)
-        if prepare is None:
+        if not backend_cls.implements("prepare_base"):
             raise YetoError(
                 f"model.path {str(path)!r} has no model and the {self.config.trainer.backend!r} "
                 "backend cannot build one; point model.path at a model directory"
@@ -228,7 +226,7 @@ class Head:
         options.setdefault("seed", self.config.seed)
         say(f"building the base model in {path} (first run only) ...")
         t0 = self.clock()
-        prepare(options, path)
+        backend_cls.prepare_base(options, path)
         say(f"base model ready in {self.clock() - t0:.1f} s")
 
     def claim(self) -> None:
@@ -242,21 +240,27 @@ class Head:
         write_json_atomic(
             self.run_dir / HEAD_FILE, {"pid": os.getpid(), "started_at": self.state.started_at}
         )
+        run_store.write_head(
+            self.store, started_at=self.state.started_at, pid=os.getpid(), host=_host()
+        )
         (self.run_dir / DOWN_FILE).unlink(missing_ok=True)
 
     def release_orphans(self) -> list[str]:
         """Release every island a previous head left running, and close its cost."""
         released = []
         open_handles = self.costs.open_handles()
-        for handle in self.provider.orphans():
-            if not self.provider.release(handle):
-                raise YetoError(
-                    f"island {handle} left by a previous head could not be verified gone; "
-                    f"kill it by hand (see {self.run_dir / 'islands' / (handle + '.json')})"
-                )
-            released.append(handle)
+        for name, provider in self.providers.items():
+            for handle in provider.orphans():
+                if not provider.release(handle):
+                    hint = provider.log_hint(handle)
+                    raise YetoError(
+                        f"island {handle} left by a previous head could not be verified gone by "
+                        f"the {name!r} provider; stop it by hand"
+                        + (f" (see {hint})" if hint else "")
+                    )
+                released.append(handle)
         for handle, island in open_handles.items():
-            if self.provider.status(handle) == "gone":
+            if self.provider_of(island).status(handle) == IslandStatus.GONE:
                 self.costs.stopped(island, handle)
         if released:
             self.events.emit("orphans_released", handles=released)
@@ -267,34 +271,38 @@ class Head:
 
     def launch_sampler(self, island: str) -> str:
         incarnation = self._incarnation_of(island)
-        handle = self.provider.launch(island, incarnation, self.island_env("sampler"))
+        launch = self.launch_record("sampler", island, incarnation)
+        handle = self.provider_of(island).launch(launch)
         self.costs.started(island, handle)
         self.sampler_handles[island] = handle
         self.events.emit("sampler_launch", island=island, incarnation=incarnation, handle=handle)
         return handle
 
     def release_island(self, island: str, handle: str) -> None:
-        if not self.provider.release(handle):
+        if not self.provider_of(island).release(handle):
             raise YetoError(f"island {handle} could not be verified gone; kill it by hand")
         self.costs.stopped(island, handle)
 
     # -- the trainer -----------------------------------------------------------------
 
     def build_trainer_loop(self) -> None:
-        """The scheduler, a remote lifecycle over the provider, and the TrainerLoop."""
-        from yeto_core.lifecycle import RemoteTrainerLifecycle
+        """The scheduler, the ``[trainer] lifecycle`` and the TrainerLoop."""
         from yeto_core.release import ReleaseStore
         from yeto_core.trainer_loop import Journal, LoopConfig, TrainerLoop
 
-        self.lifecycle = RemoteTrainerLifecycle(
-            self.store,
-            _CostedProvider(self),
-            island=self.config.trainer.name,
-            env=dict(
-                self.island_env("trainer"),
-                **{ENV_LEDGER_SET_ASIDE: repr(self.state.started_at)},
-            ),
+        t = self.config.trainer
+        trainer_provider = self.providers[t.provider] if t.lifecycle == "remote" else _NoProvider()
+        context = LifecycleContext(
+            config=self.config,
+            plugins=self.plugins,
+            store=self.store,
+            provider=_CostedProvider(self, trainer_provider),
+            launch=self.launch_record("trainer", t.name, 0),
+            work_dir=self.run_dir / "work" / "head",
+            emit=lambda e: None,
+            build_driver=self.build_driver,
         )
+        self.lifecycle = self.plugins.trainer_lifecycle(t.lifecycle).create(context)
         options = dict(self.config.scheduler.options)
         try:
             loop_config = LoopConfig(
@@ -319,8 +327,42 @@ class Head:
             Journal(self.store),
             loop_config,
             clock=self.clock,
-            start_seconds=lambda: (lifecycle.start_summary or {}).get("start_s"),
             emit=self._on_loop_event,
+        )
+
+    def build_driver(self) -> TrainerLifecycle:
+        """The trainer inside this process (``[trainer] lifecycle = "driver"``)."""
+        from yeto_core.cut import CutStore
+        from yeto_core.island_main import RecordingBackend, open_run_buffer, trainer_event_bridge
+        from yeto_core.lifecycle import DriverLifecycle
+        from yeto_core.release import ReleaseStore
+
+        config = self.config
+        backend_cls = self.plugins.trainer_backend(config.trainer.backend)
+        model_dir = str(Path(config.model.path).absolute())
+        stream = EventStream(
+            self.store, config.trainer.name, flush_s=0.0, observer=self.plugins.emit
+        )
+        recorder: dict[str, RecordingBackend] = {}
+
+        def factory(_incarnation: int) -> Any:
+            backend = backend_cls.from_config(
+                config.trainer.backend_options, model_dir=model_dir, seed=config.seed
+            )
+            recorder["backend"] = RecordingBackend(backend)
+            return recorder["backend"]
+
+        return DriverLifecycle(
+            factory,
+            open_run_buffer(self.plugins, config, self.store, config.trainer.name),
+            CutStore(self.store),
+            ReleaseStore(self.store),
+            groups_per_round=config.trainer.groups_per_round,
+            max_policy_age=config.trainer.max_policy_age,
+            emit=trainer_event_bridge(stream, recorder),
+            workdir=self.run_dir / "work" / config.trainer.name,
+            partial_last_round=True,
+            ledger_set_aside_before=self.state.started_at,
         )
 
     def backlog_for_scheduler(self) -> Any:
@@ -371,9 +413,11 @@ class Head:
         if self.state.finishing:
             return
         for island, handle in list(self.sampler_handles.items()):
-            if self.provider.status(handle) not in ("exited", "gone"):
+            provider = self.provider_of(island)
+            if provider.status(handle) not in (IslandStatus.EXITED, IslandStatus.GONE):
                 continue
-            code = getattr(self.provider, "returncode", lambda h: None)(handle)
+            code = provider.returncode(handle)
+            hint = provider.log_hint(handle)
             self.release_island(island, handle)
             n = self.state.sampler_restarts.get(island, 0) + 1
             self.state.sampler_restarts[island] = n
@@ -381,8 +425,8 @@ class Head:
             if n > MAX_SAMPLER_RESTARTS:
                 del self.sampler_handles[island]
                 raise YetoError(
-                    f"sampler island {island} exited {n} times (last exit code {code}); see "
-                    f"{self.run_dir / 'logs' / (handle + '.log')}"
+                    f"sampler island {island} exited {n} times (last exit code {code})"
+                    + (f"; see {hint}" if hint else "")
                 )
             self.launch_sampler(island)
 
@@ -401,7 +445,7 @@ class Head:
             self.state.last_arrival_at = now
         loop = self.trainer_loop
         lifecycle_state = self.lifecycle.state().value if self.lifecycle is not None else "STOPPED"
-        report = getattr(self.lifecycle, "last_report", {}) or {}
+        report = dict(self.lifecycle.report()) if self.lifecycle is not None else {}
         return {
             "run": self.config.name,
             "state": "finishing" if self.state.finishing else "running",
@@ -414,12 +458,14 @@ class Head:
             "trainer_state": lifecycle_state,
             "policy_version": report.get("policy_version"),
             "trained_rounds": report.get("trained_rounds"),
-            "incarnation": getattr(loop, "incarnation", None),
+            "incarnation": loop.incarnation if loop is not None else None,
             "mean_reward": _mean(self.state.last_rewards),
             "cost_usd": round(self.costs.total_usd(now), 4),
             "samplers": {
-                island: self.provider.status(h) for island, h in self.sampler_handles.items()
+                island: str(self.provider_of(island).status(h).value)
+                for island, h in self.sampler_handles.items()
             },
+            "convertible_nodes": self.conversion.capacity(),
             "stop_reason": self._stop_requested,
         }
 
@@ -603,28 +649,69 @@ class Head:
         return out
 
 
-class _CostedProvider:
-    """The head's provider, with trainer launches and verified releases in the cost ledger."""
+class _CostedProvider(IslandProvider):
+    """The trainer's provider, with launches and verified releases in the cost ledger."""
 
-    def __init__(self, head: Head) -> None:
-        self.head = head
+    PLUGIN_NAME = "costed"
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.head.provider, name)
+    def __init__(self, head: Head, provider: IslandProvider) -> None:
+        self.head, self.provider = head, provider
 
-    def launch(self, island: str, incarnation: int, env: Mapping[str, str]) -> str:
-        handle = self.head.provider.launch(island, incarnation, env)
-        self.head.costs.started(island, handle)
+    def launch(self, launch: IslandLaunch) -> str:
+        handle = self.provider.launch(launch)
+        self.head.costs.started(launch.island, handle)
         return handle
 
+    def status(self, handle: str) -> IslandStatus:
+        return self.provider.status(handle)
+
+    def events(self, handle: str) -> Any:
+        return self.provider.events(handle)
+
     def release(self, handle: str) -> bool:
-        ok = self.head.provider.release(handle)
+        ok = self.provider.release(handle)
         if ok and handle in self.head.costs.open_handles():
             self.head.costs.stopped(self.head.config.trainer.name, handle)
         return ok
 
-    def release_orphan(self, handle: str) -> bool:
-        return self.release(handle)
+    def orphans(self) -> list[str]:
+        return self.provider.orphans()
+
+    def returncode(self, handle: str) -> Optional[int]:
+        return self.provider.returncode(handle)
+
+    def log_hint(self, handle: str) -> str:
+        return self.provider.log_hint(handle)
+
+
+class _NoProvider(IslandProvider):
+    """The trainer provider of a lifecycle that launches no island (``driver``)."""
+
+    PLUGIN_NAME = "none"
+
+    def launch(self, launch: IslandLaunch) -> str:
+        raise YetoError(
+            f"the trainer lifecycle {launch.island!r} launches no island; set "
+            "[trainer] lifecycle = 'remote' to run the trainer on a provider"
+        )
+
+    def status(self, handle: str) -> IslandStatus:
+        return IslandStatus.GONE
+
+    def events(self, handle: str) -> Any:
+        return iter(())
+
+    def release(self, handle: str) -> bool:
+        return True
+
+    def orphans(self) -> list[str]:
+        return []
+
+
+def _host() -> str:
+    import socket
+
+    return socket.gethostname()
 
 
 def _mean(xs: list[float]) -> Optional[float]:

@@ -20,46 +20,10 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-import attrs
-
 from yeto_core.ports import TrainerScheduler
-from yeto_core.records import Action, LifecycleState
+from yeto_core.records import Action, Decision, LifecycleState, SchedulerInputs
 
 S = LifecycleState
-
-
-@attrs.frozen
-class SchedulerInputs:
-    """Everything a decision depends on (journaled with it)."""
-
-    now: float
-    state: LifecycleState
-    backlog_groups: int
-    backlog_samples: int
-    groups_per_round: int
-    a_hard: int
-    start_s: float
-    idle_since: Optional[float] = None
-    data_ended: bool = False
-    failures: int = 0
-    max_failures: int = 3
-    has_release: bool = True
-    first_policy_incarnation: bool = False
-    rounds_this_incarnation: int = 0
-    alpha: Optional[float] = None
-    round_s: Optional[float] = None
-
-    @property
-    def backlog_rounds(self) -> int:
-        return self.backlog_groups // max(1, self.groups_per_round)
-
-
-@attrs.frozen
-class Decision:
-    action: Action
-    reason: str
-    inputs: SchedulerInputs
-    q_on: int
 
 
 def resolve_start_seconds(

@@ -83,7 +83,7 @@ from yeto_core import serde
 from yeto_core.errors import NotFoundError, SampleBufferError
 from yeto_core.group_codec import decode_group, encode_group
 from yeto_core.ports import DurableSampleBuffer, ObjectStore
-from yeto_core.records import Backlog, Event, RoundSpec, SampleGroup
+from yeto_core.records import Backlog, BufferRound, Event, GroupEntry, RoundSpec, SampleGroup
 
 log = logging.getLogger("yeto.buffer")
 
@@ -104,45 +104,6 @@ def check_group_id(group_id: str, what: str = "group id") -> str:
 
 
 # -- records -----------------------------------------------------------------------------
-
-
-@attrs.frozen
-class GroupEntry:
-    """The index record of one group (small: no arrays)."""
-
-    position: int
-    group_id: str
-    prompt_id: str
-    host: str
-    incarnation: int
-    n_samples: int
-    min_version: int
-    max_version: int
-    appended_at: float
-    payload: str
-    seq: int = -1  # sequence number in its host shard (layout "shards"), else -1
-
-
-@attrs.frozen
-class BufferRound:
-    """A selection: trainable ``entries`` and consumed-but-not-trained ``stale``/``duplicates``.
-
-    ``start`` is the watermark it was selected at, ``end`` the watermark after commit.
-    """
-
-    start: int
-    end: int
-    entries: tuple[GroupEntry, ...] = ()
-    stale: tuple[GroupEntry, ...] = ()
-    duplicates: tuple[int, ...] = ()
-
-    @property
-    def positions(self) -> tuple[int, ...]:
-        return tuple(e.position for e in self.entries)
-
-    @property
-    def n_samples(self) -> int:
-        return sum(e.n_samples for e in self.entries)
 
 
 @attrs.frozen
@@ -505,12 +466,12 @@ class FileSampleBuffer(DurableSampleBuffer):
         self.read_only = read_only
         self.merger = merger and not read_only
         self.host = check_group_id(host or socket.gethostname().split(".")[0] or "host", "host")
-        root = getattr(store, "root", None)
+        root = store.local_root()
         if layout == "auto":
             layout = "jsonl" if root is not None else "objects"
         self.layout = layout
         self.events: list[Event] = []
-        fsync = bool(getattr(store, "fsync", True))
+        fsync = store.fsyncs()
         if layout in ("jsonl", "shards"):
             if root is None:
                 raise SampleBufferError(

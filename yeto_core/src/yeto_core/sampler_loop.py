@@ -40,7 +40,7 @@ def group_id(host: str, incarnation: int, index: int) -> str:
 
 
 class SamplerLoop:
-    """Produce ``prompts_per_round`` groups of ``group_size`` samples per round.
+    """Produce ``prompts_per_call`` groups of ``group_size`` samples per round.
 
     :param min_round_s: a round takes at least this long (throttle; 0: none).
     :param backlog_cap: wait while the buffer holds at least this many groups (None: never).
@@ -61,7 +61,7 @@ class SamplerLoop:
         incarnation: int,
         task_name: str = "",
         group_size: int = 8,
-        prompts_per_round: int = 16,
+        prompts_per_call: int = 16,
         sampling: SamplingParams = SamplingParams(),
         seed: int = 0,
         backlog_cap: Optional[int] = None,
@@ -75,12 +75,12 @@ class SamplerLoop:
     ) -> None:
         if group_size < 2:
             raise ValueError(f"group_size={group_size}: GRPO needs at least 2 samples per group")
-        if prompts_per_round < 1:
-            raise ValueError(f"prompts_per_round={prompts_per_round}: must be >= 1")
+        if prompts_per_call < 1:
+            raise ValueError(f"prompts_per_call={prompts_per_call}: must be >= 1")
         self.buffer, self.engine, self.task, self.follower = buffer, engine, task, follower
         self.host, self.incarnation = host, int(incarnation)
-        self.task_name = task_name or getattr(task, "PLUGIN_NAME", "")
-        self.group_size, self.prompts_per_round = int(group_size), int(prompts_per_round)
+        self.task_name = task_name or task.PLUGIN_NAME
+        self.group_size, self.prompts_per_call = int(group_size), int(prompts_per_call)
         self.sampling = sampling
         self.seed = int(seed)
         self.backlog_cap = backlog_cap
@@ -146,7 +146,7 @@ class SamplerLoop:
     def run_round(self) -> list[int]:
         """Generate, score and append one round of groups. :returns: their buffer positions."""
         started = self.clock()
-        indices = [self.offset + self.next_index + k for k in range(self.prompts_per_round)]
+        indices = [self.offset + self.next_index + k for k in range(self.prompts_per_call)]
         prompts = [self.task.prompt(i) for i in indices]
         guard = self.follower.round() if self.follower is not None else _no_lock()
         with guard:
@@ -190,7 +190,7 @@ class SamplerLoop:
                 task=self.task_name,
             )
             positions.append(self.buffer.append(group))
-        self.next_index += self.prompts_per_round
+        self.next_index += self.prompts_per_call
         self.rounds += 1
         self.groups_appended += len(positions)
         self._event(

@@ -19,9 +19,17 @@ import attrs
 
 from yeto_core import serde
 from yeto_core.errors import NotFoundError, YetoError
-from yeto_core.ports import ObjectStore
-from yeto_core.records import Action, Event, LifecycleState, StopReason
-from yeto_core.s1 import Decision, SchedulerInputs, resolve_start_seconds
+from yeto_core.ports import ObjectStore, TrainerLifecycle, TrainerScheduler
+from yeto_core.records import (
+    Action,
+    Backlog,
+    Decision,
+    Event,
+    LifecycleState,
+    SchedulerInputs,
+    StopReason,
+)
+from yeto_core.s1 import resolve_start_seconds
 
 if TYPE_CHECKING:
     from yeto_core.cut import ConsistentCut
@@ -112,9 +120,9 @@ class TrainerLoop:
 
     def __init__(
         self,
-        scheduler: Any,
-        lifecycle: Any,
-        backlog: Callable[[], Any],
+        scheduler: TrainerScheduler,
+        lifecycle: TrainerLifecycle,
+        backlog: Callable[[], Backlog],
         has_release: Callable[[], bool],
         journal: Journal,
         config: LoopConfig = LoopConfig(),
@@ -126,7 +134,7 @@ class TrainerLoop:
         self.scheduler, self.lifecycle = scheduler, lifecycle
         self._backlog, self._has_release = backlog, has_release
         self.journal, self.config, self._clock = journal, config, clock
-        self._start_seconds = start_seconds or (lambda: getattr(lifecycle, "start_seconds", None))
+        self._start_seconds = start_seconds or (lambda: lifecycle.start_seconds)
         self._emit = emit or (lambda e: None)
         self.incarnation = -1
         self.idle_since: Optional[float] = None
@@ -174,7 +182,7 @@ class TrainerLoop:
         if open_start is not None:
             handle = open_start.get("handle")
             released = True
-            if handle and hasattr(self.lifecycle, "release_orphan"):
+            if handle:
                 released = bool(self.lifecycle.release_orphan(handle))
             self._log(
                 "orphan_released",
@@ -267,7 +275,7 @@ class TrainerLoop:
             except Exception as exc:  # the lifecycle is FAILED; the next tick releases it
                 self._log("start_failed", incarnation=self.incarnation, error=str(exc))
                 return
-            handle = getattr(self.lifecycle, "handle", None)
+            handle = self.lifecycle.handle
             if handle is not None:
                 self._log("launched", incarnation=self.incarnation, handle=handle)
             self._note_started(self.lifecycle.state())
@@ -327,10 +335,8 @@ class TrainerLoop:
         state = self.lifecycle.state()
         self._note_started(state)
         if state == S.STARTING:
-            wait_ready = getattr(self.lifecycle, "wait_ready", None)
-            if wait_ready is not None:
-                state = wait_ready()
-                self._note_started(state)
+            state = self.lifecycle.wait_ready()
+            self._note_started(state)
         cut = self._drain(reason) if state == S.READY else None
         state = self.lifecycle.state()
         if state != S.STOPPED:
@@ -350,7 +356,7 @@ class TrainerLoop:
             "stop",
             incarnation=self.incarnation,
             reason=reason.value,
-            cut_id=getattr(cut, "cut_id", None),
+            cut_id=cut.cut_id if cut is not None else None,
             idle_since=None,
         )
         return cut

@@ -232,6 +232,7 @@ class S3Store(ObjectStore):
         self._sleep = sleep
         self._rng = random.Random(seed)
         self._secrets = tuple(s for s in secrets if s)
+        self._credentials_env: dict[str, str] = {}
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> S3Store:
@@ -265,7 +266,7 @@ class S3Store(ObjectStore):
             read_timeout=float(options.get("read_timeout", 60.0)),
             max_pool_connections=int(options.get("max_pool_connections", 32)),
         )
-        return cls(
+        store = cls(
             bucket,
             prefix,
             client=client,
@@ -274,9 +275,25 @@ class S3Store(ObjectStore):
             max_attempts=int(options.get("max_attempts", 6)),
             secrets=(secret, session_token or ""),
         )
+        store._credentials_env = {
+            ENV[name]: value
+            for name, value in (
+                ("access_key_id", access_key_id),
+                ("secret_access_key", secret),
+                ("session_token", session_token),
+                ("endpoint_url", endpoint_url),
+                ("region", region),
+            )
+            if value
+        }
+        return store
 
     def url(self) -> str:
         return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+
+    def credentials_env(self) -> dict[str, str]:
+        """The ``YETO_STORE_S3_*`` variables that open this store on another machine."""
+        return dict(self._credentials_env)
 
     def __repr__(self) -> str:
         return (

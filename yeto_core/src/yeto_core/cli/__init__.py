@@ -1,9 +1,8 @@
 """The ``yeto`` command line.
 
-Top-level commands and ``yeto bench`` subcommands live in their own modules
-and are imported only when used, so ``yeto plugins`` stays fast and a command
-whose module is not installed simply does not appear. Plugins add commands
-through the ``yeto_cli`` hook.
+Top-level commands live in their own modules and are imported only when
+used, so ``yeto plugins`` stays fast. Plugins add commands through the
+``yeto_cli`` hook (``yeto bench`` comes from the yeto-bench dev distribution).
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ COMMANDS: dict[str, str] = {
     "run": "yeto_core.cli.run_cmd:run",
     "ledger": "yeto_core.cli.ledger_cmd:ledger",
     "cost": "yeto_core.cli.cost_cmd:cost",
-    "bench": "yeto_core.cli.bench:bench",
 }
 
 

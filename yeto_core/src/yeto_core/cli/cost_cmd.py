@@ -16,7 +16,7 @@ def cost(run_dir: str, as_json: bool) -> None:
     import attrs
 
     from yeto_core.cost import CostLedger
-    from yeto_core.island_main import load_run_config
+    from yeto_core.run_dir import load_run_config
 
     path = Path(run_dir)
     try:

@@ -233,7 +233,7 @@ def status(run_ref: str, as_json: bool) -> None:
     """Show the state of RUN (a run dir or its config), from any terminal."""
     from yeto_core import run as run_mod
     from yeto_core.cost import CostLedger
-    from yeto_core.island_main import load_run_config
+    from yeto_core.run_dir import load_run_config
 
     run_dir = _run_dir_of(run_ref)
     st = run_mod.read_json(run_dir / run_mod.STATUS_FILE) or {}

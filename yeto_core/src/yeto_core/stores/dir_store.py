@@ -96,6 +96,12 @@ class DirStore(ObjectStore):
     def url(self) -> str:
         return str(self.root)
 
+    def local_root(self) -> Path:
+        return self.root
+
+    def fsyncs(self) -> bool:
+        return self.fsync
+
     def __repr__(self) -> str:
         return f"DirStore({str(self.root)!r})"
 

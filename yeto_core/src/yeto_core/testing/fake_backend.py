@@ -21,12 +21,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
-import attrs
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from yeto_core.ports import TrainerBackend
-from yeto_core.records import Backlog, Batch, RoundSpec, Sample, SampleGroup, Trigger
+from yeto_core.errors import SampleBufferError
+from yeto_core.ports import DurableSampleBuffer, ObjectStore, TrainerBackend
+from yeto_core.records import (
+    Backlog,
+    Batch,
+    BufferRound,
+    GroupEntry,
+    RoundSpec,
+    Sample,
+    SampleGroup,
+    Trigger,
+)
 
 
 class FakeBackend(TrainerBackend):
@@ -107,83 +116,112 @@ def make_group(position: int, version: int, *, g: int = 4, seed: int = 0) -> Sam
     )
 
 
-@attrs.frozen
-class MemEntry:
-    position: int
-    group_id: str
-    n_samples: int
-    min_version: int
-    max_version: int
-    appended_at: float
-    host: str = "test"
-    incarnation: int = 0
+#: Old names of the buffer records (kept for existing imports).
+MemEntry = GroupEntry
+MemRound = BufferRound
 
 
-@attrs.frozen
-class MemRound:
-    entries: tuple[MemEntry, ...]
-    stale: tuple[MemEntry, ...]
-    start: int
-    end: int
+class MemoryBuffer(DurableSampleBuffer):
+    """An in-memory :class:`~yeto_core.ports.DurableSampleBuffer` (not durable; tests, benches)."""
 
+    PLUGIN_NAME = "memory"
 
-class MemoryBuffer:
-    """In-memory stand-in for ``FileSampleBuffer`` (trainer-side verbs; not durable)."""
-
-    def __init__(self, clock: Callable[[], float] = lambda: 0.0) -> None:
+    def __init__(
+        self,
+        store: Optional[ObjectStore] = None,
+        clock: Callable[[], float] = lambda: 0.0,
+        **_: Any,
+    ) -> None:
         self._clock = clock
         self.groups: list[SampleGroup] = []
-        self.entries: list[MemEntry] = []
-        self.watermark = 0
+        self._entries: list[GroupEntry] = []
+        self._ids: dict[str, int] = {}
+        self._watermark = 0
+        self._seen = 0
         self._ended = False
 
+    @property
+    def watermark(self) -> int:
+        return self._watermark
+
+    @property
+    def head_position(self) -> int:
+        return len(self._entries)
+
     def append(self, group: SampleGroup) -> int:
+        if group.group_id in self._ids:
+            return self._ids[group.group_id]
         vs = [s.weight_version for s in group.samples]
         pos = len(self.groups)
         self.groups.append(group)
-        self.entries.append(MemEntry(pos, group.group_id, len(vs), min(vs), max(vs), self._clock()))
+        self._entries.append(
+            GroupEntry(
+                position=pos,
+                group_id=group.group_id,
+                prompt_id=group.prompt_id,
+                host=group.sampler_host,
+                incarnation=group.sampler_incarnation,
+                n_samples=len(vs),
+                min_version=min(vs),
+                max_version=max(vs),
+                appended_at=self._clock(),
+                payload=f"memory/{pos}",
+            )
+        )
+        self._ids[group.group_id] = pos
         return pos
 
-    def select(self, spec: RoundSpec) -> MemRound:
-        take, stale, pos = [], [], self.watermark
-        while pos < len(self.entries) and len(take) < spec.max_groups:
-            e = self.entries[pos]
-            (stale if spec.current_version - e.min_version > spec.max_policy_age else take).append(
-                e
-            )
+    def select(self, spec: RoundSpec) -> BufferRound:
+        take, stale, pos = [], [], self._watermark
+        while pos < len(self._entries) and len(take) < spec.max_groups:
+            e = self._entries[pos]
+            old = spec.current_version - e.min_version > spec.max_policy_age
+            (stale if old else take).append(e)
             pos += 1
-        return MemRound(tuple(take), tuple(stale), self.watermark, pos)
+        return BufferRound(start=self._watermark, end=pos, entries=tuple(take), stale=tuple(stale))
 
-    def load(self, entry: MemEntry) -> SampleGroup:
+    def load(self, entry: GroupEntry) -> SampleGroup:
         return self.groups[entry.position]
 
-    def commit(self, round: MemRound) -> int:
-        if round.start != self.watermark:
-            raise ValueError(f"round starts at {round.start}, the watermark is {self.watermark}")
-        self.watermark = round.end
-        return self.watermark
+    def commit(self, round: BufferRound) -> int:
+        if round.start != self._watermark:
+            raise SampleBufferError(
+                f"round starts at {round.start}, the watermark is {self._watermark}"
+            )
+        self._watermark = round.end
+        return self._watermark
 
     def reset_to(self, watermark: int) -> None:
-        self.watermark = watermark
+        self._watermark = watermark
 
     def backlog(
         self, current_version: Optional[int] = None, max_policy_age: Optional[int] = None
     ) -> Backlog:
-        waiting = self.entries[self.watermark :]
+        waiting = self._entries[self._watermark :]
         if current_version is not None and max_policy_age is not None:
             waiting = [e for e in waiting if current_version - e.min_version <= max_policy_age]
         return Backlog(
             groups=len(waiting),
             samples=sum(e.n_samples for e in waiting),
-            watermark=self.watermark,
-            head_position=len(self.entries),
+            watermark=self._watermark,
+            head_position=len(self._entries),
             oldest_version=min((e.min_version for e in waiting), default=None),
             oldest_appended_at=min((e.appended_at for e in waiting), default=None),
             data_ended=self._ended,
         )
+
+    def poll_arrivals(self, callback: Callable[[GroupEntry], None]) -> int:
+        new = self._entries[max(self._seen, self._watermark) :]
+        self._seen = len(self._entries)
+        for e in new:
+            callback(e)
+        return len(new)
 
     def mark_data_end(self) -> None:
         self._ended = True
 
     def data_ended(self) -> bool:
         return self._ended
+
+    def entries(self, start: int = 0) -> list[GroupEntry]:
+        return list(self._entries[start:])

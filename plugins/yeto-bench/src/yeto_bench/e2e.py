@@ -54,8 +54,8 @@ from typing import Any, Optional
 
 import click
 
-from yeto_core.bench.chaos import YETO
-from yeto_core.bench.run_toml import bench_run_toml
+from yeto_bench.chaos import YETO
+from yeto_bench.run_toml import bench_run_toml
 
 WINDOW = 64
 

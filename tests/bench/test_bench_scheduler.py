@@ -6,7 +6,7 @@ import json
 
 from click.testing import CliRunner
 
-from yeto_core.bench.scheduler import builtin_traces, command, simulate
+from yeto_bench.scheduler import builtin_traces, command, simulate
 
 
 def test_simulation_conserves_groups_and_s1_pays_less_on_bursts():

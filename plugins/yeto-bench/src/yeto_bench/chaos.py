@@ -41,7 +41,7 @@ from typing import Any, Optional
 
 import click
 
-from yeto_core.bench.run_toml import bench_run_toml
+from yeto_bench.run_toml import bench_run_toml
 
 #: The ``yeto`` command line, as a list (a subprocess; the bench never imports adapters).
 YETO = [sys.executable, "-c", "import sys; from yeto_core.cli import main; sys.exit(main())"]

@@ -26,6 +26,7 @@ import click
 
 from yeto_core.cut import CutStore
 from yeto_core.lifecycle import DriverLifecycle
+from yeto_core.ports import TrainerLifecycle
 from yeto_core.records import LifecycleState
 from yeto_core.release import ReleaseStore
 from yeto_core.s1 import AlwaysOnScheduler, S1Scheduler
@@ -67,7 +68,7 @@ class _Sim:
 
     def deliver(self) -> None:
         while self.next < len(self.queue) and self.queue[self.next] <= self.t:
-            if len(self.buffer.entries) - self.buffer.watermark >= self.cap:
+            if self.buffer.head_position - self.buffer.watermark >= self.cap:
                 return  # samplers wait at the cap
             self.wait_s += self.t - self.queue[self.next]
             self.buffer.append(make_group(self.next, self.version, g=1))
@@ -87,12 +88,14 @@ class _Sim:
         self.deliver()
 
 
-class SimLifecycle:
+class SimLifecycle(TrainerLifecycle):
     """A DriverLifecycle whose start takes ``start_s`` and rounds ``round_s`` simulated seconds."""
+
+    PLUGIN_NAME = "sim"
 
     def __init__(self, sim: _Sim, driver: DriverLifecycle, start_s: float, round_s: float) -> None:
         self.sim, self.driver = sim, driver
-        self.start_seconds = start_s
+        self.start_s = start_s
         self.round_s = round_s
         self._ready_at: Optional[float] = None
         self._paid_from: Optional[float] = None
@@ -110,6 +113,10 @@ class SimLifecycle:
     def counters(self):
         return self.driver.counters
 
+    @property
+    def start_seconds(self) -> Optional[float]:
+        return self.start_s
+
     def state(self) -> LifecycleState:
         if self._ready_at is not None:
             if self.sim.t < self._ready_at:
@@ -121,7 +128,7 @@ class SimLifecycle:
     def start(self, incarnation: int, cut: Any) -> None:
         self._inc, self._ready_at, self._paid_from = (
             incarnation,
-            self.sim.t + self.start_seconds,
+            self.sim.t + self.start_s,
             self.sim.t,
         )
         self.starts += 1
@@ -135,7 +142,7 @@ class SimLifecycle:
             self.sim.version = self.driver.counters.policy_version
             self.sim.advance(self.round_s)
             self.busy_s += self.round_s
-            entries = self.sim.buffer.entries
+            entries = self.sim.buffer.entries()
             self.ages.extend(self.sim.t - entries[p].appended_at for p in self._positions)
             done += 1
         return done
@@ -219,7 +226,7 @@ def simulate(
         "paid_over_busy": round(life.paid_s / life.busy_s, 3) if life.busy_s else None,
         "groups_trained": c.trained_groups,
         "groups_arrived": len(arrivals),
-        "groups_left_in_buffer": len(sim.buffer.entries) - sim.buffer.watermark,
+        "groups_left_in_buffer": sim.buffer.head_position - sim.buffer.watermark,
         "stale_groups": c.stale_groups,
         "mean_sample_age_s": round(sum(ages) / len(ages), 1) if ages else None,
         "starts": life.starts,

@@ -12,10 +12,10 @@ from yeto_core.cli import LazyGroup
 
 #: benchmark name -> "module:attribute" of its click command.
 BENCHMARKS: dict[str, str] = {
-    "buffer": "yeto_core.bench.buffer:command",
-    "scheduler": "yeto_core.bench.scheduler:command",
-    "e2e": "yeto_core.bench.e2e:command",
-    "chaos": "yeto_core.bench.chaos:command",
+    "buffer": "yeto_bench.buffer:command",
+    "scheduler": "yeto_bench.scheduler:command",
+    "e2e": "yeto_bench.e2e:command",
+    "chaos": "yeto_bench.chaos:command",
 }
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from yeto_core.bench.chaos import final_lineage, ledger_tail_skips, lineage_counts
+from yeto_bench.chaos import final_lineage, ledger_tail_skips, lineage_counts
 from yeto_core.records import Event
 
 ROOT = Path(__file__).resolve().parents[2]

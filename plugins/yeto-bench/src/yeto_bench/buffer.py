@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
@@ -190,8 +189,9 @@ def bench_select_commit(root: Path, rounds: int) -> float:
 def bench_s3(groups: list[SampleGroup]) -> Optional[float]:
     """Buffer appends vs a ``raw_put`` loop on a local moto server; None without yeto-s3/moto."""
     try:
-        testing = importlib.import_module("yeto_s3.testing")
-        importlib.import_module("moto")
+        import moto  # noqa: F401  (the loopback S3 server)
+
+        from yeto_s3 import testing
     except ImportError:
         return None
     from yeto_core.plugins import get_plugins

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from yeto_core.bench.e2e import aggregate, combine, e2e_config, one_report, time_to_target
+from yeto_bench.e2e import aggregate, combine, e2e_config, one_report, time_to_target
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,7 +89,7 @@ def test_sync_mode_makes_one_round_per_sampler_call_and_waits_for_versions(
 
 
 def test_policy_lag_is_zero_for_synchronous_rounds() -> None:
-    from yeto_core.bench.e2e import policy_lag
+    from yeto_bench.e2e import policy_lag
     from yeto_core.records import Event
 
     def rnd(k: int, positions: list[int]) -> Event:

@@ -1,0 +1,118 @@
+"""The environment of an island: the store URL and ids, nothing from the head's machine.
+
+The head builds one :class:`~yeto_core.records.IslandLaunch` per island
+incarnation with :func:`island_launch`; its ``env`` holds exactly:
+
+- ``YETO_STORE``: the run's store URL (absolute; the island opens it through its plugins);
+- ``YETO_RUN_ID``: the run's id (``name`` in the run config);
+- ``YETO_ROLE``: ``sampler`` or ``trainer``;
+- ``YETO_ISLAND`` / ``YETO_INCARNATION``: which island and incarnation this is;
+- ``YETO_TRAINER_CUT`` (trainer, optional): the cut id to restore (default: the newest);
+- the store's explicit credentials (:meth:`~yeto_core.ports.ObjectStore.credentials_env`,
+  e.g. ``YETO_STORE_S3_*``).
+
+Everything else (the resolved config, the base model, releases) the island
+reads from the store (:mod:`yeto_core.run_store`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import attrs
+
+from yeto_core.errors import ConfigError
+from yeto_core.ports import ObjectStore
+from yeto_core.records import ROLES, IslandLaunch
+
+ENV_STORE = "YETO_STORE"
+ENV_RUN_ID = "YETO_RUN_ID"
+ENV_ROLE = "YETO_ROLE"
+ENV_ISLAND = "YETO_ISLAND"
+ENV_INCARNATION = "YETO_INCARNATION"
+ENV_CUT = "YETO_TRAINER_CUT"
+
+#: Every variable an island reads (besides the store's credentials).
+ISLAND_VARIABLES = (ENV_STORE, ENV_RUN_ID, ENV_ROLE, ENV_ISLAND, ENV_INCARNATION, ENV_CUT)
+
+
+@attrs.frozen
+class IslandIdentity:
+    """What an island learns from its environment."""
+
+    store_url: str
+    run_id: str
+    role: str
+    island: str
+    incarnation: int
+    cut: Optional[str] = None
+
+
+def island_launch(
+    store: ObjectStore,
+    *,
+    run_id: str,
+    role: str,
+    island: str,
+    incarnation: int,
+    options: Optional[Mapping[str, Any]] = None,
+    cut: Optional[str] = None,
+) -> IslandLaunch:
+    """The launch record of one island incarnation (its ``env`` is all the island needs)."""
+    if role not in ROLES:
+        raise ConfigError(f"island role {role!r} is unknown; use one of {ROLES}")
+    url = store.url()
+    env = dict(store.credentials_env())
+    env.update(
+        {
+            ENV_STORE: url,
+            ENV_RUN_ID: run_id,
+            ENV_ROLE: role,
+            ENV_ISLAND: island,
+            ENV_INCARNATION: str(int(incarnation)),
+        }
+    )
+    if cut:
+        env[ENV_CUT] = cut
+    return IslandLaunch(
+        run_id=run_id,
+        store_url=url,
+        role=role,
+        island=island,
+        incarnation=int(incarnation),
+        env=env,
+        options=dict(options or {}),
+    )
+
+
+def relaunch(launch: IslandLaunch, incarnation: int, cut: Optional[str] = None) -> IslandLaunch:
+    """The same island's launch record for another incarnation (and cut)."""
+    env = dict(launch.env)
+    env[ENV_INCARNATION] = str(int(incarnation))
+    env.pop(ENV_CUT, None)
+    if cut:
+        env[ENV_CUT] = cut
+    return attrs.evolve(launch, incarnation=int(incarnation), env=env)
+
+
+def identity_from_env(env: Mapping[str, str]) -> IslandIdentity:
+    """Parse an island's environment; a missing variable is a :class:`ConfigError`."""
+    missing = [k for k in (ENV_STORE, ENV_ROLE, ENV_ISLAND, ENV_INCARNATION) if not env.get(k)]
+    if missing:
+        raise ConfigError(
+            f"this island's environment lacks {', '.join(missing)}; islands are started by "
+            "`yeto run up` through an island provider, which sets them"
+        )
+    try:
+        incarnation = int(env[ENV_INCARNATION])
+    except ValueError:
+        raise ConfigError(f"{ENV_INCARNATION}={env[ENV_INCARNATION]!r} is not an integer") from None
+    return IslandIdentity(
+        store_url=env[ENV_STORE],
+        run_id=env.get(ENV_RUN_ID, ""),
+        role=env[ENV_ROLE],
+        island=env[ENV_ISLAND],
+        incarnation=incarnation,
+        cut=env.get(ENV_CUT) or None,
+    )

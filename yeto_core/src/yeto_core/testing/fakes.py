@@ -1,0 +1,169 @@
+"""Shared test doubles: a clock, an engine, a task, island processes, launch records.
+
+Each double implements its port (``yeto_core.ports``) and nothing more, so the
+core calls it exactly as it calls a real plugin. The in-memory buffer and the
+fake trainer backend are in :mod:`yeto_core.testing.fake_backend`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from yeto_core.island_env import island_launch
+from yeto_core.ports import IslandProvider, ObjectStore, SamplerEngine, Task
+from yeto_core.records import (
+    Completion,
+    Event,
+    IslandLaunch,
+    IslandStatus,
+    LocalRelease,
+    SamplingParams,
+)
+
+
+class Clock:
+    """A settable clock: ``clock()`` returns ``clock.t``; :meth:`advance` moves it."""
+
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = float(t)
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> float:
+        self.t += float(dt)
+        return self.t
+
+    def sleep(self, dt: float) -> None:
+        """A ``sleep`` that only moves this clock."""
+        self.advance(dt)
+
+
+class WeightFileEngine(SamplerEngine):
+    """Serves the bytes of ``w.bin`` of the loaded release; its checksum is read back.
+
+    ``generate`` answers each prompt with ``n`` one-token completions ``"0"``,
+    ``"1"``, ... stamped with the served version.
+    """
+
+    PLUGIN_NAME = "weight-file"
+
+    def __init__(self, **options: Any) -> None:
+        self.weights, self.version = b"base", 0
+        self._prev: Optional[tuple[bytes, int]] = None
+        self.loads = 0
+
+    def load_release(self, release: LocalRelease) -> None:
+        self._prev = (self.weights, self.version)
+        self.weights = (Path(release.path) / "w.bin").read_bytes()
+        self.version = release.version
+        self.loads += 1
+
+    def rollback(self) -> None:
+        assert self._prev is not None, "rollback without a load"
+        self.weights, self.version = self._prev
+
+    def served_checksum(self) -> str:
+        return hashlib.sha256(self.weights).hexdigest()
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(chr(int(i)) for i in ids)
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams
+    ) -> list[list[Completion]]:
+        return [
+            [
+                Completion(
+                    tokens=np.array([48 + k], dtype=np.int64),
+                    logprobs=np.array([-0.5], dtype=np.float32),
+                    weight_version=self.version,
+                )
+                for k in range(n)
+            ]
+            for _ in prompts
+        ]
+
+
+class DigitsTask(Task):
+    """Prompt ``p<i>``, answer ``str(i % 4)``; reward 1 for the exact answer."""
+
+    PLUGIN_NAME = "digits"
+
+    def __init__(self, **options: Any) -> None:
+        pass
+
+    def prompt(self, index: int) -> tuple[str, str]:
+        return f"p{index}", str(index % 4)
+
+    def reward(self, answer: str, completion: str) -> float:
+        return 1.0 if completion == answer else 0.0
+
+
+class ScriptIslands(IslandProvider):
+    """Each launch runs ``python SCRIPT ARGS...`` with this environment plus the launch's env.
+
+    :param script: the island's script.
+    :param args: its arguments.
+    :param wait_s: how long :meth:`release` waits for a process to exit by itself (an agent
+        exits after answering its drain) before it kills it.
+    """
+
+    PLUGIN_NAME = "script"
+
+    def __init__(self, script: Path, *args: str, wait_s: float = 30.0) -> None:
+        self.script, self.args, self.wait_s = script, tuple(args), wait_s
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.launches: list[IslandLaunch] = []
+
+    def launch(self, launch: IslandLaunch) -> str:
+        p = subprocess.Popen(
+            [sys.executable, str(self.script), *self.args], env={**os.environ, **launch.env}
+        )
+        handle = f"{launch.handle}-{p.pid}"
+        self.procs[handle] = p
+        self.launches.append(launch)
+        return handle
+
+    def status(self, handle: str) -> IslandStatus:
+        p = self.procs.get(handle)
+        if p is None:
+            return IslandStatus.GONE
+        return IslandStatus.RUNNING if p.poll() is None else IslandStatus.EXITED
+
+    def events(self, handle: str) -> Iterator[Event]:
+        return iter(())
+
+    def release(self, handle: str) -> bool:
+        p = self.procs[handle]
+        try:
+            p.wait(timeout=self.wait_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+        return p.poll() is not None
+
+    def orphans(self) -> list[str]:
+        return []
+
+    def returncode(self, handle: str) -> Optional[int]:
+        p = self.procs.get(handle)
+        return None if p is None else p.poll()
+
+
+def launch_for(
+    store: ObjectStore, island: str = "trainer", *, role: str = "trainer", incarnation: int = 0
+) -> IslandLaunch:
+    """A launch record for ``island`` of a test run (``run_id`` ``"test"``)."""
+    return island_launch(store, run_id="test", role=role, island=island, incarnation=incarnation)
