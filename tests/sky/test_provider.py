@@ -5,21 +5,17 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from sky_double import LocalCloud
 
+from yeto_core.records import IslandLaunch
 from yeto_sky.provider import EXITED, GONE, RUNNING, STARTING, SkyIslands
 
 PROBE_DIR = Path(__file__).parent / "probe"
 
 
 def make_launch(island="sampler-0", incarnation=0, role="sampler", spot=True, **env):
-    try:
-        from yeto_core.records import IslandLaunch
-    except ImportError:  # before the typed port API
-        IslandLaunch = SimpleNamespace
     base = {
         "YETO_STORE": "s3://bucket/demo",
         "YETO_RUN_ID": "demo",

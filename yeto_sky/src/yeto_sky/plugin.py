@@ -28,10 +28,10 @@ def yeto_register_island_providers(register):
 def sky_groups(config: Any) -> Iterator[tuple[str, str, list[str], Any, dict[str, Any]]]:
     """``(toml_path, role, islands, group, provider_options)`` of each group on ``sky``."""
     for i, s in enumerate(config.samplers):
-        if getattr(s, "provider", "local") == "sky":
+        if s.provider == "sky":
             yield f"samplers[{i}]", "sampler", s.island_names(), s, dict(s.provider_options)
     t = config.trainer
-    if getattr(t, "provider", "local") == "sky":
+    if t.provider == "sky":
         yield "trainer", "trainer", [t.name], t, dict(t.provider_options)
 
 
@@ -52,7 +52,7 @@ def check_store(config: Any, report: Any) -> bool:
 def _env(config: Any, url: str, role: str, island: str) -> dict[str, str]:
     return {
         "YETO_STORE": url,
-        "YETO_RUN_ID": str(getattr(config, "run_id", "") or config.name),
+        "YETO_RUN_ID": config.run_id,
         "YETO_ROLE": role,
         "YETO_ISLAND": island,
         "YETO_INCARNATION": "0",
@@ -68,7 +68,7 @@ def yeto_preflight(config, report):
     from yeto_sky.tasks import SkyTaskError, build_task, check_accelerators, redacted_yaml
 
     check_store(config, report)
-    run_id = str(getattr(config, "run_id", "") or config.name)
+    run_id = config.run_id
     for path, role, islands, group, options in groups:
         where = f"{path}.provider_options"
         for island in islands:

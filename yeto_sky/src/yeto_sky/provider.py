@@ -36,21 +36,16 @@ from pathlib import Path
 from typing import Any, Optional
 
 from yeto_core.ports import IslandProvider
-from yeto_core.records import Event
+from yeto_core.records import Event, IslandLaunch, IslandStatus
 from yeto_sky.seam import TERMINAL_JOB_STATES, SkyLaunchError, SkySeam
 from yeto_sky.tasks import build_task, redacted_yaml
 
-try:  # the typed status of the ports API; plain strings compare equal to it
-    from yeto_core.records import IslandStatus
-
-    STARTING, RUNNING, EXITED, GONE = (
-        IslandStatus.STARTING,
-        IslandStatus.RUNNING,
-        IslandStatus.EXITED,
-        IslandStatus.GONE,
-    )
-except ImportError:  # pragma: no cover - before the typed port API
-    STARTING, RUNNING, EXITED, GONE = "starting", "running", "exited", "gone"
+STARTING, RUNNING, EXITED, GONE = (
+    IslandStatus.STARTING,
+    IslandStatus.RUNNING,
+    IslandStatus.EXITED,
+    IslandStatus.GONE,
+)
 
 #: Events kept per cluster until :meth:`SkyIslands.events` reads them.
 MAX_EVENTS = 10_000
@@ -137,7 +132,7 @@ class SkyIslands(IslandProvider):
 
     # -- the port --------------------------------------------------------------------
 
-    def launch(self, launch: Any) -> str:
+    def launch(self, launch: IslandLaunch) -> str:
         """Validate the task, journal it, launch on a worker thread; return the cluster name."""
         task = build_task(
             run_id=launch.run_id,
@@ -145,7 +140,7 @@ class SkyIslands(IslandProvider):
             incarnation=launch.incarnation,
             env=launch.env,
             options=launch.options,
-            entry_module=getattr(launch, "entry_module", "yeto_core.island_main"),
+            entry_module=launch.entry_module,
             where=f"provider_options of {launch.island}",
         )
         cluster = task.cluster
@@ -261,7 +256,7 @@ class SkyIslands(IslandProvider):
                 with self._lock:
                     state.update(state="exited", code=code, reason=job.lower())
 
-    def status(self, handle: str) -> Any:
+    def status(self, handle: str) -> IslandStatus:
         state = self._live.get(handle)
         if state is not None:
             return {"launching": STARTING, "running": RUNNING}.get(state["state"], EXITED)

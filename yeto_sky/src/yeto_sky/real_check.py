@@ -16,10 +16,10 @@ import json
 import sys
 import tempfile
 import time
-from types import SimpleNamespace
 
 
 def main(argv: list[str] | None = None) -> int:
+    from yeto_core.records import IslandLaunch
     from yeto_sky.provider import RUNNING, SkyIslands
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -29,8 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     state_dir = tempfile.mkdtemp(prefix="yeto-sky-check-")
     provider = SkyIslands(state_dir, poll_s=10.0)
-    launch = SimpleNamespace(
+    launch = IslandLaunch(
         run_id="yeto-check",
+        store_url="",
         island="probe",
         role="sampler",
         incarnation=0,
