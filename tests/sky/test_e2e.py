@@ -5,7 +5,8 @@ command (``python3 -m yeto_core.island_main`` with only the store URL, the ids
 and the store's credentials) in an empty directory against a loopback S3
 server. A first head is left mid-run as a killed head would leave it; a
 second head on the same run dir tears down the first head's clusters, trains
-to the target, and survives a spot preemption of a sampler mid-run.
+to the target, and survives a spot preemption of a sampler mid-run (the trainer
+is on demand).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from sky_double import LocalCloud
 
 from yeto_sky.provider import RUNNING, SkyIslands
 
-pytestmark = pytest.mark.slow
+# slow, and generous limits: on a loaded 2-core machine the base alone takes minutes
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 BUCKET = "yeto-sky-e2e"
 TOTAL_ROUNDS = 60
@@ -33,6 +35,7 @@ TOTAL_ROUNDS = 60
 
 def _config_toml(store: str, run_dir, model_dir) -> str:
     sky_spot = '{ resources = { infra = "aws/us-east-1", accelerators = "L4:1", use_spot = true } }'
+    sky_od = '{ resources = { infra = "aws/us-east-1", accelerators = "L4:1" } }'
     return f"""
 name = "skye2e"
 run_dir = "{run_dir}"
@@ -70,7 +73,7 @@ max_policy_age = 3
 total_rounds = {TOTAL_ROUNDS}
 price_per_hour = 0.8
 provider = "sky"
-provider_options = {sky_spot}
+provider_options = {sky_od}
 
 [scheduler]
 name = "always-on"
@@ -78,8 +81,8 @@ tick_s = 0.1
 
 [backstops]
 budget_usd = 10.0
-wall_clock_s = 600
-silence_s = 120
+wall_clock_s = 1500
+silence_s = 600
 """
 
 
@@ -138,8 +141,8 @@ def test_sky_run_learns_through_a_preemption_and_a_restarted_head(s3, tmp_path):
         first = Head(config, plugins, provider=first_provider)
         first.prepare_base(print)
         first.start(print)
-        _wait(lambda: len(cloud.processes()) == 2, 120, "the first head's two samplers")
-        deadline = time.monotonic() + 300
+        _wait(lambda: len(cloud.processes()) == 2, 600, "the first head's two samplers")
+        deadline = time.monotonic() + 900
         while trained_rounds(first) < 3:  # the first head trains a few rounds, then "dies"
             assert time.monotonic() < deadline, "the first head trained no 3 rounds in time"
             first.tick()
@@ -161,20 +164,15 @@ def test_sky_run_learns_through_a_preemption_and_a_restarted_head(s3, tmp_path):
             return None
 
         def preempt_mid_run() -> None:
-            # the second head's sampler-0 once it appended 16 groups, then its trainer once
-            # it trained 3 more rounds (spot clusters both)
-            def up(island):
-                return current(island) and provider.status(current(island)) == RUNNING
-
-            _wait(lambda: up("sampler-0"), 300, "sampler-0")
+            # the second head's sampler-0 (a spot cluster), once it appended 16 groups
+            _wait(
+                lambda: current("sampler-0") and provider.status(current("sampler-0")) == RUNNING,
+                600,
+                "sampler-0",
+            )
             b0 = second.buffer.backlog().head_position
-            _wait(lambda: second.buffer.backlog().head_position >= b0 + 16, 300, "new groups")
+            _wait(lambda: second.buffer.backlog().head_position >= b0 + 16, 600, "new groups")
             name = current("sampler-0")
-            cloud.preempt(name)
-            preempted.append(name)
-            r0 = trained_rounds(second)
-            _wait(lambda: up("trainer") and trained_rounds(second) >= r0 + 3, 300, "3 more rounds")
-            name = current("trainer")
             cloud.preempt(name)
             preempted.append(name)
 
@@ -205,7 +203,7 @@ def test_sky_run_learns_through_a_preemption_and_a_restarted_head(s3, tmp_path):
     assert code == 0, f"{summary}\n{journal}"
     for name in left_by_first:  # the first head's clusters were torn down
         assert name in cloud.downs
-    assert len(preempted) == 2, f"the preemptions did not happen: {preempted}"
+    assert len(preempted) == 1, f"the preemption did not happen: {preempted}"
     launched = [c for k, c in cloud.calls if k == "launch"]
     for lost in preempted:  # each lost incarnation was replaced by the next one
         island, n = lost[len("skye2e-") :].rsplit("-i", 1)
