@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from sky_double import LocalCloud
@@ -72,6 +73,7 @@ def test_a_cluster_per_incarnation_runs_the_island_with_only_store_and_ids(provi
     wait_for(lambda: provider.status(handle) == RUNNING, what="running")
     rec = provider.record(handle)
     assert rec["request_id"].startswith("req-") and rec["job_id"] == 1 and rec["state"] == "up"
+    assert cloud.requests[rec["request_id"]][2] == 30  # autodown after 30 idle minutes
     log = Path(provider.log_hint(handle))
     wait_for(lambda: log.is_file() and "env " in log.read_text(), what="the island's log")
     text = log.read_text()
@@ -165,3 +167,66 @@ def test_the_real_seam_fails_clearly_without_an_api_server(tmp_path):
     (failed,) = [e for e in provider.events(handle) if e.kind == "sky_launch_failed"]
     assert "SKYPILOT_DISABLE_LOCAL_API_SERVER=1" in failed.data["error"]
     provider.close()
+
+
+def test_the_real_seam_maps_the_sdk_calls(monkeypatch):
+    """SkyPilotSeam against the real ``sky`` module with its network calls stubbed."""
+    import sky
+
+    from yeto_sky.seam import SkyLaunchError, SkyPilotSeam
+
+    calls = []
+
+    def launch(task, **kw):
+        calls.append(("launch", task, kw))
+        return "rid-1"
+
+    results = {"rid-1": (7, object()), "rid-s": None, "rid-j": None, "rid-d": None}
+
+    def get(rid):
+        if rid == "rid-bad":
+            raise sky.exceptions.ResourcesUnavailableError("no L4 left in us-east-1")
+        return results[rid]
+
+    monkeypatch.setattr(sky, "launch", launch)
+    monkeypatch.setattr(sky, "get", get)
+    seam = SkyPilotSeam()
+    config = {"name": "c", "resources": {"infra": "aws", "use_spot": True}, "run": "true"}
+    assert seam.launch(config, "demo-sampler-0-i0", 30) == "rid-1"
+    (_, task, kw) = calls[0]
+    assert isinstance(task, sky.Task) and list(task.resources)[0].use_spot
+    assert kw == {"cluster_name": "demo-sampler-0-i0", "idle_minutes_to_autostop": 30, "down": True}
+    assert seam.wait_launch("rid-1") == 7
+    with pytest.raises(SkyLaunchError, match="ResourcesUnavailableError: no L4 left"):
+        seam.wait_launch("rid-bad")
+
+    def status(names, refresh):
+        calls.append(("status", names, refresh))
+        return "rid-s"
+
+    results["rid-s"] = [
+        SimpleNamespace(name="a", status=sky.ClusterStatus.UP),
+        {"name": "b", "status": sky.ClusterStatus.STOPPED},
+    ]
+    monkeypatch.setattr(sky, "status", status)
+    assert seam.clusters(["a", "b"]) == {"a": "UP", "b": "STOPPED"}
+    assert calls[-1] == ("status", ["a", "b"], sky.StatusRefreshMode.AUTO)
+
+    results["rid-j"] = {7: sky.JobStatus.FAILED_SETUP}
+    monkeypatch.setattr(sky, "job_status", lambda cluster, ids: "rid-j")
+    assert seam.job_status("a", 7) == "FAILED_SETUP"
+
+    def down(cluster):
+        calls.append(("down", cluster))
+        if cluster == "gone":
+            raise sky.exceptions.ClusterDoesNotExist("gone")
+        return "rid-d"
+
+    monkeypatch.setattr(sky, "down", down)
+    seam.down("a")
+    seam.down("gone")  # a missing cluster is no error
+    assert [c for c in calls if c[0] == "down"] == [("down", "a"), ("down", "gone")]
+
+    chunks = iter(["line 1\nli", "ne 2\n", "tail", None, "never"])
+    monkeypatch.setattr(sky, "tail_logs", lambda *a, **kw: chunks)
+    assert list(seam.logs("a", 7)) == ["line 1", "line 2", "tail"]
