@@ -10,6 +10,7 @@ import pytest
 
 from yeto_core import hookspecs, ports
 from yeto_core.plugins import REGISTRATION_HOOKS, Plugins
+from yeto_core.testing.examples import load_example
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HOOKS = sorted(n for n in dir(Plugins(entry_points=False).pm.hook) if n.startswith("yeto_"))
@@ -51,25 +52,10 @@ def test_every_port_is_abstract_and_documented(port):
     assert "@hookimpl" in (port.__doc__ or "")
 
 
-def port_example(port) -> str:
-    """The code block of ``port``'s docstring example (after ``Complete plugin ...::``)."""
-    doc = inspect.getdoc(port) or ""
-    block = doc.split("Complete plugin", 1)[1].split("::\n", 1)[1]
-    lines = []
-    for line in block.splitlines():
-        if line and not line.startswith("    "):
-            break
-        lines.append(line[4:])
-    return "\n".join(lines)
-
-
 @pytest.mark.parametrize("port", ports.PORTS)
 def test_every_port_example_is_a_plugin_that_registers(port):
     """The example runs as a module, and its hookimpl registers a class of that port."""
-    import types
-
-    module = types.ModuleType(f"example_{port.__name__}")
-    exec(compile(port_example(port), f"<{port.__name__} example>", "exec"), module.__dict__)
+    module = load_example(port)
     pm = Plugins(entry_points=False)
     pm.add(module, f"example-{port.__name__.lower()}")
     info = [i for i in pm.infos() if i.name == f"example-{port.__name__.lower()}"][0]
@@ -77,3 +63,17 @@ def test_every_port_example_is_a_plugin_that_registers(port):
     assert list(info.provides) == [port.PORT]
     (name,) = info.provides[port.PORT]
     assert issubclass(pm.resolve(port.PORT, name), port)
+
+
+@pytest.mark.parametrize("port", ports.PORTS)
+def test_every_port_has_a_contract_run_by_its_builtins_and_its_example(port):
+    """yeto_core.testing.contracts has a suite per port; test_port_contracts runs it on the
+    port's docstring example (TestExample<Port>) and on each built-in it names."""
+    from yeto_core.testing.contracts import CONTRACTS
+
+    contract = CONTRACTS[port]
+    runner = (ROOT / "tests" / "core" / "test_port_contracts.py").read_text()
+    assert f"class TestExample{port.__name__}({contract.__name__})" in runner
+    builtins = {reg.cls for reg in Plugins(entry_points=False)._registry[port.PORT].values()}
+    for cls in builtins:
+        assert f"({contract.__name__})" in runner and cls.__name__ in runner, cls

@@ -15,72 +15,17 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from yeto_core.config import parse_config
-from yeto_core.local_islands import LocalIslands, _group_alive
-from yeto_core.plugins import Plugins
+from yeto_core.local_islands import _group_alive
 from yeto_core.run import EXIT_OK, EXIT_WALL_CLOCK, Head, backstop_reason
-
-FAKE_ISLAND = Path(__file__).parent / "run_fakes" / "fake_island.py"
-
-
-def _plugins() -> Plugins:
-    import types
-
-    from yeto_core import hookimpl
-    from yeto_core.testing.fake_backend import FakeBackend
-
-    pm = Plugins(entry_points=False)
-    pm.add(
-        types.SimpleNamespace(
-            yeto_register_trainer_backends=hookimpl(lambda register: register(FakeBackend))
-        ),
-        "test-fakes",
-    )
-    return pm
+from yeto_core.testing.fake_run import fake_head, fake_run_config
 
 
-def _config(tmp_path: Path, *, total_rounds: int = 6, wall_clock_s: float = 120.0):
-    (tmp_path / "model").mkdir(exist_ok=True)
-    (tmp_path / "model" / "config.json").write_text("{}")
-    return parse_config(
-        {
-            "name": "headtest",
-            "run_dir": str(tmp_path / "run"),
-            "model": {"path": str(tmp_path / "model")},
-            "task": {"name": "none"},
-            "samplers": [
-                {
-                    "engine": "none",
-                    "count": 2,
-                    "group_size": 4,
-                    "min_round_s": 0.05,
-                    "backlog_cap": 6,
-                    "price_per_hour": 36.0,
-                }
-            ],
-            "trainer": {
-                "backend": "fake",
-                "groups_per_round": 2,
-                "max_policy_age": 100,
-                "total_rounds": total_rounds,
-                "price_per_hour": 72.0,
-            },
-            "scheduler": {
-                "name": "s1",
-                "tick_s": 0.05,
-                "options": {"alpha": 1.0, "round_s": 1.0, "start_seconds_fixed": 1.0},
-            },
-            "backstops": {"budget_usd": 100.0, "wall_clock_s": wall_clock_s},
-        },
-        source="test",
-    )
+def _config(tmp_path: Path, **kw):
+    return fake_run_config(tmp_path, **kw)
 
 
 def _head(config) -> Head:
-    provider = LocalIslands(
-        config.run_dir, command=[sys.executable, str(FAKE_ISLAND)], term_timeout_s=5.0
-    )
-    return Head(config, _plugins(), provider=provider)
+    return fake_head(config)
 
 
 def _summary(config) -> dict:

@@ -136,7 +136,10 @@ def test_third_party_example_plugin_installs_and_works(tmp_path, wheelhouse):
     _pip_install(bin_dir, wheelhouse, "yeto-core")
     _pip_install(bin_dir, wheelhouse, "yeto-example-memory")
     data = {d["name"]: d for d in _plugins_json(bin_dir)}
-    assert data["example-memory"]["provides"] == {"ObjectStore": ["memory"]}
+    assert data["example-memory"]["provides"] == {
+        "IslandProvider": ["tempdir"],
+        "ObjectStore": ["memory"],
+    }
     script = (
         "from yeto_core.plugins import get_plugins\n"
         "s = get_plugins().open_store('memory://t')\n"

@@ -1,4 +1,6 @@
-"""A third-party yeto plugin: the ``memory`` object store (``memory://name``)."""
+"""A third-party yeto plugin: the ``memory`` object store (``memory://name``), the
+``tempdir`` island provider (each island a process group in a fresh empty directory)
+and a ``yeto_event`` observer (every event of every stream to ``YETO_EXAMPLE_EVENTS``)."""
 
 from yeto_core import hookimpl
 from yeto_core.errors import NotFoundError
@@ -51,3 +53,17 @@ class MemoryStore(ObjectStore):
 @hookimpl
 def yeto_register_object_stores(register):
     register(MemoryStore)
+
+
+@hookimpl
+def yeto_register_island_providers(register):
+    from yeto_example_memory.islands import TempDirIslands
+
+    register(TempDirIslands)
+
+
+@hookimpl
+def yeto_event(event):
+    from yeto_example_memory.observer import observe
+
+    observe(event)

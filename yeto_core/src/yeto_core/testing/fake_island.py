@@ -1,8 +1,10 @@
 """A local island for head tests: the real trainer island (island_main) with the fake
 backend, and a sampler island that appends fake groups (no engine, no torch).
 
-Run as a script by LocalIslands (``python fake_island.py``); the fakes are
-registered in this process's plugin manager before island_main runs.
+Run by an island provider as ``python -m yeto_core.testing.fake_island`` (see
+:func:`yeto_core.testing.fake_run.fake_head`); the fakes are added to this
+process's plugin manager before island_main runs. Like a real island it reads
+only its environment and the store.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from yeto_core import hookimpl
 from yeto_core.testing.fake_backend import FakeBackend, make_group
 
 
-def plugins_with_fakes():
+def plugins_with_fakes(entry_points: bool = True):
+    """A plugin manager with the fake trainer backend (``fake``) added."""
     from yeto_core.plugins import Plugins
 
-    plugins = Plugins()
+    plugins = Plugins(entry_points=entry_points)
     plugins.add(
         types.SimpleNamespace(
             yeto_register_trainer_backends=hookimpl(lambda register: register(FakeBackend))
@@ -43,7 +46,7 @@ def fake_sampler(plugins) -> int:
     scfg = dict(config.sampler_islands())[island]
     buffer = open_run_buffer(plugins, config, store, island)
     releases = ReleaseStore(store)
-    stream = EventStream(store, island, flush_s=0.5)
+    stream = EventStream(store, island, flush_s=0.5, observer=plugins.emit)
     stop = []
     signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
     loaded = None

@@ -1,0 +1,265 @@
+"""Every port's contract (yeto_core.testing.contracts), run by every built-in of yeto-core,
+the shared test doubles, and every docstring example of yeto_core.ports.
+
+yeto-torch's built-ins (``torch``, ``hf``, its tasks) run theirs in
+tests/torch/test_contracts.py; the ``s3`` store in tests/s3; the example plugin's
+``tempdir`` provider in tests/ports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from yeto_core import ports
+from yeto_core.conversion import NoConversion
+from yeto_core.cut import CutStore
+from yeto_core.lifecycle import DriverLifecycle, RemoteTrainerLifecycle
+from yeto_core.local_islands import LocalIslands
+from yeto_core.records import LocalRelease
+from yeto_core.release import ReleaseStore
+from yeto_core.s1 import AlwaysOnScheduler, S1Scheduler
+from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.stores.dir_store import DirStore
+from yeto_core.testing.contracts import (
+    ConversionContract,
+    IslandProviderContract,
+    ObjectStoreContract,
+    SampleBufferContract,
+    SamplerEngineContract,
+    TaskContract,
+    TrainerBackendContract,
+    TrainerLifecycleContract,
+    TrainerSchedulerContract,
+)
+from yeto_core.testing.examples import example_class
+from yeto_core.testing.fake_backend import FakeBackend, MemoryBuffer
+from yeto_core.testing.fakes import DigitsTask, ScriptIslands, WeightFileEngine, launch_for
+
+# -- ObjectStore ---------------------------------------------------------------------------
+
+
+class TestExampleObjectStore(ObjectStoreContract):
+    @pytest.fixture
+    def store(self):
+        return example_class(ports.ObjectStore).from_url("memory-doc://x")
+
+
+class TestDirStoreIsCheckedInTestDirStore:
+    """DirStore runs ObjectStoreContract in tests/core/test_dir_store.py (fsync on and off)."""
+
+    def test_it_does(self):
+        text = (Path(__file__).parent / "test_dir_store.py").read_text()
+        assert "class TestDirStoreContract(ObjectStoreContract)" in text
+
+
+# -- DurableSampleBuffer -------------------------------------------------------------------
+
+
+class TestFileSampleBufferJsonl(SampleBufferContract):
+    @pytest.fixture
+    def make_buffer(self):
+        return lambda d: FileSampleBuffer(DirStore(d, fsync=False), host="contract")
+
+
+class TestFileSampleBufferObjects(SampleBufferContract):
+    @pytest.fixture
+    def make_buffer(self):
+        return lambda d: FileSampleBuffer(
+            DirStore(d, fsync=False), host="contract", layout="objects"
+        )
+
+
+class TestMemoryBuffer(SampleBufferContract):
+    @pytest.fixture
+    def make_buffer(self):
+        return lambda d: MemoryBuffer()
+
+
+class TestExampleDurableSampleBuffer(SampleBufferContract):
+    @pytest.fixture
+    def make_buffer(self):
+        cls = example_class(ports.DurableSampleBuffer)
+        return lambda d: cls()
+
+
+# -- TrainerLifecycle ----------------------------------------------------------------------
+
+
+class TestDriverLifecycle(TrainerLifecycleContract):
+    @pytest.fixture
+    def make_lifecycle(self):
+        def make(d: Path):
+            store = DirStore(d / "store", fsync=False)
+            return DriverLifecycle(
+                lambda i: FakeBackend(seed=1),
+                FileSampleBuffer(store, host="trainer"),
+                CutStore(store),
+                ReleaseStore(store),
+                groups_per_round=2,
+                group_size=4,
+                workdir=d / "work",
+            )
+
+        return make
+
+
+_TRAINER = """
+import os, sys
+from pathlib import Path
+from yeto_core.cut import CutStore
+from yeto_core.lifecycle import DriverLifecycle, IslandTrainerAgent
+from yeto_core.release import ReleaseStore
+from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.stores.dir_store import DirStore
+from yeto_core.testing.fake_backend import FakeBackend
+
+store = DirStore(os.environ["YETO_STORE"], fsync=False)
+inc = int(os.environ["YETO_INCARNATION"])
+driver = DriverLifecycle(
+    lambda i: FakeBackend(seed=5), FileSampleBuffer(store, host="trainer"), CutStore(store),
+    ReleaseStore(store), groups_per_round=2, group_size=4, workdir=Path(sys.argv[1]) / f"w{inc}",
+)
+IslandTrainerAgent(store, driver, inc, idle_timeout_s=60).run(os.environ.get("YETO_TRAINER_CUT"))
+"""
+
+
+class TestRemoteTrainerLifecycle(TrainerLifecycleContract):
+    @pytest.fixture
+    def make_lifecycle(self):
+        def make(d: Path):
+            store = DirStore(d / "store", fsync=False)
+            script = d / "trainer.py"
+            script.write_text(_TRAINER)
+            islands = ScriptIslands(script, str(d))
+            return RemoteTrainerLifecycle(store, islands, launch_for(store), timeout_s=60)
+
+        return make
+
+
+class TestExampleTrainerLifecycle(TrainerLifecycleContract):
+    @pytest.fixture
+    def make_lifecycle(self):
+        cls = example_class(ports.TrainerLifecycle)
+        return lambda d: cls()
+
+
+# -- TrainerScheduler ----------------------------------------------------------------------
+
+
+class TestS1Scheduler(TrainerSchedulerContract):
+    @pytest.fixture
+    def make_scheduler(self):
+        return S1Scheduler
+
+
+class TestAlwaysOnScheduler(TrainerSchedulerContract):
+    @pytest.fixture
+    def make_scheduler(self):
+        return AlwaysOnScheduler
+
+
+class TestExampleTrainerScheduler(TrainerSchedulerContract):
+    @pytest.fixture
+    def make_scheduler(self):
+        return example_class(ports.TrainerScheduler)
+
+
+# -- ConversionPort ------------------------------------------------------------------------
+
+
+class TestNoConversion(ConversionContract):
+    @pytest.fixture
+    def make_conversion(self):
+        return NoConversion
+
+
+class TestExampleConversionPort(ConversionContract):
+    @pytest.fixture
+    def make_conversion(self):
+        return example_class(ports.ConversionPort)
+
+
+# -- TrainerBackend ------------------------------------------------------------------------
+
+
+class TestFakeBackend(TrainerBackendContract):
+    @pytest.fixture
+    def make_backend(self):
+        return lambda: FakeBackend(seed=3)
+
+
+class TestExampleTrainerBackend(TrainerBackendContract):
+    @pytest.fixture
+    def make_backend(self):
+        return example_class(ports.TrainerBackend)
+
+
+# -- SamplerEngine -------------------------------------------------------------------------
+
+
+def _weight_file_release(tmp_path: Path, version: int) -> LocalRelease:
+    d = tmp_path / f"release-{version}"
+    d.mkdir()
+    payload = f"weights {version}".encode()
+    (d / "w.bin").write_bytes(payload)
+    return LocalRelease(
+        version=version,
+        release_id=str(version),
+        path=str(d),
+        kind="full",
+        weight_checksum=hashlib.sha256(payload).hexdigest(),
+    )
+
+
+class TestWeightFileEngine(SamplerEngineContract):
+    @pytest.fixture
+    def make_engine(self):
+        return WeightFileEngine
+
+    @pytest.fixture
+    def make_release(self):
+        return _weight_file_release
+
+
+class TestExampleSamplerEngine(SamplerEngineContract):
+    @pytest.fixture
+    def make_engine(self):
+        return example_class(ports.SamplerEngine)
+
+    @pytest.fixture
+    def make_release(self):
+        return _weight_file_release
+
+
+# -- IslandProvider ------------------------------------------------------------------------
+
+
+class TestLocalIslands(IslandProviderContract):
+    @pytest.fixture
+    def make_provider(self):
+        return lambda d: LocalIslands.create(d)
+
+
+class TestExampleIslandProvider(IslandProviderContract):
+    @pytest.fixture
+    def make_provider(self):
+        cls = example_class(ports.IslandProvider)
+        return lambda d: cls.create(d)
+
+
+# -- Task ----------------------------------------------------------------------------------
+
+
+class TestDigitsTask(TaskContract):
+    @pytest.fixture
+    def make_task(self):
+        return DigitsTask
+
+
+class TestExampleTask(TaskContract):
+    @pytest.fixture
+    def make_task(self):
+        return example_class(ports.Task)

@@ -1,0 +1,529 @@
+"""The behaviour every implementation of a port must have, as pytest tests (one class per port).
+
+Subclass the contract of your port and provide its fixture (a factory that
+builds a fresh implementation); every built-in, every docstring example in
+:mod:`yeto_core.ports` and every adapter runs its port's contract::
+
+    from yeto_core.testing.contracts import TrainerSchedulerContract
+
+    class TestMyScheduler(TrainerSchedulerContract):
+        @pytest.fixture
+        def make_scheduler(self):
+            return MyScheduler
+
+Records are drawn with the Hypothesis strategies of
+:mod:`yeto_core.testing.strategies`. :data:`CONTRACTS` maps each port to its
+contract class (the object store's is
+:class:`yeto_core.testing.store_contract.ObjectStoreContract`). This module
+imports pytest and hypothesis: only test code imports it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from yeto_core import ports
+from yeto_core.errors import YetoError
+from yeto_core.island_env import island_launch
+from yeto_core.records import (
+    Action,
+    Batch,
+    BufferRound,
+    Completion,
+    ConsistentCut,
+    Decision,
+    GroupEntry,
+    IslandStatus,
+    LifecycleState,
+    LocalRelease,
+    ReleaseInfo,
+    RoundSpec,
+    SamplingParams,
+    StopReason,
+    Trigger,
+)
+from yeto_core.stores.dir_store import DirStore
+from yeto_core.testing import strategies as rs
+from yeto_core.testing.store_contract import ObjectStoreContract
+
+S = LifecycleState
+_SETTINGS = settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.differing_executors,
+    ],
+)
+
+
+# ---------------------------------------------------------------------------------------
+
+
+class SampleBufferContract:
+    """:class:`~yeto_core.ports.DurableSampleBuffer`: positions, rounds, watermark, backlog.
+
+    Fixture ``make_buffer(tmp_path)``: a callable returning a fresh, empty buffer
+    for the given directory (each Hypothesis example gets its own directory).
+    """
+
+    @pytest.fixture
+    def make_buffer(self) -> Callable[[Path], ports.DurableSampleBuffer]:  # pragma: no cover
+        raise NotImplementedError("define a `make_buffer` fixture")
+
+    @pytest.fixture
+    def fresh(self, make_buffer, tmp_path_factory):
+        return lambda: make_buffer(tmp_path_factory.mktemp("buffer"))
+
+    @_SETTINGS
+    @given(groups=rs.group_batches(max_size=10))
+    def test_positions_are_dense_and_a_repeated_id_keeps_its_position(self, fresh, groups):
+        buf = fresh()
+        assert isinstance(buf, ports.DurableSampleBuffer)
+        positions = [buf.append(g) for g in groups]
+        assert positions == list(range(len(groups)))
+        for g, p in zip(groups, positions, strict=True):
+            assert buf.append(g) == p
+        assert buf.watermark == 0
+        b = buf.backlog()
+        assert (b.groups, b.head_position, b.watermark) == (len(groups), len(groups), 0)
+        assert b.samples == sum(len(g.samples) for g in groups)
+
+    @_SETTINGS
+    @given(groups=rs.group_batches(min_size=1, max_size=10), spec=rs.round_specs)
+    def test_a_round_takes_whole_groups_in_order_and_counts_stale(self, fresh, groups, spec):
+        buf = fresh()
+        for g in groups:
+            buf.append(g)
+        rnd = buf.select(spec)
+        assert isinstance(rnd, BufferRound) and rnd.start == 0
+        assert len(rnd.entries) <= spec.max_groups
+        consumed = sorted([e.position for e in rnd.entries + rnd.stale] + list(rnd.duplicates))
+        assert consumed == list(range(rnd.start, rnd.end))
+        for e in rnd.entries:
+            assert isinstance(e, GroupEntry)
+            assert spec.current_version - e.min_version <= spec.max_policy_age
+            group = buf.load(e)
+            assert group.group_id == groups[e.position].group_id
+            assert len(group.samples) == e.n_samples
+        for e in rnd.stale:
+            assert spec.current_version - e.min_version > spec.max_policy_age
+        assert buf.watermark == 0  # nothing moves before commit
+        assert buf.commit(rnd) == rnd.end == buf.watermark
+        assert buf.backlog().groups == len(groups) - rnd.end
+
+    @_SETTINGS
+    @given(groups=rs.group_batches(min_size=2, max_size=8))
+    def test_a_stale_round_is_refused_and_reset_to_reoffers(self, fresh, groups):
+        buf = fresh()
+        for g in groups:
+            buf.append(g)
+        spec = RoundSpec(max_groups=1, current_version=10**6, max_policy_age=10**6)
+        first, again = buf.select(spec), buf.select(spec)
+        buf.commit(first)
+        with pytest.raises(YetoError):
+            buf.commit(again)  # selected at a watermark that moved
+        buf.reset_to(0)
+        assert buf.watermark == 0
+        assert buf.select(spec).positions == first.positions
+
+    @_SETTINGS
+    @given(groups=rs.group_batches(max_size=6))
+    def test_arrivals_data_end_and_entries(self, fresh, groups):
+        buf = fresh()
+        seen: list[GroupEntry] = []
+        assert buf.poll_arrivals(seen.append) == 0
+        for g in groups:
+            buf.append(g)
+        assert buf.poll_arrivals(seen.append) == len(groups)
+        assert [e.group_id for e in seen] == [g.group_id for g in groups]
+        assert buf.poll_arrivals(seen.append) == 0
+        assert not buf.data_ended()
+        buf.mark_data_end()
+        assert buf.data_ended() and buf.backlog().data_ended
+        if type(buf).implements("entries"):
+            assert [e.position for e in buf.entries()] == list(range(len(groups)))
+        buf.close()
+
+
+# ---------------------------------------------------------------------------------------
+
+
+class TrainerLifecycleContract:
+    """:class:`~yeto_core.ports.TrainerLifecycle`: JOIN → rounds → drain → LEAVE → release.
+
+    Fixture ``make_lifecycle(tmp_path)``: a fresh, STOPPED lifecycle whose trainer
+    can start (its buffer may be empty).
+    """
+
+    @pytest.fixture
+    def make_lifecycle(self) -> Callable[[Path], ports.TrainerLifecycle]:  # pragma: no cover
+        raise NotImplementedError("define a `make_lifecycle` fixture")
+
+    def _ready(self, lc: ports.TrainerLifecycle, incarnation: int) -> None:
+        lc.start(incarnation)
+        state = lc.state()
+        if state == S.STARTING:
+            state = lc.wait_ready()
+        assert state == S.READY, state
+
+    @pytest.mark.parametrize("reason", list(StopReason))
+    def test_start_train_drain_release(self, make_lifecycle, tmp_path, reason):
+        lc = make_lifecycle(tmp_path)
+        assert isinstance(lc, ports.TrainerLifecycle)
+        assert lc.state() == S.STOPPED
+        self._ready(lc, 0)
+        trained = lc.train(2)
+        assert isinstance(trained, int) and 0 <= trained <= 2
+        assert lc.state() == S.READY
+        cut = lc.drain(reason)
+        assert isinstance(cut, ConsistentCut)
+        assert cut.trigger == reason.trigger and cut.incarnation == 0
+        assert lc.state() == S.LEFT
+        assert isinstance(dict(lc.report()), dict)
+        lc.release()
+        assert lc.state() == S.STOPPED
+
+    def test_illegal_transitions_raise_and_a_second_incarnation_starts(
+        self, make_lifecycle, tmp_path
+    ):
+        lc = make_lifecycle(tmp_path)
+        with pytest.raises(YetoError):
+            lc.drain(StopReason.STOPPED)  # nothing to drain
+        with pytest.raises(YetoError):
+            lc.train(1)
+        self._ready(lc, 0)
+        lc.drain(StopReason.STOPPED)
+        lc.release()
+        self._ready(lc, 1)
+        assert lc.drain(StopReason.FINISHED).incarnation == 1
+        lc.release()
+        assert lc.release_orphan("no-such-handle") in (True, False)
+
+
+# ---------------------------------------------------------------------------------------
+
+
+class TrainerSchedulerContract:
+    """:class:`~yeto_core.ports.TrainerScheduler`: a pure rule with the shared FINISH rules.
+
+    Fixture ``make_scheduler()``: a fresh scheduler.
+    """
+
+    @pytest.fixture
+    def make_scheduler(self) -> Callable[[], ports.TrainerScheduler]:  # pragma: no cover
+        raise NotImplementedError("define a `make_scheduler` fixture")
+
+    @_SETTINGS
+    @given(inputs=rs.scheduler_inputs())
+    def test_decisions_are_records_of_their_inputs_and_pure(self, make_scheduler, inputs):
+        sched = make_scheduler()
+        d = sched.decide(inputs)
+        assert isinstance(d, Decision) and isinstance(d.action, Action)
+        assert d.inputs == inputs and isinstance(d.reason, str) and d.reason
+        again = make_scheduler().decide(inputs)
+        assert (again.action, again.reason) == (d.action, d.reason)
+        if d.action == Action.START:
+            assert inputs.state == S.STOPPED
+        if d.action == Action.STOP:
+            assert inputs.state == S.READY
+
+    @_SETTINGS
+    @given(inputs=rs.scheduler_inputs())
+    def test_it_gives_up_and_finishes_at_the_data_end(self, make_scheduler, inputs):
+        import attrs
+
+        sched = make_scheduler()
+        gave_up = attrs.evolve(inputs, failures=inputs.max_failures)
+        assert sched.decide(gave_up).action == Action.FINISH
+        done = attrs.evolve(inputs, failures=0, data_ended=True, backlog_groups=0)
+        assert sched.decide(done).action == Action.FINISH
+
+
+# ---------------------------------------------------------------------------------------
+
+
+class ConversionContract:
+    """:class:`~yeto_core.ports.ConversionPort`: a capacity, and refusals for unknown nodes.
+
+    Fixture ``make_conversion()``: a fresh conversion.
+    """
+
+    @pytest.fixture
+    def make_conversion(self) -> Callable[[], ports.ConversionPort]:  # pragma: no cover
+        raise NotImplementedError("define a `make_conversion` fixture")
+
+    def test_capacity_and_unknown_nodes(self, make_conversion):
+        conv = make_conversion()
+        n = conv.capacity()
+        assert isinstance(n, int) and n >= 0
+        with pytest.raises(YetoError):
+            conv.to_trainer("no-such-node-in-any-pool")
+        with pytest.raises(YetoError):
+            conv.to_sampler("no-such-node-in-any-pool")
+        assert conv.capacity() == n
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def contract_batch(version: int = 0, *, seed: int = 0, groups: int = 2, g: int = 2) -> Batch:
+    """A small batch of whole groups (token ids below 10) for backend contracts."""
+    rng = np.random.default_rng(seed)
+    from yeto_core.records import Sample, SampleGroup
+
+    out = []
+    for gi in range(groups):
+        samples = []
+        for _ in range(g):
+            tokens = rng.integers(3, 10, size=6)
+            samples.append(
+                Sample(
+                    tokens=tokens.astype(np.int64),
+                    prompt_len=3,
+                    logprobs=np.full(3, -1.0, dtype=np.float32),
+                    loss_mask=np.ones(3, dtype=np.float32),
+                    reward=float(rng.random()),
+                    weight_version=version,
+                )
+            )
+        out.append(
+            SampleGroup(
+                group_id=f"c{seed}-{gi}",
+                prompt_id=f"p{gi}",
+                sampler_host="contract",
+                sampler_incarnation=0,
+                samples=tuple(samples),
+            )
+        )
+    return Batch(groups=tuple(out), positions=tuple(range(groups)), policy_version=version)
+
+
+class TrainerBackendContract:
+    """:class:`~yeto_core.ports.TrainerBackend`: rounds, files in, files out, a bitwise resume.
+
+    Fixture ``make_backend()``: a fresh backend (the same options each call).
+    Override ``batch(i)`` when the backend needs other token ids.
+    """
+
+    @pytest.fixture
+    def make_backend(self) -> Callable[[], ports.TrainerBackend]:  # pragma: no cover
+        raise NotImplementedError("define a `make_backend` fixture")
+
+    def batch(self, i: int) -> Batch:
+        return contract_batch(i, seed=i)
+
+    def test_a_round_returns_metrics_and_a_release_describes_its_files(
+        self, make_backend, tmp_path
+    ):
+        b = make_backend()
+        b.restore(None)
+        metrics = b.train_round(self.batch(0))
+        assert isinstance(metrics, Mapping)
+        assert all(isinstance(k, str) and math.isfinite(float(v)) for k, v in metrics.items())
+        out = tmp_path / "release"
+        out.mkdir()
+        info = ReleaseInfo.coerce(b.publish_release(out))
+        assert info.kind in ("full", "lora") and info.weight_checksum
+        assert any(p.is_file() for p in out.rglob("*"))
+        cut = tmp_path / "cut"
+        cut.mkdir()
+        b.save_cut(cut, Trigger.MANUAL)
+        assert any(p.is_file() for p in cut.rglob("*"))
+
+    def test_a_restored_cut_continues_bitwise(self, make_backend, tmp_path):
+        a = make_backend()
+        a.restore(None)
+        a.train_round(self.batch(0))
+        cut = tmp_path / "cut"
+        cut.mkdir()
+        a.save_cut(cut, Trigger.SCHEDULED)
+        a.train_round(self.batch(1))
+        (tmp_path / "ra").mkdir()
+        ref = ReleaseInfo.coerce(a.publish_release(tmp_path / "ra"))
+        b = make_backend()
+        b.restore(cut)
+        b.train_round(self.batch(1))
+        (tmp_path / "rb").mkdir()
+        got = ReleaseInfo.coerce(b.publish_release(tmp_path / "rb"))
+        assert got.weight_checksum == ref.weight_checksum
+
+
+# ---------------------------------------------------------------------------------------
+
+
+class SamplerEngineContract:
+    """:class:`~yeto_core.ports.SamplerEngine`: shapes, versions, a verified hot reload.
+
+    Fixtures ``make_engine()`` (a fresh engine serving the base) and
+    ``make_release(tmp_path, version)`` (a :class:`~yeto_core.records.LocalRelease`
+    the engine can load: a directory of release files and its ``weight_checksum``).
+    """
+
+    @pytest.fixture
+    def make_engine(self) -> Callable[[], ports.SamplerEngine]:  # pragma: no cover
+        raise NotImplementedError("define a `make_engine` fixture")
+
+    @pytest.fixture
+    def make_release(self) -> Callable[[Path, int], LocalRelease]:  # pragma: no cover
+        raise NotImplementedError("define a `make_release` fixture")
+
+    @pytest.fixture
+    def engine(self, make_engine):
+        e = make_engine()
+        yield e
+        e.close()
+
+    @_SETTINGS
+    @given(
+        texts=st.lists(st.sampled_from(["1", "12", "3 4", "x"]), min_size=1, max_size=3),
+        n=st.integers(1, 3),
+        sampling=rs.sampling_params,
+    )
+    def test_generate_answers_every_prompt_n_times(self, engine, texts, n, sampling):
+        prompts = [engine.encode(t) for t in texts]
+        assert all(isinstance(i, int) for p in prompts for i in p)
+        out = engine.generate(prompts, n, sampling)
+        assert len(out) == len(prompts)
+        for group in out:
+            assert len(group) == n
+            for c in group:
+                assert isinstance(c, Completion)
+                assert len(c.tokens) == len(c.logprobs) >= 1
+                assert np.all(np.asarray(c.logprobs) <= 1e-4)
+                assert isinstance(engine.decode(c.tokens), str)
+
+    def test_a_loaded_release_is_served_and_stamped(self, engine, make_release, tmp_path):
+        before = engine.served_checksum()
+        assert isinstance(before, str) and before
+        release = make_release(tmp_path, 1)
+        engine.load_release(release)
+        assert engine.served_checksum() == release.weight_checksum
+        prompt = engine.encode("1")
+        (c,) = engine.generate([prompt], 1, SamplingParams(max_new_tokens=2, seed=0))[0]
+        assert c.weight_version == 1
+        if type(engine).implements("rollback"):
+            engine.rollback()
+            assert engine.served_checksum() == before
+
+
+# ---------------------------------------------------------------------------------------
+
+
+#: The island the provider contract launches: it idles until SIGTERM.
+IDLE_ISLAND = "yeto_core.testing.idle_island"
+
+
+class IslandProviderContract:
+    """:class:`~yeto_core.ports.IslandProvider`: launch, status, verified release, orphans.
+
+    Fixture ``make_provider(state_dir)``: a provider keeping its files in
+    ``state_dir`` (two providers on one state dir are a head and its successor).
+    The launched island runs ``python -m yeto_core.testing.idle_island``.
+    """
+
+    @pytest.fixture
+    def make_provider(self) -> Callable[[Path], ports.IslandProvider]:  # pragma: no cover
+        raise NotImplementedError("define a `make_provider` fixture")
+
+    def _launch(self, tmp_path: Path, island: str, incarnation: int = 0):
+        store = DirStore(tmp_path / "store", fsync=False)
+        launch = island_launch(
+            store, run_id="contract", role="sampler", island=island, incarnation=incarnation
+        )
+        import attrs
+
+        return attrs.evolve(launch, entry_module=IDLE_ISLAND)
+
+    def _wait(self, pred: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not pred():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.05)
+
+    def test_launch_status_release(self, make_provider, tmp_path):
+        provider = make_provider(tmp_path / "state")
+        launch = self._launch(tmp_path, "sampler-0")
+        handle = provider.launch(launch)
+        assert isinstance(handle, str) and handle
+        self._wait(lambda: provider.status(handle) == IslandStatus.RUNNING, "the island to run")
+        assert provider.orphans() == []
+        list(provider.events(handle))
+        assert provider.release(handle) is True
+        assert provider.status(handle) == IslandStatus.GONE
+        assert provider.release(handle) is True  # idempotent
+
+    def test_a_successor_finds_and_releases_orphans(self, make_provider, tmp_path):
+        first = make_provider(tmp_path / "state")
+        handle = first.launch(self._launch(tmp_path, "trainer", 3))
+        self._wait(lambda: first.status(handle) == IslandStatus.RUNNING, "the island to run")
+        second = make_provider(tmp_path / "state")
+        assert handle in second.orphans()
+        assert second.release(handle) is True
+        assert second.status(handle) == IslandStatus.GONE
+        self._wait(
+            lambda: first.status(handle) in (IslandStatus.GONE, IslandStatus.EXITED),
+            "the first provider to see it gone",
+        )
+
+
+# ---------------------------------------------------------------------------------------
+
+
+class TaskContract:
+    """:class:`~yeto_core.ports.Task`: deterministic prompts, rewards in [0, 1].
+
+    Fixture ``make_task()``: a fresh task.
+    """
+
+    @pytest.fixture
+    def make_task(self) -> Callable[[], ports.Task]:  # pragma: no cover
+        raise NotImplementedError("define a `make_task` fixture")
+
+    @_SETTINGS
+    @given(index=st.integers(0, 2**40), completion=rs.texts)
+    def test_prompts_are_deterministic_and_rewards_bounded(self, make_task, index, completion):
+        task = make_task()
+        text, answer = task.prompt(index)
+        assert isinstance(text, str) and isinstance(answer, str)
+        assert make_task().prompt(index) == (text, answer)
+        r = task.reward(answer, completion)
+        assert 0.0 <= float(r) <= 1.0
+        assert 0.0 <= float(task.reward(answer, answer)) <= 1.0
+
+
+#: The contract class of every port.
+CONTRACTS: dict[type[ports.Port], type] = {
+    ports.ObjectStore: ObjectStoreContract,
+    ports.DurableSampleBuffer: SampleBufferContract,
+    ports.TrainerLifecycle: TrainerLifecycleContract,
+    ports.TrainerScheduler: TrainerSchedulerContract,
+    ports.ConversionPort: ConversionContract,
+    ports.TrainerBackend: TrainerBackendContract,
+    ports.SamplerEngine: SamplerEngineContract,
+    ports.IslandProvider: IslandProviderContract,
+    ports.Task: TaskContract,
+}
+
+__all__ = [
+    "CONTRACTS",
+    "ConversionContract",
+    "IslandProviderContract",
+    "ObjectStoreContract",
+    "SampleBufferContract",
+    "SamplerEngineContract",
+    "TaskContract",
+    "TrainerBackendContract",
+    "TrainerLifecycleContract",
+    "TrainerSchedulerContract",
+    "contract_batch",
+]
