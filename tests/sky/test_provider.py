@@ -230,3 +230,19 @@ def test_the_real_seam_maps_the_sdk_calls(monkeypatch):
     chunks = iter(["line 1\nli", "ne 2\n", "tail", None, "never"])
     monkeypatch.setattr(sky, "tail_logs", lambda *a, **kw: chunks)
     assert list(seam.logs("a", 7)) == ["line 1", "line 2", "tail"]
+
+
+def test_our_own_teardown_is_not_taken_for_a_preemption(provider, cloud, monkeypatch):
+    handle = provider.launch(make_launch())
+    wait_for(lambda: provider.status(handle) == RUNNING, what="running")
+    real_down = cloud.down
+
+    def down_with_a_status_round_in_between(name):
+        real_down(name)
+        provider.poll()  # the monitor looks while the teardown is under way
+
+    monkeypatch.setattr(cloud, "down", down_with_a_status_round_in_between)
+    assert provider.release(handle) is True
+    kinds = [e.kind for e in provider.events(handle)]
+    assert "sky_released" in kinds and "sky_preempted" not in kinds
+    assert "lost_at" not in provider.record(handle)

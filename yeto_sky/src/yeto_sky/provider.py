@@ -289,9 +289,16 @@ class SkyIslands(IslandProvider):
             state["thread"].join(timeout=self.release_timeout_s)
             if state["thread"].is_alive():
                 return False
+        before = None if state is None else state["state"]
+        if state is not None:
+            with self._lock:  # the monitor must not take our own teardown for a preemption
+                state["state"] = "releasing"
         self.seam.down(handle)
         if handle in self.seam.clusters([handle]):
             self._emit(handle, "sky_down_unverified")
+            if state is not None:
+                with self._lock:
+                    state["state"] = before
             return False
         if self.record(handle) is not None:
             self._write(handle, state="released", released_at=self.clock())
