@@ -82,6 +82,8 @@ def test_an_installed_distribution_that_does_not_implement_a_name_says_planned()
         pm.sampler_engine("sglang")
     assert "not implemented yet" in str(err.value) and "planned" in str(err.value)
     assert "Install yeto-sglang" not in str(err.value)
+    (info,) = [i for i in pm.infos() if i.name == "sglang"]
+    assert info.provides == {} and info.planned == {"SamplerEngine": ["sglang"]}
 
 
 def test_unknown_name_lists_installed():
@@ -231,7 +233,7 @@ def test_yeto_plugins_json_shape(monkeypatch):
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert [d["name"] for d in data] == ["core"]
-    assert set(data[0]) == {"name", "distribution", "version", "provides", "error"}
+    assert set(data[0]) == {"name", "distribution", "version", "provides", "error", "planned"}
     assert data[0]["distribution"] == "yeto-core"
     table = CliRunner().invoke(cli, ["plugins"])
     assert table.exit_code == 0 and "core" in table.output
