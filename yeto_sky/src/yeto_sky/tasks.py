@@ -1,0 +1,195 @@
+"""Each island's SkyPilot task: built from the run config, validated by SkyPilot itself.
+
+A sampler group or the trainer chooses ``provider = "sky"``; its
+``provider_options`` say where and on what the island runs::
+
+    provider_options = { resources = { infra = "aws/us-east-1", accelerators = "L4:1",
+                                       use_spot = true },
+                         setup = "pip install yeto-core yeto-s3 yeto-torch",
+                         autostop_minutes = 30 }
+
+``resources`` is a SkyPilot ``resources`` table, passed as it is; ``setup``
+installs yeto on the node (default: nothing, for an image that has it);
+``autostop_minutes`` tears the cluster down after that long idle, a backstop
+for a head that died (default 30); ``python`` is the interpreter on the node
+(default ``python3``). The task's ``run`` starts the island entry with only
+the store URL and the ids in ``envs``; the store's credentials go into
+``secrets`` (SkyPilot redacts them).
+
+Validation uses ``sky.Task.from_yaml_config`` (SkyPilot's schema: an unknown
+field or a bad value is refused with SkyPilot's message). Accelerator names
+are checked against SkyPilot's catalog when one is present locally
+(``~/.sky/catalogs/<version>/common/accelerators.csv``); nothing here reaches
+the network or starts SkyPilot's API server.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import shlex
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import attrs
+
+#: provider_options keys this provider reads.
+OPTION_KEYS = ("resources", "setup", "autostop_minutes", "python", "poll_s")
+DEFAULT_AUTOSTOP_MINUTES = 30
+#: Island variables that go into ``envs``; every other variable is a credential (``secrets``).
+PLAIN_VARIABLES = (
+    "YETO_STORE",
+    "YETO_RUN_ID",
+    "YETO_ROLE",
+    "YETO_ISLAND",
+    "YETO_INCARNATION",
+    "YETO_TRAINER_CUT",
+)
+
+
+class SkyTaskError(ValueError):
+    """An island's SkyPilot task is invalid; the message names the TOML path."""
+
+
+@attrs.frozen
+class IslandTask:
+    """One island incarnation's task: the cluster name, the YAML dict and its options."""
+
+    cluster: str
+    config: dict[str, Any]
+    autostop_minutes: int
+    use_spot: bool
+    accelerators: dict[str, float]
+    infra: str
+
+
+def cluster_name(run_id: str, island: str, incarnation: int) -> str:
+    """``<run>-<island>-i<n>``: one cluster per island incarnation."""
+    return f"{run_id}-{island}-i{int(incarnation)}"
+
+
+def check_options(options: Mapping[str, Any], where: str) -> None:
+    unknown = sorted(set(options) - set(OPTION_KEYS))
+    if unknown:
+        raise SkyTaskError(
+            f"{where}.{unknown[0]}: unknown sky provider option; allowed: {', '.join(OPTION_KEYS)}"
+        )
+    res = options.get("resources", {})
+    if not isinstance(res, Mapping):
+        raise SkyTaskError(f"{where}.resources must be a table of SkyPilot resources fields")
+
+
+def build_task(
+    *,
+    run_id: str,
+    island: str,
+    incarnation: int,
+    env: Mapping[str, str],
+    options: Mapping[str, Any],
+    entry_module: str = "yeto_core.island_main",
+    where: str = "provider_options",
+) -> IslandTask:
+    """The SkyPilot task of one island incarnation, validated by ``sky.Task.from_yaml_config``.
+
+    :param where: the TOML path of ``options`` (named in every error).
+    :raises SkyTaskError: SkyPilot refused the task; its message and ``where`` are kept.
+    """
+    check_options(options, where)
+    name = cluster_name(run_id, island, incarnation)
+    python = str(options.get("python", "python3"))
+    config: dict[str, Any] = {
+        "name": name,
+        "resources": dict(options.get("resources", {})),
+        "envs": {k: str(v) for k, v in env.items() if k in PLAIN_VARIABLES},
+        "run": f"exec {shlex.quote(python)} -m {shlex.quote(entry_module)}",
+    }
+    secrets = {k: str(v) for k, v in env.items() if k not in PLAIN_VARIABLES}
+    if secrets:
+        config["secrets"] = secrets
+    if options.get("setup"):
+        config["setup"] = str(options["setup"])
+    try:
+        autostop = int(options.get("autostop_minutes", DEFAULT_AUTOSTOP_MINUTES))
+    except (TypeError, ValueError):
+        raise SkyTaskError(f"{where}.autostop_minutes must be a whole number of minutes") from None
+    if autostop <= 0:
+        raise SkyTaskError(f"{where}.autostop_minutes = {autostop}; it must be > 0 (a backstop)")
+    task = validate_task(config, where)
+    resources = list(task.resources)
+    if len(resources) != 1:
+        raise SkyTaskError(f"{where}.resources: give one resources set (any_of/ordered: planned)")
+    r = resources[0]
+    return IslandTask(
+        cluster=name,
+        config=config,
+        autostop_minutes=autostop,
+        use_spot=bool(r.use_spot),
+        accelerators=dict(r.accelerators or {}),
+        infra=str(config["resources"].get("infra") or config["resources"].get("cloud") or ""),
+    )
+
+
+def validate_task(config: Mapping[str, Any], where: str) -> Any:
+    """``sky.Task.from_yaml_config(config)``; SkyPilot's refusal becomes a SkyTaskError."""
+    import sky
+    from sky import exceptions as sky_exceptions
+
+    try:
+        return sky.Task.from_yaml_config(dict(config))
+    except (sky_exceptions.InvalidSkyPilotConfigError, ValueError, TypeError) as exc:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SkyTaskError(f"{where}.resources: SkyPilot refused the task: {msg}") from None
+
+
+def catalog_path(name: str) -> str:
+    """Where SkyPilot keeps its local catalog file ``name`` (it is not fetched here)."""
+    from sky.catalog import common
+
+    return common.get_catalog_path(name)
+
+
+def known_accelerators() -> Optional[dict[str, str]]:
+    """Lower-case name -> canonical name from the local catalog; None when there is none."""
+    path = catalog_path("common/accelerators.csv")
+    if not os.path.isfile(path):
+        return None
+    with open(path, newline="") as f:
+        return {
+            row["AcceleratorName"].lower(): row["AcceleratorName"]
+            for row in csv.DictReader(f)
+            if row.get("AcceleratorName")
+        }
+
+
+def check_accelerators(task: IslandTask, where: str) -> tuple[bool, str]:
+    """``(checked, detail)``: each accelerator name is in the local catalog.
+
+    :raises SkyTaskError: a name the catalog does not hold.
+    """
+    names = known_accelerators()
+    if names is None:
+        return False, (
+            f"accelerator names not checked: no local SkyPilot catalog at "
+            f"{catalog_path('common/accelerators.csv')} (`sky show-gpus` fetches one)"
+        )
+    for acc in task.accelerators:
+        if acc.lower().startswith("tpu-"):
+            continue
+        if acc.lower() not in names:
+            close = sorted(n for n in names.values() if n.lower()[:2] == acc.lower()[:2])
+            hint = f"; similar: {', '.join(close[:6])}" if close else ""
+            raise SkyTaskError(
+                f"{where}.resources.accelerators: {acc!r} is not in SkyPilot's catalog "
+                f"({catalog_path('common/accelerators.csv')}){hint}"
+            )
+    return True, "accelerators in the catalog: " + (", ".join(task.accelerators) or "none")
+
+
+def redacted_yaml(config: Mapping[str, Any]) -> str:
+    """The task YAML with secret values hidden (for ``--dry-run`` and logs)."""
+    import yaml
+
+    shown = dict(config)
+    if "secrets" in shown:
+        shown["secrets"] = {k: "<redacted>" for k in shown["secrets"]}
+    return yaml.safe_dump(shown, sort_keys=False).rstrip()
