@@ -20,7 +20,15 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "sglang" / "run.toml"
 YETO = [sys.executable, "-c", "from yeto_core.cli import main; main()"]
 
-pytestmark = pytest.mark.slow
+# 4.5-7 minutes on 2 cores: `make examples` (YETO_SOAK=1) runs it; the engine's protocol,
+# releases, fingerprint and routed experts are tested in make test (tests/sglang/).
+pytestmark = [
+    pytest.mark.soak,
+    pytest.mark.skipif(
+        os.environ.get("YETO_SOAK") != "1",
+        reason="about 5 min on 2 cores: YETO_SOAK=1 (make examples) runs it",
+    ),
+]
 
 
 def test_the_sglang_example_learns_sort4_with_every_group_accounted_for(tmp_path: Path) -> None:
