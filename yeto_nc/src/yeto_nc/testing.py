@@ -337,7 +337,8 @@ class Marketplace:
     def _spawn(self, lease: _Lease, now: float) -> None:
         cwd = self.work_dir / lease.id
         cwd.mkdir(parents=True, exist_ok=True)
-        env = {"PATH": os.environ.get("PATH", ""), **(lease.req.get("env") or {})}
+        base = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+        env = {**base, **(lease.req.get("env") or {})}  # a node's own environment + the lease's
         env["NC_LEASE_ID"] = lease.id
         with open(cwd / "output.log", "ab") as log:
             lease.proc = subprocess.Popen(
@@ -436,3 +437,32 @@ def _handler(market: Marketplace) -> type[BaseHTTPRequestHandler]:
             self._route("DELETE")
 
     return Handler
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m yeto_nc.testing [SCENARIO.json]``: serve a simulator until Ctrl-C.
+
+    Prints ``YETO_NC_URL=http://127.0.0.1:PORT`` (export it for ``yeto run up``) and,
+    at the end, the storm's counts and the billed USD per lease as JSON.
+    """
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m yeto_nc.testing", description=main.__doc__)
+    ap.add_argument("scenario", nargs="?", help="a scenario JSON file (default: calm)")
+    ap.add_argument("--work-dir", help="where lease processes run (default: a temp dir)")
+    args = ap.parse_args(argv)
+    market = Marketplace(args.scenario, work_dir=args.work_dir)
+    print(f"YETO_NC_URL={market.start()}", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        market.stop()
+        print(json.dumps({"counts": market.counts, "usd": market.billing_usd()}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
