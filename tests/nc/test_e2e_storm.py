@@ -21,11 +21,11 @@ import pytest
 
 pytest.importorskip("yeto_torch")
 
-from yeto_core.event_stream import read_events  # noqa: E402
-from yeto_core.plugins import Plugins  # noqa: E402
-from yeto_nc.client import TERMINAL, LeaseClient  # noqa: E402
-from yeto_nc.provider import NcIslands  # noqa: E402
-from yeto_nc.testing import Marketplace  # noqa: E402
+from yeto_core.event_stream import read_events
+from yeto_core.plugins import Plugins
+from yeto_nc.client import TERMINAL, LeaseClient
+from yeto_nc.provider import NcIslands
+from yeto_nc.testing import Marketplace
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "nc"
@@ -54,7 +54,11 @@ def test_pool_under_a_seeded_storm(tmp_path: Path) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1", YETO_NC_URL=market.url)
         proc = subprocess.run(
             [*YETO, "run", "up", str(_config(tmp_path, rounds)), "--run-dir", str(run_dir)],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1200,
         )
         out = proc.stdout + proc.stderr
         print(out[-4000:])
@@ -101,4 +105,8 @@ def test_pool_under_a_seeded_storm(tmp_path: Path) -> None:
     handles = {x["labels"]["yeto_handle"]: x["id"] for x in leases}
     assert set(costs) == set(handles)
     for handle, lid in handles.items():
-        assert round(costs[handle], 2) == round(billed[lid], 2), (handle, costs[handle], billed[lid])
+        assert round(costs[handle], 2) == round(billed[lid], 2), (
+            handle,
+            costs[handle],
+            billed[lid],
+        )

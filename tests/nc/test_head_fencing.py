@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from yeto_core.fences import StoreFences, fenced, write_fence
 from yeto_core.config import parse_config
 from yeto_core.event_stream import read_events
+from yeto_core.fences import StoreFences, fenced, write_fence
 from yeto_core.plugins import Plugins
 from yeto_core.ports import IslandProvider
 from yeto_core.records import Event, IslandLaunch, IslandStatus

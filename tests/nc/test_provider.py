@@ -28,10 +28,23 @@ def market(tmp_path, request):
 
 
 def _launch(market, island="hf-0", incarnation=0, **options):
-    opts = {"url": market.url, "command": SLEEPER, "lease_s": 60, "renew_before_s": 1,
-            "launch_timeout_s": 5, **options}
-    return IslandLaunch(run_id="r1", store_url="dir:///x", role="sampler", island=island,
-                        incarnation=incarnation, env={"YETO_ISLAND": island}, options=opts)
+    opts = {
+        "url": market.url,
+        "command": SLEEPER,
+        "lease_s": 60,
+        "renew_before_s": 1,
+        "launch_timeout_s": 5,
+        **options,
+    }
+    return IslandLaunch(
+        run_id="r1",
+        store_url="dir:///x",
+        role="sampler",
+        island=island,
+        incarnation=incarnation,
+        env={"YETO_ISLAND": island},
+        options=opts,
+    )
 
 
 def _kinds(provider, handle):
@@ -94,8 +107,14 @@ def test_launch_gives_up_after_timeout(market, tmp_path):
 
 @pytest.mark.parametrize(
     "market",
-    [{"evictions": [{"lease": 0, "after_s": 0.5, "grace_s": 0.3},
-                    {"lease": 1, "after_s": 0.3, "grace_s": 0}]}],
+    [
+        {
+            "evictions": [
+                {"lease": 0, "after_s": 0.5, "grace_s": 0.3},
+                {"lease": 1, "after_s": 0.3, "grace_s": 0},
+            ]
+        }
+    ],
     indirect=True,
 )
 def test_evictions_are_lost_incarnations(market, tmp_path):
@@ -115,8 +134,10 @@ def test_renewal_before_expiry(market, tmp_path):
     h = p.launch(_launch(market, lease_s=1.2, renew_before_s=0.8))
     lid = p.record(h)["lease_id"]
     first = market.leases[lid].expires_at
-    wait_for(lambda: p.status(h) == IslandStatus.RUNNING and market.leases[lid].expires_at > first,
-             what="a renewal")
+    wait_for(
+        lambda: p.status(h) == IslandStatus.RUNNING and market.leases[lid].expires_at > first,
+        what="a renewal",
+    )
     assert "nc_lease_renewed" in _kinds(p, h)
     assert p.release(h)
 

@@ -148,8 +148,11 @@ def test_process_exit_is_reported(market):
     import sys
 
     lease = client.request_lease(
-        "cheap", duration_s=60, command=[sys.executable, "-c", "raise SystemExit(3)"],
-        env={}, labels={},
+        "cheap",
+        duration_s=60,
+        command=[sys.executable, "-c", "raise SystemExit(3)"],
+        env={},
+        labels={},
     )
     done = wait_for(lambda: (x := client.lease(lease["id"]))["state"] == "exited" and x)
     assert done["exit_code"] == 3 and not done["processes_gone"]  # still held: release it
@@ -158,9 +161,16 @@ def test_process_exit_is_reported(market):
 
 
 def test_same_seed_replays_the_same_storm(tmp_path):
-    storm = {"seed": 7, "refuse_p": 0.3, "evict_p": 0.5, "notice_p": 0.5,
-             "evict_after_s": [1, 9], "grace_s": [0, 3], "start_delay_s": 1e6,
-             "offers": [{**OFFERS[0], "available": 100}]}
+    storm = {
+        "seed": 7,
+        "refuse_p": 0.3,
+        "evict_p": 0.5,
+        "notice_p": 0.5,
+        "evict_after_s": [1, 9],
+        "grace_s": [0, 3],
+        "start_delay_s": 1e6,
+        "offers": [{**OFFERS[0], "available": 100}],
+    }
 
     def replay(seed):
         outcomes, plans = [], []

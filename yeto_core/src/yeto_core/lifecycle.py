@@ -668,7 +668,8 @@ class RemoteTrainerLifecycle(TrainerLifecycle):
             if seq in self._answers:
                 return self._answers.pop(seq)
             if self.sm.state == S.FAILED or (
-                self.handle is not None and self.provider.status(self.handle) in ("exited", "gone", "lost")
+                self.handle is not None
+                and self.provider.status(self.handle) in ("exited", "gone", "lost")
             ):
                 self._pump()
                 if seq in self._answers:

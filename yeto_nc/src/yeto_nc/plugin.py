@@ -1,7 +1,6 @@
 """Entry point of yeto-nc (group ``yeto``, name ``nc``): the ``nc`` island provider."""
 
 from yeto_core import hookimpl
-
 from yeto_nc.provider import NcIslands
 
 

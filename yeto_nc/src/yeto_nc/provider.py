@@ -33,7 +33,6 @@ import attrs
 from yeto_core.errors import ConfigError, YetoError
 from yeto_core.ports import IslandProvider
 from yeto_core.records import Event, IslandLaunch, IslandStatus
-
 from yeto_nc.client import TERMINAL, LeaseClient, MarketplaceError, Refused
 
 ENV_URL = "YETO_NC_URL"
@@ -239,7 +238,9 @@ class NcIslands(IslandProvider):
                 except Refused as exc:
                     self._emit(handle, "nc_lease_refused", offer=offer["id"], code=exc.code)
                     continue
-                rec.update(lease_id=lease["id"], offer=offer["id"], usd_per_hour=offer["usd_per_hour"])
+                rec.update(
+                    lease_id=lease["id"], offer=offer["id"], usd_per_hour=offer["usd_per_hour"]
+                )
                 self._write(handle, rec)
                 self._mine.add(handle)
                 self._last[handle] = lease
@@ -288,13 +289,19 @@ class NcIslands(IslandProvider):
             if left < rec["renew_before_s"]:
                 try:
                     lease = client.renew(lease["id"], rec["lease_s"])
-                    self._emit(handle, "nc_lease_renewed", lease=lease["id"],
-                               expires_at=lease["expires_at"], left_s=left)
+                    self._emit(
+                        handle,
+                        "nc_lease_renewed",
+                        lease=lease["id"],
+                        expires_at=lease["expires_at"],
+                        left_s=left,
+                    )
                 except MarketplaceError as exc:
                     rec["renew_refused"] = True
                     self._write(handle, rec)
-                    self._emit(handle, "nc_renew_refused", lease=lease["id"], code=exc.code,
-                               left_s=left)
+                    self._emit(
+                        handle, "nc_renew_refused", lease=lease["id"], code=exc.code, left_s=left
+                    )
         return _STATUS[state]
 
     def events(self, handle: str) -> Iterator[Event]:
@@ -306,7 +313,8 @@ class NcIslands(IslandProvider):
             return True
         if rec.get("lease_id") is None:  # died mid-request: find the lease by its label
             found = [
-                x for x in self._client(rec["url"]).leases(label=f"yeto_handle={handle}")
+                x
+                for x in self._client(rec["url"]).leases(label=f"yeto_handle={handle}")
                 if x["labels"].get("yeto_run") == rec["run_id"]
             ]
             if not found:
@@ -336,11 +344,24 @@ class NcIslands(IslandProvider):
             self.sleep(0.05)
         bills = client.billing(lease_id=lid)
         (self.dir / "billing" / f"{handle}.json").write_text(
-            json.dumps({"handle": handle, "island": rec["island"], "lease_id": lid,
-                        "state": lease["state"], "records": bills}, sort_keys=True)
+            json.dumps(
+                {
+                    "handle": handle,
+                    "island": rec["island"],
+                    "lease_id": lid,
+                    "state": lease["state"],
+                    "records": bills,
+                },
+                sort_keys=True,
+            )
         )
-        self._emit(handle, "nc_lease_released", lease=lid, state=lease["state"],
-                   usd=sum(b["usd"] for b in bills))
+        self._emit(
+            handle,
+            "nc_lease_released",
+            lease=lid,
+            state=lease["state"],
+            usd=sum(b["usd"] for b in bills),
+        )
         self._path(handle).unlink(missing_ok=True)
         self._mine.discard(handle)
         self._last.pop(handle, None)
@@ -356,11 +377,18 @@ class NcIslands(IslandProvider):
                 if lease["state"] in TERMINAL or not handle or handle in self._mine:
                     continue
                 if self.record(handle) is None:
-                    self._write(handle, {
-                        "url": url, "run_id": run_id, "lease_id": lease["id"],
-                        "island": lease["labels"].get("yeto_island", handle),
-                        "incarnation": -1, "lease_s": 0, "renew_before_s": 0,
-                    })
+                    self._write(
+                        handle,
+                        {
+                            "url": url,
+                            "run_id": run_id,
+                            "lease_id": lease["id"],
+                            "island": lease["labels"].get("yeto_island", handle),
+                            "incarnation": -1,
+                            "lease_s": 0,
+                            "renew_before_s": 0,
+                        },
+                    )
                 out.add(handle)
         return sorted(out)
 

@@ -46,8 +46,22 @@ from urllib.parse import parse_qs, urlparse
 from yeto_nc.client import TERMINAL
 
 DEFAULT_OFFERS = [
-    {"id": "sim-a10", "gpu": "A10", "gpus": 1, "region": "eu", "usd_per_hour": 0.9, "available": 64},
-    {"id": "sim-h100", "gpu": "H100", "gpus": 1, "region": "us", "usd_per_hour": 2.5, "available": 64},
+    {
+        "id": "sim-a10",
+        "gpu": "A10",
+        "gpus": 1,
+        "region": "eu",
+        "usd_per_hour": 0.9,
+        "available": 64,
+    },
+    {
+        "id": "sim-h100",
+        "gpu": "H100",
+        "gpus": 1,
+        "region": "us",
+        "usd_per_hour": 2.5,
+        "available": 64,
+    },
 ]
 
 
