@@ -2,7 +2,7 @@
 
 Real processes: the head (`yeto run up`), `hf` sampler islands started as lease
 processes by the marketplace simulator, the `torch` trainer as a `local`
-island. The run is shortened (``YETO_NC_E2E_ROUNDS`` rounds, default 40) so it
+island. The run is shortened (``YETO_NC_E2E_ROUNDS`` rounds, default 80) so it
 fits a test; the storm is the example's with evictions brought forward.
 Asserted: every appended group trained or skipped with a reason, lost
 incarnations fenced and replaced, fenced groups counted, every lease released,
@@ -46,9 +46,9 @@ def _config(tmp_path: Path, rounds: int) -> Path:
 
 
 def test_pool_under_a_seeded_storm(tmp_path: Path) -> None:
-    rounds = int(os.environ.get("YETO_NC_E2E_ROUNDS", "40"))
+    rounds = int(os.environ.get("YETO_NC_E2E_ROUNDS", "80"))
     storm = json.loads((EXAMPLE / "storm.json").read_text())
-    storm.update(evict_after_s=[8, 20])
+    storm.update(evict_after_s=[25, 40])
     run_dir = tmp_path / "nc"
     with Marketplace(storm, work_dir=tmp_path / "sim") as market:
         env = dict(os.environ, PYTHONUNBUFFERED="1", YETO_NC_URL=market.url)
@@ -75,7 +75,7 @@ def test_pool_under_a_seeded_storm(tmp_path: Path) -> None:
     # the storm happened and every lost incarnation was fenced and replaced
     lost = counts["evicted"] + counts["expired"]
     assert counts["evicted"] >= 2 and counts["refused"] >= 1, counts
-    store = Plugins().open_store(f"dir://{(run_dir / 'store').absolute()}")
+    store = Plugins().open_store(str((run_dir / "store").absolute()))
     head = list(read_events(store, "head"))
     fenced = [e for e in head if e.kind == "sampler_fenced"]
     assert len(fenced) >= 2 and len(fenced) <= lost, (len(fenced), counts)

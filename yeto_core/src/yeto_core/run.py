@@ -452,15 +452,8 @@ class Head:
         from yeto_core.fences import write_fence
 
         incarnation = self._incarnation_of(island) - 1
-        head_position = self.buffer.backlog().head_position
         write_fence(self.store, island, incarnation, at=self.clock(), handle=handle)
-        self.events.emit(
-            "sampler_fenced",
-            island=island,
-            incarnation=incarnation,
-            handle=handle,
-            head_position=head_position,
-        )
+        self.events.emit("sampler_fenced", island=island, incarnation=incarnation, handle=handle)
         self.release_island(island, handle)
         self.launch_sampler(island)
 
