@@ -454,7 +454,7 @@ def _handler(market: Marketplace) -> type[BaseHTTPRequestHandler]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m yeto_nc.testing [SCENARIO.json]``: serve a simulator until Ctrl-C.
+    """``python -m yeto_nc.testing [SCENARIO.json]``: serve a simulator until Ctrl-C or SIGTERM.
 
     Prints ``YETO_NC_URL=http://127.0.0.1:PORT`` (export it for ``yeto run up``) and,
     at the end, the storm's counts and the billed USD per lease as JSON.
@@ -466,6 +466,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--work-dir", help="where lease processes run (default: a temp dir)")
     args = ap.parse_args(argv)
     market = Marketplace(args.scenario, work_dir=args.work_dir)
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     print(f"YETO_NC_URL={market.start()}", flush=True)
     try:
         while True:
