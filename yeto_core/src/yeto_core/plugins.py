@@ -95,6 +95,9 @@ class PluginInfo:
     version: str
     provides: dict[str, list[str]]
     error: Optional[str] = None
+    #: implementations the yeto project publishes in this distribution that it does not
+    #: provide (yet): shown as "planned" by ``yeto plugins``
+    planned: dict[str, list[str]] = attrs.field(factory=dict)
 
 
 def _disabled_names() -> set[str]:
@@ -248,6 +251,10 @@ class Plugins:
         out = []
         for info in self._infos.values():
             provides = {k: sorted(v) for k, v in sorted(info["provides"].items())}
+            planned: dict[str, list[str]] = {}
+            for (port, name), dist in sorted(KNOWN_IMPLEMENTATIONS.items()):
+                if dist == info["distribution"] and name not in provides.get(port, []):
+                    planned.setdefault(port, []).append(name)
             out.append(
                 PluginInfo(
                     name=info["name"],
@@ -255,6 +262,7 @@ class Plugins:
                     version=info["version"],
                     provides=provides,
                     error=info["error"],
+                    planned=planned,
                 )
             )
         return out

@@ -215,15 +215,10 @@ def summary_text(s: dict[str, Any], run_dir: Path) -> str:
 
 
 def _run_dir_of(run: str) -> Path:
-    """RUN is a run dir, or a config whose run_dir is used."""
-    path = Path(run)
-    if path.is_file():
-        from yeto_core.config import load_config
+    """RUN is a run dir, or a config whose run_dir is used (as for every command)."""
+    from yeto_core.cli import resolve_run
 
-        return Path(load_config(path).run_dir)
-    if not path.is_dir():
-        raise click.ClickException(f"{run}: no such run dir (or run config)")
-    return path
+    return resolve_run(run)[0]
 
 
 @run.command()
