@@ -33,6 +33,7 @@ class HeadIslands:
     state: Any
     sampler_handles: dict[str, str]
     run_dir: Path
+    clock: Any
 
     def provider_of(self, island: str) -> IslandProvider:
         """The island provider of ``island`` (its sampler group's, or the trainer's)."""
@@ -91,9 +92,12 @@ class HeadIslands:
         return handle
 
     def release_island(self, island: str, handle: str) -> None:
-        if not self.provider_of(island).release(handle):
+        provider = self.provider_of(island)
+        if not provider.release(handle):
             raise YetoError(f"island {handle} could not be verified gone; kill it by hand")
         self.costs.stopped(island, handle)
+        for event in provider.events(handle):
+            self.events.emit(event.kind, island=island, handle=handle, **dict(event.data))
 
     def check_samplers(self) -> None:
         """Relaunch a sampler island that exited (up to ``MAX_SAMPLER_RESTARTS`` times)."""
@@ -101,7 +105,13 @@ class HeadIslands:
             return
         for island, handle in list(self.sampler_handles.items()):
             provider = self.provider_of(island)
-            if provider.status(handle) not in (IslandStatus.EXITED, IslandStatus.GONE):
+            status = provider.status(handle)
+            for event in provider.events(handle):  # lease renewals, eviction notices, ...
+                self.events.emit(event.kind, island=island, handle=handle, **dict(event.data))
+            if status == IslandStatus.LOST:
+                self.replace_lost(island, handle)
+                continue
+            if status not in (IslandStatus.EXITED, IslandStatus.GONE):
                 continue
             code = provider.returncode(handle)
             hint = provider.log_hint(handle)
@@ -128,6 +138,21 @@ class HeadIslands:
                 )
             self.launch_sampler(island)
 
+    def replace_lost(self, island: str, handle: str) -> None:
+        """The provider lost ``island`` (evicted, lease expired): fence it, launch a replacement.
+
+        Groups the lost incarnation appended and the trainer has not consumed are
+        skipped as ``fenced_incarnation``. A loss is not a failure of the island, so
+        it does not count against ``MAX_SAMPLER_RESTARTS``.
+        """
+        from yeto_core.fences import write_fence
+
+        incarnation = self._incarnation_of(island) - 1
+        write_fence(self.store, island, incarnation, at=self.clock(), handle=handle)
+        self.events.emit("sampler_fenced", island=island, incarnation=incarnation, handle=handle)
+        self.release_island(island, handle)
+        self.launch_sampler(island)
+
     def stop_samplers(self) -> None:
         for island, handle in list(self.sampler_handles.items()):
             self.release_island(island, handle)
@@ -137,6 +162,7 @@ class HeadIslands:
     def build_driver(self) -> TrainerLifecycle:
         """The trainer inside this process (``[trainer] lifecycle = "driver"``)."""
         from yeto_core.cut import CutStore
+        from yeto_core.fences import StoreFences
         from yeto_core.island_main import RecordingBackend, open_run_buffer, trainer_event_bridge
         from yeto_core.lifecycle import DriverLifecycle
         from yeto_core.release import ReleaseStore
@@ -167,6 +193,7 @@ class HeadIslands:
             workdir=self.run_dir / "work" / config.trainer.name,
             partial_last_round=True,
             ledger_set_aside_before=self.state.started_at,
+            reader_options={"fenced_incarnations": StoreFences(self.store)},
         )
 
 

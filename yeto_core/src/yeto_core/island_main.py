@@ -171,6 +171,8 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         recorder["backend"] = rec
         return rec
 
+    from yeto_core.fences import StoreFences
+
     driver = DriverLifecycle(
         factory,
         buffer,
@@ -182,6 +184,7 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         workdir=work,
         partial_last_round=True,
         ledger_set_aside_before=head_started_at(store),
+        reader_options={"fenced_incarnations": StoreFences(store)},
     )
     agent = IslandTrainerAgent(store, driver, incarnation)
     try:

@@ -400,6 +400,9 @@ class IslandStatus(str, enum.Enum):
     RUNNING = "running"
     EXITED = "exited"  # its process ended; the provider still holds it (release it)
     GONE = "gone"  # released, or never known
+    # the provider lost it (evicted, lease expired): the head fences the incarnation and
+    # launches a replacement (not counted as a failure); release it like an exited one
+    LOST = "lost"
 
 
 #: Roles an island runs.

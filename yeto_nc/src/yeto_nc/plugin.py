@@ -1,5 +1,9 @@
-"""Entry point of yeto-nc (group ``yeto``, name ``nc``).
+"""Entry point of yeto-nc (group ``yeto``, name ``nc``): the ``nc`` island provider."""
 
-Registers nothing yet: its implementations land with their own tests, and
-``yeto plugins`` never claims a capability that does not work.
-"""
+from yeto_core import hookimpl
+from yeto_nc.provider import NcIslands
+
+
+@hookimpl
+def yeto_register_island_providers(register):
+    register(NcIslands)

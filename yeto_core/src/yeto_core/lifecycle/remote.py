@@ -160,7 +160,7 @@ class RemoteTrainerLifecycle(TrainerLifecycle):
             self.sm.state in (S.STARTING, S.READY, S.TRAINING, S.DRAINING)
             and self.handle is not None
         ):
-            if self.provider.status(self.handle) in ("exited", "gone"):
+            if self.provider.status(self.handle) in ("exited", "gone", "lost"):
                 self._pump()  # a last answer may have landed before the exit
                 if self.sm.state not in (S.LEFT, S.FAILED):
                     self.sm.state = S.FAILED
@@ -178,7 +178,8 @@ class RemoteTrainerLifecycle(TrainerLifecycle):
             if seq in self._answers:
                 return self._answers.pop(seq)
             if self.sm.state == S.FAILED or (
-                self.handle is not None and self.provider.status(self.handle) in ("exited", "gone")
+                self.handle is not None
+                and self.provider.status(self.handle) in ("exited", "gone", "lost")
             ):
                 self._pump()
                 if seq in self._answers:

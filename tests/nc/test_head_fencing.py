@@ -1,0 +1,91 @@
+"""The head's side of the pool: a LOST island is fenced and replaced, not counted a failure."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from yeto_core.config import parse_config
+from yeto_core.event_stream import read_events
+from yeto_core.fences import StoreFences, fenced, write_fence
+from yeto_core.plugins import Plugins
+from yeto_core.ports import IslandProvider
+from yeto_core.records import Event, IslandLaunch, IslandStatus
+from yeto_core.run import MAX_SAMPLER_RESTARTS, Head
+from yeto_core.stores.dir_store import DirStore
+
+
+class Losing(IslandProvider):
+    """Every island is lost at its first status check after ``lose`` is set."""
+
+    PLUGIN_NAME = "losing"
+
+    def __init__(self) -> None:
+        self.launches: list[IslandLaunch] = []
+        self.released: list[str] = []
+        self.lose: set[str] = set()
+
+    def launch(self, launch: IslandLaunch) -> str:
+        self.launches.append(launch)
+        return launch.handle
+
+    def status(self, handle: str) -> IslandStatus:
+        if handle in self.released:
+            return IslandStatus.GONE
+        return IslandStatus.LOST if handle in self.lose else IslandStatus.RUNNING
+
+    def events(self, handle: str) -> Iterator[Event]:
+        return iter([Event(kind="nc_test_event", time=0.0, source="t", data={"x": 1})])
+
+    def release(self, handle: str) -> bool:
+        self.released.append(handle)
+        return True
+
+    def orphans(self) -> list[str]:
+        return []
+
+
+def _head(tmp_path, provider):
+    config = parse_config(
+        {
+            "name": "fence-test",
+            "run_dir": str(tmp_path / "run"),
+            "model": {"path": str(tmp_path / "model")},
+            "task": {"name": "sort4"},
+            "samplers": [{"name": "node", "engine": "hf", "count": 2}],
+            "trainer": {"backend": "torch"},
+        }
+    )
+    return Head(config, Plugins(), provider=provider)
+
+
+def test_lost_islands_are_fenced_and_replaced_beyond_the_restart_limit(tmp_path):
+    provider = Losing()
+    head = _head(tmp_path, provider)
+    for island in ("node-0", "node-1"):
+        head.launch_sampler(island)
+    for n in range(MAX_SAMPLER_RESTARTS + 2):
+        provider.lose.add(head.sampler_handles["node-0"])
+        head.check_samplers()
+        assert head.sampler_handles["node-0"] == f"node-0-i{n + 1}"
+    assert head.sampler_handles["node-1"] == "node-1-i0"  # the other island is unaffected
+    assert head.state.sampler_restarts == {}
+    assert fenced(head.store) == {("node-0", i) for i in range(MAX_SAMPLER_RESTARTS + 2)}
+    assert [x.incarnation for x in provider.launches if x.island == "node-0"] == list(
+        range(MAX_SAMPLER_RESTARTS + 3)
+    )
+    head.events.flush()
+    kinds = [e.kind for e in read_events(head.store, "head")]
+    assert kinds.count("sampler_fenced") == MAX_SAMPLER_RESTARTS + 2
+    assert "nc_test_event" in kinds  # provider events reach the head's stream
+
+
+def test_store_fences_predicate(tmp_path):
+    store = DirStore(tmp_path / "store", fsync=False)
+    now = [0.0]
+    fences = StoreFences(store, refresh_s=1.0, clock=lambda: now[0])
+    assert not fences("node-0", 0)
+    assert write_fence(store, "node-0", 0, at=1.0) is True
+    assert write_fence(store, "node-0", 0, at=2.0) is False  # once
+    assert not fences("node-0", 0)  # listed at most once a second
+    now[0] = 1.5
+    assert fences("node-0", 0) and not fences("node-0", 1) and not fences("node-1", 0)
