@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 DEPS := constraints.txt requirements-dev.txt $(foreach d,$(DISTS),$(d)/pyproject.toml) \
         examples/third_party_plugin/pyproject.toml
 
-.PHONY: install test lint quickstart fuzz chaos soak clean vllm-venv vllm-example
+.PHONY: install test lint quickstart fuzz chaos soak clean vllm-venv vllm-example examples
 
 install: $(STAMP)
 
@@ -80,6 +80,12 @@ $(VLLM_STAMP): plugins/yeto-vllm/server-requirements.txt
 # examples/vllm/run.toml end to end (two vLLM sampler islands + the torch trainer, ~10 min).
 vllm-example: install vllm-venv
 	YETO_SOAK=1 $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/integration/test_vllm_example.py
+
+# The examples' learning runs end to end (each several minutes on 2 cores; not in make test):
+# examples/vllm (real vLLM servers), examples/sglang (the protocol server standing in for SGLang).
+examples: install vllm-venv
+	YETO_SOAK=1 $(BIN)/python -m pytest -q -s -p no:cacheprovider \
+	  tests/integration/test_vllm_example.py tests/sglang/test_example_learns.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache
