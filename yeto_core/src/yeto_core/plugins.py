@@ -220,7 +220,7 @@ class Plugins:
                 f"plugin {plugin_name!r} registered {cls!r} as a {_PORT_WORDS[port]}, "
                 f"but it does not subclass yeto_core.ports.{base.__name__}"
             )
-        name = getattr(cls, "PLUGIN_NAME", "")
+        name = cls.PLUGIN_NAME
         if not name:
             raise PluginError(
                 f"plugin {plugin_name!r}: {cls.__module__}.{cls.__qualname__} has no PLUGIN_NAME"
@@ -344,7 +344,7 @@ class Plugins:
         scheme = url.split("://", 1)[0] if "://" in url else "file"
         for name in self.names(ports.ObjectStore.PORT):
             cls = self.object_store(name)
-            if scheme in getattr(cls, "URL_SCHEMES", ()):
+            if scheme in cls.URL_SCHEMES:
                 return cls
         dist = KNOWN_URL_SCHEMES.get(scheme)
         if dist:

@@ -93,11 +93,14 @@ def status_table(s: dict[str, Any]) -> Any:
 
 
 @run.command()
-@click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
+@click.argument("config_path", metavar="CONFIG", type=click.Path())
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Overrides run_dir in CONFIG.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and the checks; start nothing.")
 def up(config_path: str, run_dir: Optional[str], dry_run: bool) -> None:
     """Start the run of CONFIG (or continue it in its run dir).
+
+    CONFIG is a run config (TOML), or RUN: a run dir a head already ran in
+    (its config.json is continued).
 
     \b
     Exit codes:
@@ -116,7 +119,12 @@ def up(config_path: str, run_dir: Optional[str], dry_run: bool) -> None:
     from yeto_core.plugins import get_plugins
     from yeto_core.preflight import run_preflight
 
-    config = load_config(config_path, run_dir=run_dir)
+    if Path(config_path).is_dir() and run_dir is None:
+        from yeto_core.cli import resolve_run
+
+        _dir, config = resolve_run(config_path)
+    else:
+        config = load_config(config_path, run_dir=run_dir)
     plugins = get_plugins()
     report = run_preflight(config, plugins)
     click.echo(plan_text(config))
