@@ -24,6 +24,7 @@ from yeto_core.errors import ConfigError
 from yeto_core.records import RoundSpec, Sample, SampleGroup
 from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
+from yeto_core.testing.fakes import Clock
 
 G = 4
 
@@ -68,19 +69,6 @@ def group(i: int, *, n: int = G, host: str = "h", inc: int = 0, **kw: Any) -> Sa
     rewards = kw.pop("rewards", None)
     samples = tuple(sample(reward=(rewards[j] if rewards else 0.1 * j), **kw) for j in range(n))
     return SampleGroup(f"g{i}", f"p{i}", host, inc, samples)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.sleeps = 0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.sleeps += 1
-        self.t += s
 
 
 def reader(buf: HookBuffer, clock: Optional[Clock] = None, **kw: Any) -> BatchReader:

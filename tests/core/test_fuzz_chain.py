@@ -40,11 +40,13 @@ from yeto_core.batch_reader import (
     UnconvertibleRoundError,
 )
 from yeto_core.cut import ConsistentCut, CutStore
-from yeto_core.ledger import BatchLedger, LedgerError, replay
+from yeto_core.ledger import BatchLedger, LedgerError
+from yeto_core.ledger_replay import replay
 from yeto_core.records import Sample, SampleGroup, Trigger
 from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import FakeBackend
+from yeto_core.testing.fakes import Clock
 
 G = 2
 VOCAB = 50
@@ -82,17 +84,6 @@ NEVER_TRAINED = {
 STATS = {"steps": 0, "runs": 0}
 #: what the runs exercised (the CI profile asserts every rule had its effect)
 COVER: collections.Counter[str] = collections.Counter()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.t += s
 
 
 def _sample(n_resp: int, *, version: int, reward: float, token: int = 3) -> Sample:
@@ -149,7 +140,7 @@ class ChainMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.tmp = Path(tempfile.mkdtemp(prefix="yeto-fuzz-"))
-        self.clock = Clock()
+        self.clock = Clock(1_700_000_000.0)
         self.store = DirStore(self.tmp / "store", fsync=False)
         self.kinds: dict[str, str] = {}  # group id -> kind
         self.n_appended = 0

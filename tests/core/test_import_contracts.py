@@ -59,3 +59,29 @@ def test_adapter_importing_another_adapter_is_caught(tmp_path):
     assert result.returncode != 0, result.stdout
     assert "adapter distributions never import each other" in result.stdout
     assert "BROKEN" in result.stdout
+
+
+def test_a_lower_layer_importing_a_higher_one_is_caught(tmp_path):
+    """records.py importing the head breaks the layers contract."""
+    dest = tmp_path / "yeto_core"
+    shutil.copytree(
+        ROOT / "yeto_core/src/yeto_core", dest, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    records = dest / "records.py"
+    records.write_text(records.read_text() + "\nfrom yeto_core import run  # noqa\n")
+    result = _lint(tmp_path)
+    assert result.returncode != 0, result.stdout
+    assert "yeto_core layers" in result.stdout and "BROKEN" in result.stdout
+
+
+def test_yeto_core_has_no_import_cycle():
+    """No module of yeto_core imports itself back through others (function-level imports too)."""
+    import grimp
+
+    graph = grimp.build_graph("yeto_core")
+    cycles = []
+    for module in sorted(graph.modules):
+        for dep in graph.find_modules_directly_imported_by(module):
+            if dep != module and graph.chain_exists(importer=dep, imported=module):
+                cycles.append((module, dep))
+    assert cycles == []

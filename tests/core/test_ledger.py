@@ -10,27 +10,20 @@ import pytest
 
 from yeto_core.batch_reader import BatchReader
 from yeto_core.cut import ConsistentCut, CutStore
-from yeto_core.ledger import BatchLedger, LedgerError, replay
+from yeto_core.ledger import BatchLedger, LedgerError
+from yeto_core.ledger_replay import replay
 from yeto_core.records import Trigger
 from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import FakeBackend, make_group
+from yeto_core.testing.fakes import Clock
 
 G = 4
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        self.t += 1.0
-        return self.t
-
-
 @pytest.fixture
 def run(tmp_path: Path) -> dict[str, Any]:
-    clock = Clock()
+    clock = Clock(1_700_000_000.0, tick=1.0)
     store = DirStore(tmp_path / "store", fsync=False)
     buf = FileSampleBuffer(store, clock=clock)
     for i in range(12):
@@ -177,4 +170,7 @@ def test_cli_ledger_check(run: dict[str, Any]) -> None:
     assert res.exit_code == 0, res.output
     assert '"trained": 4' in res.output and '"watermark": 4' in res.output
     res = CliRunner().invoke(cli, ["ledger", "replay", str(run["tmp"] / "nothing")])
-    assert res.exit_code != 0 and "no run config" in res.output
+    assert res.exit_code != 0 and "neither a run dir nor a run config" in res.output
+    # RUN is the same for every command: the run dir works for check too
+    res = CliRunner().invoke(cli, ["ledger", "check", str(run["tmp"] / "nothing")])
+    assert res.exit_code != 0 and "neither a run dir nor a run config" in res.output

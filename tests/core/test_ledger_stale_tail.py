@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from yeto_core.cut import CutStore
-from yeto_core.ledger import BatchLedger, LedgerError, replay
+from yeto_core.ledger import BatchLedger, LedgerError
+from yeto_core.ledger_replay import replay
 from yeto_core.lifecycle import DriverLifecycle
 from yeto_core.records import LifecycleState, StopReason
 from yeto_core.release import ReleaseStore

@@ -20,7 +20,8 @@ import pytest
 
 from yeto_core.cut import CutStore
 from yeto_core.errors import IllegalTransitionError
-from yeto_core.ledger import BatchLedger, replay
+from yeto_core.ledger import BatchLedger
+from yeto_core.ledger_replay import replay
 from yeto_core.lifecycle import DriverLifecycle, TrainerFailedError
 from yeto_core.records import LifecycleState, StopReason
 from yeto_core.release import ReleaseStore

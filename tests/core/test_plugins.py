@@ -72,6 +72,20 @@ def test_missing_known_plugin_says_install():
         pm.sampler_engine("sglang")
 
 
+def test_an_installed_distribution_that_does_not_implement_a_name_says_planned():
+    """engine = "sglang" with the empty yeto-sglang installed: not implemented yet."""
+    import types
+
+    pm = Plugins(entry_points=False)
+    pm.add(types.SimpleNamespace(), "sglang", distribution="yeto-sglang", version="0.1.0")
+    with pytest.raises(UnknownPluginError) as err:
+        pm.sampler_engine("sglang")
+    assert "not implemented yet" in str(err.value) and "planned" in str(err.value)
+    assert "Install yeto-sglang" not in str(err.value)
+    (info,) = [i for i in pm.infos() if i.name == "sglang"]
+    assert info.provides == {} and info.planned == {"SamplerEngine": ["sglang"]}
+
+
 def test_unknown_name_lists_installed():
     pm = Plugins(entry_points=False)
     with pytest.raises(UnknownPluginError, match="Installed: dir"):
@@ -219,7 +233,7 @@ def test_yeto_plugins_json_shape(monkeypatch):
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert [d["name"] for d in data] == ["core"]
-    assert set(data[0]) == {"name", "distribution", "version", "provides", "error"}
+    assert set(data[0]) == {"name", "distribution", "version", "provides", "error", "planned"}
     assert data[0]["distribution"] == "yeto-core"
     table = CliRunner().invoke(cli, ["plugins"])
     assert table.exit_code == 0 and "core" in table.output

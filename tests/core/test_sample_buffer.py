@@ -321,7 +321,7 @@ def test_backlog_reads_only_new_index_bytes(store, monkeypatch):
         read.append(n)
         return real(fd, n, off)
 
-    monkeypatch.setattr("yeto_core.sample_buffer.os.pread", spy)
+    monkeypatch.setattr("yeto_core.sample_buffer.jsonl_index.os.pread", spy)
     buf.append(make_group("new"))
     assert head.backlog().groups == 51
     line_len = len((store.root / "buffer/index.jsonl").read_bytes().splitlines()[-1]) + 1

@@ -12,20 +12,13 @@ from yeto_core.release import ReleaseStore
 from yeto_core.s1 import S1Scheduler
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import FakeBackend, MemoryBuffer, make_group
+from yeto_core.testing.fakes import Clock
 from yeto_core.trainer_loop import Journal, LoopConfig, TrainerLoop, TrainerLoopGaveUp
 
 N = 18
 CFG = LoopConfig(
     groups_per_round=2, a_hard=2, start_seconds_fixed=10.0, max_failures=3, drain_limit_s=500
 )
-
-
-class Clock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
 
 
 def reference_params(tmp_path):

@@ -31,7 +31,15 @@ from typing import Any, Optional
 from yeto_core.batch_reader import ReaderBatch
 from yeto_core.config import RunConfig
 from yeto_core.event_stream import EventStream
-from yeto_core.island_env import IslandIdentity, identity_from_env
+from yeto_core.island_env import (  # noqa: F401 (ENV_* re-exported: the old import path)
+    ENV_CUT,
+    ENV_INCARNATION,
+    ENV_ISLAND,
+    ENV_ROLE,
+    ENV_STORE,
+    IslandIdentity,
+    identity_from_env,
+)
 from yeto_core.ports import TrainerBackend
 from yeto_core.records import Batch, Event, ReleaseInfo, Trigger
 

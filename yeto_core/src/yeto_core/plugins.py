@@ -95,6 +95,9 @@ class PluginInfo:
     version: str
     provides: dict[str, list[str]]
     error: Optional[str] = None
+    #: implementations the yeto project publishes in this distribution that it does not
+    #: provide (yet): shown as "planned" by ``yeto plugins``
+    planned: dict[str, list[str]] = attrs.field(factory=dict)
 
 
 def _disabled_names() -> set[str]:
@@ -217,7 +220,7 @@ class Plugins:
                 f"plugin {plugin_name!r} registered {cls!r} as a {_PORT_WORDS[port]}, "
                 f"but it does not subclass yeto_core.ports.{base.__name__}"
             )
-        name = getattr(cls, "PLUGIN_NAME", "")
+        name = cls.PLUGIN_NAME
         if not name:
             raise PluginError(
                 f"plugin {plugin_name!r}: {cls.__module__}.{cls.__qualname__} has no PLUGIN_NAME"
@@ -248,6 +251,10 @@ class Plugins:
         out = []
         for info in self._infos.values():
             provides = {k: sorted(v) for k, v in sorted(info["provides"].items())}
+            planned: dict[str, list[str]] = {}
+            for (port, name), dist in sorted(KNOWN_IMPLEMENTATIONS.items()):
+                if dist == info["distribution"] and name not in provides.get(port, []):
+                    planned.setdefault(port, []).append(name)
             out.append(
                 PluginInfo(
                     name=info["name"],
@@ -255,6 +262,7 @@ class Plugins:
                     version=info["version"],
                     provides=provides,
                     error=info["error"],
+                    planned=planned,
                 )
             )
         return out
@@ -336,7 +344,7 @@ class Plugins:
         scheme = url.split("://", 1)[0] if "://" in url else "file"
         for name in self.names(ports.ObjectStore.PORT):
             cls = self.object_store(name)
-            if scheme in getattr(cls, "URL_SCHEMES", ()):
+            if scheme in cls.URL_SCHEMES:
                 return cls
         dist = KNOWN_URL_SCHEMES.get(scheme)
         if dist:

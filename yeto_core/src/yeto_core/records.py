@@ -81,7 +81,13 @@ class Trigger(str, enum.Enum):
 
 
 class StopReason(str, enum.Enum):
-    """Why a trainer incarnation is drained; each maps to a cut trigger."""
+    """Why a trainer incarnation is drained: the one vocabulary of stops.
+
+    A scheduler's :class:`Action` ``STOP`` drains with ``STOPPED`` and ``FINISH``
+    with ``FINISHED`` (:attr:`Action.stop_reason`); a provider's preemption notice
+    drains with ``PREEMPTED``. Each reason names the cut's :class:`Trigger`
+    (:attr:`trigger`) and the LEAVE code the incarnation reports (:attr:`leave_code`).
+    """
 
     STOPPED = "STOPPED"
     PREEMPTED = "PREEMPTED"
@@ -94,6 +100,19 @@ class StopReason(str, enum.Enum):
             StopReason.PREEMPTED: Trigger.PREEMPT,
             StopReason.FINISHED: Trigger.FINAL,
         }[self]
+
+    @property
+    def leave_code(self) -> str:
+        """``LEAVE_SCHEDULED``, ``LEAVE_PREEMPTED`` or ``LEAVE_FINISHED``."""
+        return {
+            StopReason.STOPPED: "LEAVE_SCHEDULED",
+            StopReason.PREEMPTED: "LEAVE_PREEMPTED",
+            StopReason.FINISHED: "LEAVE_FINISHED",
+        }[self]
+
+
+#: The LEAVE code of an incarnation that failed (no cut).
+LEAVE_FAILED = "LEAVE_FAILED"
 
 
 @attrs.frozen
@@ -140,10 +159,17 @@ class LifecycleState(str, enum.Enum):
 
 
 class Action(str, enum.Enum):
+    """A scheduler's verb. ``STOP`` and ``FINISH`` drain with a :class:`StopReason`."""
+
     START = "START"
     STOP = "STOP"
     HOLD = "HOLD"
     FINISH = "FINISH"
+
+    @property
+    def stop_reason(self) -> Optional[StopReason]:
+        """The reason a drain for this action carries (None for START and HOLD)."""
+        return {Action.STOP: StopReason.STOPPED, Action.FINISH: StopReason.FINISHED}.get(self)
 
 
 @attrs.frozen

@@ -51,9 +51,15 @@ from yeto_core.config import RunConfig, config_to_dict
 from yeto_core.cost import CostLedger
 from yeto_core.errors import ConfigError, YetoError
 from yeto_core.event_stream import EventStream, read_all
-from yeto_core.island_env import island_launch
+from yeto_core.head_islands import (  # noqa: F401 (re-exported)
+    MAX_SAMPLER_RESTARTS,
+    HeadIslands,
+    _CostedProvider,
+    _host,
+    _NoProvider,
+)
 from yeto_core.ports import IslandProvider, LifecycleContext, TrainerLifecycle
-from yeto_core.records import IslandLaunch, IslandStatus, StopReason
+from yeto_core.records import StopReason
 from yeto_core.run_dir import (  # noqa: F401 (the run-dir protocol, re-exported)
     BACKSTOP_EXIT,
     CONFIG_FILE,
@@ -80,9 +86,6 @@ from yeto_core.run_dir import (  # noqa: F401 (the run-dir protocol, re-exported
     write_json_atomic,
 )
 from yeto_core.run_summary import summarize
-
-#: A sampler island that exits this many times is not relaunched again.
-MAX_SAMPLER_RESTARTS = 3
 
 
 def backstop_reason(
@@ -120,7 +123,7 @@ class HeadState:
     last_rewards: list[float] = attrs.field(factory=list)
 
 
-class Head:
+class Head(HeadIslands):
     """One run's head. ``run()`` returns an exit code (see ``EXIT_CODES``).
 
     :param config: the checked run config.
@@ -156,6 +159,15 @@ class Head:
             for name in config.providers()
         }
         self.store = plugins.open_store(config.store_url())
+        # Every path the config names, absolute: the run dir's config.json and the store's
+        # run/config.json mean the same from any working directory.
+        config = attrs.evolve(
+            config,
+            run_dir=str(self.run_dir.absolute()),
+            store=self.store.url(),
+            model=attrs.evolve(config.model, path=str(Path(config.model.path).absolute())),
+        )
+        self.config = config
         b = config.buffer
         self.buffer = plugins.open_buffer(
             self.store,
@@ -177,29 +189,6 @@ class Head:
         self.lifecycle: Optional[TrainerLifecycle] = None
 
     # -- set-up ----------------------------------------------------------------------
-
-    def provider_of(self, island: str) -> IslandProvider:
-        """The island provider of ``island`` (its sampler group's, or the trainer's)."""
-        return self.providers[self._group_of(island)[0]]
-
-    def _group_of(self, island: str) -> tuple[str, dict[str, Any]]:
-        for name, s in self.config.sampler_islands():
-            if name == island:
-                return s.provider, dict(s.provider_options)
-        t = self.config.trainer
-        return t.provider, dict(t.provider_options)
-
-    def launch_record(self, role: str, island: str, incarnation: int) -> IslandLaunch:
-        """What the provider gets: store URL, ids, store credentials, the group's options."""
-        _provider, options = self._group_of(island)
-        return island_launch(
-            self.store,
-            run_id=self.config.run_id,
-            role=role,
-            island=island,
-            incarnation=incarnation,
-            options=options,
-        )
 
     def write_config(self) -> None:
         """The resolved config and the base model into the store (islands read them there)."""
@@ -244,44 +233,6 @@ class Head:
             self.store, started_at=self.state.started_at, pid=os.getpid(), host=_host()
         )
         (self.run_dir / DOWN_FILE).unlink(missing_ok=True)
-
-    def release_orphans(self) -> list[str]:
-        """Release every island a previous head left running, and close its cost."""
-        released = []
-        open_handles = self.costs.open_handles()
-        for name, provider in self.providers.items():
-            for handle in provider.orphans():
-                if not provider.release(handle):
-                    hint = provider.log_hint(handle)
-                    raise YetoError(
-                        f"island {handle} left by a previous head could not be verified gone by "
-                        f"the {name!r} provider; stop it by hand"
-                        + (f" (see {hint})" if hint else "")
-                    )
-                released.append(handle)
-        for handle, island in open_handles.items():
-            if self.provider_of(island).status(handle) == IslandStatus.GONE:
-                self.costs.stopped(island, handle)
-        if released:
-            self.events.emit("orphans_released", handles=released)
-        return released
-
-    def _incarnation_of(self, island: str) -> int:
-        return sum(1 for ln in self.costs.lines() if ln.event == "start" and ln.island == island)
-
-    def launch_sampler(self, island: str) -> str:
-        incarnation = self._incarnation_of(island)
-        launch = self.launch_record("sampler", island, incarnation)
-        handle = self.provider_of(island).launch(launch)
-        self.costs.started(island, handle)
-        self.sampler_handles[island] = handle
-        self.events.emit("sampler_launch", island=island, incarnation=incarnation, handle=handle)
-        return handle
-
-    def release_island(self, island: str, handle: str) -> None:
-        if not self.provider_of(island).release(handle):
-            raise YetoError(f"island {handle} could not be verified gone; kill it by hand")
-        self.costs.stopped(island, handle)
 
     # -- the trainer -----------------------------------------------------------------
 
@@ -330,41 +281,6 @@ class Head:
             emit=self._on_loop_event,
         )
 
-    def build_driver(self) -> TrainerLifecycle:
-        """The trainer inside this process (``[trainer] lifecycle = "driver"``)."""
-        from yeto_core.cut import CutStore
-        from yeto_core.island_main import RecordingBackend, open_run_buffer, trainer_event_bridge
-        from yeto_core.lifecycle import DriverLifecycle
-        from yeto_core.release import ReleaseStore
-
-        config = self.config
-        backend_cls = self.plugins.trainer_backend(config.trainer.backend)
-        model_dir = str(Path(config.model.path).absolute())
-        stream = EventStream(
-            self.store, config.trainer.name, flush_s=0.0, observer=self.plugins.emit
-        )
-        recorder: dict[str, RecordingBackend] = {}
-
-        def factory(_incarnation: int) -> Any:
-            backend = backend_cls.from_config(
-                config.trainer.backend_options, model_dir=model_dir, seed=config.seed
-            )
-            recorder["backend"] = RecordingBackend(backend)
-            return recorder["backend"]
-
-        return DriverLifecycle(
-            factory,
-            open_run_buffer(self.plugins, config, self.store, config.trainer.name),
-            CutStore(self.store),
-            ReleaseStore(self.store),
-            groups_per_round=config.trainer.groups_per_round,
-            max_policy_age=config.trainer.max_policy_age,
-            emit=trainer_event_bridge(stream, recorder),
-            workdir=self.run_dir / "work" / config.trainer.name,
-            partial_last_round=True,
-            ledger_set_aside_before=self.state.started_at,
-        )
-
     def backlog_for_scheduler(self) -> Any:
         """The backlog; after the data end a short last round counts as a whole round.
 
@@ -408,34 +324,6 @@ class Head:
     def request_stop(self, reason: str) -> None:
         if self._stop_requested is None:
             self._stop_requested = reason
-
-    def check_samplers(self) -> None:
-        """Relaunch a sampler island that exited (up to ``MAX_SAMPLER_RESTARTS`` times)."""
-        if self.state.finishing:
-            return
-        for island, handle in list(self.sampler_handles.items()):
-            provider = self.provider_of(island)
-            if provider.status(handle) not in (IslandStatus.EXITED, IslandStatus.GONE):
-                continue
-            code = provider.returncode(handle)
-            hint = provider.log_hint(handle)
-            self.release_island(island, handle)
-            n = self.state.sampler_restarts.get(island, 0) + 1
-            self.state.sampler_restarts[island] = n
-            self.events.emit("sampler_exited", island=island, handle=handle, code=code)
-            if n > MAX_SAMPLER_RESTARTS:
-                del self.sampler_handles[island]
-                raise YetoError(
-                    f"sampler island {island} exited {n} times (last exit code {code})"
-                    + (f"; see {hint}" if hint else "")
-                )
-            self.launch_sampler(island)
-
-    def stop_samplers(self) -> None:
-        for island, handle in list(self.sampler_handles.items()):
-            self.release_island(island, handle)
-            del self.sampler_handles[island]
-            self.events.emit("sampler_released", island=island, handle=handle)
 
     def status(self) -> dict[str, Any]:
         """The status dict (``status.json``, the progress display)."""
@@ -648,71 +536,6 @@ class Head:
         for entry in entries[n:]:
             out.setdefault(entry.position, math.nan)
         return out
-
-
-class _CostedProvider(IslandProvider):
-    """The trainer's provider, with launches and verified releases in the cost ledger."""
-
-    PLUGIN_NAME = "costed"
-
-    def __init__(self, head: Head, provider: IslandProvider) -> None:
-        self.head, self.provider = head, provider
-
-    def launch(self, launch: IslandLaunch) -> str:
-        handle = self.provider.launch(launch)
-        self.head.costs.started(launch.island, handle)
-        return handle
-
-    def status(self, handle: str) -> IslandStatus:
-        return self.provider.status(handle)
-
-    def events(self, handle: str) -> Any:
-        return self.provider.events(handle)
-
-    def release(self, handle: str) -> bool:
-        ok = self.provider.release(handle)
-        if ok and handle in self.head.costs.open_handles():
-            self.head.costs.stopped(self.head.config.trainer.name, handle)
-        return ok
-
-    def orphans(self) -> list[str]:
-        return self.provider.orphans()
-
-    def returncode(self, handle: str) -> Optional[int]:
-        return self.provider.returncode(handle)
-
-    def log_hint(self, handle: str) -> str:
-        return self.provider.log_hint(handle)
-
-
-class _NoProvider(IslandProvider):
-    """The trainer provider of a lifecycle that launches no island (``driver``)."""
-
-    PLUGIN_NAME = "none"
-
-    def launch(self, launch: IslandLaunch) -> str:
-        raise YetoError(
-            f"the trainer lifecycle {launch.island!r} launches no island; set "
-            "[trainer] lifecycle = 'remote' to run the trainer on a provider"
-        )
-
-    def status(self, handle: str) -> IslandStatus:
-        return IslandStatus.GONE
-
-    def events(self, handle: str) -> Any:
-        return iter(())
-
-    def release(self, handle: str) -> bool:
-        return True
-
-    def orphans(self) -> list[str]:
-        return []
-
-
-def _host() -> str:
-    import socket
-
-    return socket.gethostname()
 
 
 def _mean(xs: list[float]) -> Optional[float]:

@@ -113,11 +113,22 @@ def load_run_config(run_dir: str | os.PathLike[str]) -> RunConfig:
 def resolve_run(run: str | os.PathLike[str]) -> tuple[Path, RunConfig]:
     """``RUN`` of every command: a run dir, or a TOML config (its ``run_dir``).
 
-    :returns: the run dir and the config (from the run dir when it holds one, else the TOML).
+    A run dir is read from its ``config.json`` (written by the head, absolute
+    paths), or from the ``run.toml`` it holds before a head ran there.
+
+    :returns: the run dir and the config.
+    :raises ConfigError: when ``run`` is neither.
     """
     path = Path(run)
     if path.is_dir():
-        return path, load_run_config(path)
+        if (path / CONFIG_FILE).is_file():
+            return path, load_run_config(path)
+        if (path / "run.toml").is_file():
+            return path, load_config(path / "run.toml", run_dir=str(path))
+        raise ConfigError(
+            f"{str(path)!r} is a directory without {CONFIG_FILE} or run.toml: not a run dir. "
+            "RUN is a run dir or a run config (TOML)"
+        )
     if path.is_file():
         config = load_config(path)
         run_dir = Path(config.run_dir)
@@ -125,3 +136,15 @@ def resolve_run(run: str | os.PathLike[str]) -> tuple[Path, RunConfig]:
             return run_dir, load_run_config(run_dir)
         return run_dir, config
     raise ConfigError(f"{str(path)!r} is neither a run dir nor a run config (TOML) file")
+
+
+def resolve_store_url(ref: str) -> str:
+    """A store URL, or the store of ``RUN`` (a run dir or a run config)."""
+    path = Path(ref)
+    if "://" in ref or (path.is_dir() and not _looks_like_run_dir(path)):
+        return ref
+    return resolve_run(ref)[1].store_url()
+
+
+def _looks_like_run_dir(path: Path) -> bool:
+    return (path / CONFIG_FILE).is_file() or (path / "run.toml").is_file()

@@ -72,7 +72,10 @@ class SamplerLoop:
         stop: Optional[threading.Event] = None,
         clock: Callable[[], float] = time.monotonic,
         emit: Optional[Callable[[Event], None]] = None,
+        prompts_per_round: Optional[int] = None,
     ) -> None:
+        if prompts_per_round is not None:  # the old name of prompts_per_call
+            prompts_per_call = prompts_per_round
         if group_size < 2:
             raise ValueError(f"group_size={group_size}: GRPO needs at least 2 samples per group")
         if prompts_per_call < 1:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import attrs
 
 from yeto_core import serde
-from yeto_core.errors import NotFoundError, YetoError
+from yeto_core.errors import YetoError
 from yeto_core.ports import ObjectStore, TrainerLifecycle, TrainerScheduler
 from yeto_core.records import (
     Action,
@@ -30,6 +30,7 @@ from yeto_core.records import (
     StopReason,
 )
 from yeto_core.s1 import resolve_start_seconds
+from yeto_core.stores.log import StoreLog
 
 if TYPE_CHECKING:
     from yeto_core.cut import ConsistentCut
@@ -45,39 +46,31 @@ class TrainerLoopGaveUp(YetoError):
 
 
 class Journal:
-    """Append-only records under ``<prefix>/<seq:010d>.json`` (None store: in memory)."""
+    """Append-only records under ``<prefix>/<seq:010d>.json`` (a :class:`StoreLog`; None: in memory)."""
 
     def __init__(self, store: Optional[ObjectStore], prefix: str = "head/journal") -> None:
         self.store, self.prefix = store, prefix
         self.memory: list[dict[str, Any]] = []
-        self._next: Optional[int] = None
+        self._log = StoreLog(store, prefix, width=10) if store is not None else None
 
     def read(self) -> list[dict[str, Any]]:
-        if self.store is None:
+        if self._log is None:
             return list(self.memory)
         out = []
-        for key in self.store.list(f"{self.prefix}/"):
+        for _key, data in self._log.read():
             try:
-                out.append(json.loads(self.store.get(key)))
-            except (NotFoundError, json.JSONDecodeError):
+                out.append(json.loads(data))
+            except json.JSONDecodeError:
                 continue
         return out
 
     def append(self, record: dict[str, Any]) -> None:
-        if self.store is None:
+        if self._log is None:
             self.memory.append(dict(record, seq=len(self.memory)))
             return
-        if self._next is None:
-            keys = list(self.store.list(f"{self.prefix}/"))
-            self._next = int(keys[-1].rsplit("/", 1)[1].split(".")[0]) + 1 if keys else 0
-        while True:
-            body = json.dumps(dict(record, seq=self._next), sort_keys=True, allow_nan=False)
-            created = self.store.put_if_absent(
-                f"{self.prefix}/{self._next:010d}.json", body.encode()
-            )
-            self._next += 1
-            if created:
-                return
+        self._log.append(
+            lambda seq: json.dumps(dict(record, seq=seq), sort_keys=True, allow_nan=False).encode()
+        )
 
 
 @attrs.frozen
@@ -280,10 +273,10 @@ class TrainerLoop:
                 self._log("launched", incarnation=self.incarnation, handle=handle)
             self._note_started(self.lifecycle.state())
         elif d.action == Action.STOP:
-            self._drain(StopReason.STOPPED)
+            self._drain(Action.STOP.stop_reason)
         elif d.action == Action.FINISH:
             if state == S.READY:
-                self._drain(StopReason.FINISHED)
+                self._drain(Action.FINISH.stop_reason)
             elif state != S.STOPPED:
                 self._release(failed=False)
             if d.reason == "gave_up":

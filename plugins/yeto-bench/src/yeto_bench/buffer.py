@@ -37,6 +37,7 @@ from yeto_core.group_codec import encode_group
 from yeto_core.records import RoundSpec, Sample, SampleGroup
 from yeto_core.sample_buffer import ConsumedState, FileSampleBuffer, encode_record
 from yeto_core.stores.dir_store import DirStore
+from yeto_core.stores.fsync import fsync_dir
 
 
 def make_group(i: int, samples: int = 8, tokens: int = 1024, prompt: int = 256) -> SampleGroup:
@@ -55,14 +56,6 @@ def make_group(i: int, samples: int = 8, tokens: int = 1024, prompt: int = 256) 
             )
         )
     return SampleGroup(f"bench-{i:08d}", f"p{i}", "bench", 0, tuple(out), task="bench")
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _record(i: int, position: int, version: int = 0) -> dict[str, Any]:
@@ -112,7 +105,7 @@ def bench_append(base: Path, groups: list[SampleGroup], block: int = 10) -> tupl
             os.close(fd)
             os.link(tmp, gdir / f"g{i}.safetensors")
             os.unlink(tmp)
-            _fsync_dir(gdir)  # 2: the payload's name
+            fsync_dir(gdir)  # 2: the payload's name
             os.write(index, lines[i])
             os.fdatasync(index)  # 3: the index record
         return time.perf_counter() - t0

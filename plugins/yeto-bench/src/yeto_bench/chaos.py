@@ -162,7 +162,7 @@ def check_run(run_dir: Path, *, replay: bool = True) -> dict[str, Any]:
     store = get_plugins().open_store(store_url)
     problems: list[str] = []
     torn = 0
-    buf = open_buffer(store_url, read_only=True)
+    buf = open_buffer(store, read_only=True)
     try:
         entries = buf.entries(0)
         for entry in entries:

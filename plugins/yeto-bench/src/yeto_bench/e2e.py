@@ -234,7 +234,7 @@ def run_mode(
             head.kill()
             head.wait()
     store = get_plugins().open_store(store_url)
-    buf = open_buffer(store_url, read_only=True)
+    buf = open_buffer(store, read_only=True)
     try:
         entries = buf.entries(0)
         appended_at = {int(e.position): float(e.appended_at) for e in entries}
@@ -289,10 +289,11 @@ def policy_lag(trained: list[Any], min_version: dict[int, int]) -> Optional[int]
 
 
 def _first_appended(store_url: str) -> Optional[float]:
+    from yeto_core.plugins import get_plugins
     from yeto_core.sample_buffer import open_buffer
 
     try:
-        buf = open_buffer(store_url, read_only=True)
+        buf = open_buffer(get_plugins().open_store(store_url), read_only=True)
     except Exception:
         return None
     try:

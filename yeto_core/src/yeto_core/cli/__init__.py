@@ -54,6 +54,28 @@ class LazyGroup(click.Group):
         return getattr(module, attr)
 
 
+def resolve_run(run: str) -> tuple[Any, Any]:
+    """``RUN`` of every command (a run dir or a run config) as (run dir, config); a usage error."""
+    from yeto_core.errors import ConfigError
+    from yeto_core.run_dir import resolve_run as _resolve
+
+    try:
+        return _resolve(run)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def resolve_store_url(ref: str) -> str:
+    """A store URL, or the store of ``RUN``; a usage error when ``ref`` is neither."""
+    from yeto_core.errors import ConfigError
+    from yeto_core.run_dir import resolve_store_url as _resolve
+
+    try:
+        return _resolve(ref)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
 def _print_version(ctx: click.Context, _param: Any, value: bool) -> None:
     if not value or ctx.resilient_parsing:
         return

@@ -24,10 +24,17 @@ def buffer() -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def stats(store_url: str, prefix: str, layout: str, as_json: bool) -> None:
-    """Backlog, watermark, head position, stale counts and data end of STORE_URL's buffer."""
+    """Backlog, watermark, head position, stale counts and data end of a run's buffer.
+
+    STORE_URL is a store URL, or RUN (a run dir or a run config) for its store.
+    """
+    from yeto_core.cli import resolve_store_url
+    from yeto_core.plugins import get_plugins
     from yeto_core.sample_buffer import open_buffer
 
-    buf = open_buffer(store_url, prefix=prefix, layout=layout, read_only=True)
+    store_url = resolve_store_url(store_url)
+    store = get_plugins().open_store(store_url)
+    buf = open_buffer(store, prefix=prefix, layout=layout, read_only=True)
     try:
         info = buf.stats()
     finally:

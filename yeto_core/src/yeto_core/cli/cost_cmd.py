@@ -3,27 +3,22 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
 
 @click.command()
-@click.argument("run_dir", metavar="RUN", type=click.Path(file_okay=False, exists=True))
+@click.argument("run", metavar="RUN")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def cost(run_dir: str, as_json: bool) -> None:
-    """Island-seconds and dollars per island of RUN (a run dir), from its cost ledger."""
+def cost(run: str, as_json: bool) -> None:
+    """Island-seconds and dollars per island of RUN (a run dir or its config), from its cost ledger."""
     import attrs
 
+    from yeto_core.cli import resolve_run
     from yeto_core.cost import CostLedger
-    from yeto_core.run_dir import load_run_config
 
-    path = Path(run_dir)
-    try:
-        prices = load_run_config(path).island_prices()
-    except (OSError, ValueError) as exc:
-        raise click.ClickException(f"{path}: no config.json ({exc}); is it a run dir?") from None
-    ledger = CostLedger(path, prices)
+    path, config = resolve_run(run)
+    ledger = CostLedger(path, config.island_prices())
     costs = ledger.costs()
     total = sum(c.usd for c in costs)
     if as_json:

@@ -9,35 +9,26 @@ from typing import Any, Optional
 import click
 
 
-def _load_run(run: str) -> Any:
-    from yeto_core.config import load_config
-
-    path = Path(run)
-    if path.is_dir():
-        path = path / "run.toml"
-    if not path.exists():
-        raise click.UsageError(
-            f"{run}: no run config there; pass the run's TOML file (or its folder holding run.toml)"
-        )
-    return load_config(path)
-
-
 @click.group()
 def ledger() -> None:
     """The batch ledger: which buffer positions every trained round consumed."""
 
 
 @ledger.command()
-@click.argument("store_url")
+@click.argument("run", metavar="RUN")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def check(store_url: str, as_json: bool) -> None:
-    """Check STORE_URL's ledger against its buffer: nothing trained twice or skipped silently."""
+def check(run: str, as_json: bool) -> None:
+    """Check RUN's ledger against its buffer: nothing trained twice or skipped silently.
+
+    RUN is a run dir or a run config (TOML); a store URL works too.
+    """
+    from yeto_core.cli import resolve_store_url
     from yeto_core.ledger import BatchLedger
     from yeto_core.plugins import get_plugins
     from yeto_core.sample_buffer import open_buffer
 
-    store = get_plugins().open_store(store_url)
-    buf = open_buffer(store_url, read_only=True)
+    store = get_plugins().open_store(resolve_store_url(run))
+    buf = open_buffer(store, read_only=True)
     try:
         info = BatchLedger(store).check(watermark=buf.watermark)
     finally:
@@ -68,17 +59,18 @@ def replay(
 ) -> None:
     """Replay RUN's ledger from the base and compare the weights with the newest cut, bitwise.
 
-    RUN is the run's TOML file (or the folder holding run.toml). The backend
+    RUN is a run dir or a run config (TOML), as for every command. The backend
     comes from the plugin manager (``torch`` is registered by yeto-torch).
     Exits 1 when the replayed weights differ from the cut's.
     """
+    from yeto_core.cli import resolve_run
     from yeto_core.cut import CutStore
     from yeto_core.ledger import BatchLedger
-    from yeto_core.ledger import replay as do_replay
+    from yeto_core.ledger_replay import replay as do_replay
     from yeto_core.plugins import get_plugins
     from yeto_core.sample_buffer import open_buffer
 
-    config = _load_run(run)
+    _run_dir, config = resolve_run(run)
     plugins = get_plugins()
     url = store_url or config.store_url()
     name = backend or config.trainer.backend
@@ -86,10 +78,10 @@ def replay(
     options = dict(config.trainer.backend_options)
 
     def make_backend() -> Any:
-        return cls(config.model.path, **options)
+        return cls.from_config(options, model_dir=config.model.path, seed=config.seed)
 
     store = plugins.open_store(url)
-    buf = open_buffer(url, read_only=True)
+    buf = open_buffer(store, read_only=True)
     try:
         result = do_replay(
             ledger=BatchLedger(store),

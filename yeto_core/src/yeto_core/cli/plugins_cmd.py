@@ -29,5 +29,9 @@ def plugins(as_json: bool) -> None:
     table.add_column("error", style="red")
     for info in infos:
         provides = "\n".join(f"{port}: {', '.join(names)}" for port, names in info.provides.items())
+        planned = "\n".join(
+            f"{port}: {', '.join(names)} (planned)" for port, names in info.planned.items()
+        )
+        provides = "\n".join(p for p in (provides, planned) if p)
         table.add_row(info.name, info.distribution, info.version, provides or "-", info.error or "")
     Console().print(table)

@@ -93,11 +93,14 @@ def status_table(s: dict[str, Any]) -> Any:
 
 
 @run.command()
-@click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
+@click.argument("config_path", metavar="CONFIG", type=click.Path())
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Overrides run_dir in CONFIG.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and the checks; start nothing.")
 def up(config_path: str, run_dir: Optional[str], dry_run: bool) -> None:
     """Start the run of CONFIG (or continue it in its run dir).
+
+    CONFIG is a run config (TOML), or RUN: a run dir a head already ran in
+    (its config.json is continued).
 
     \b
     Exit codes:
@@ -116,7 +119,12 @@ def up(config_path: str, run_dir: Optional[str], dry_run: bool) -> None:
     from yeto_core.plugins import get_plugins
     from yeto_core.preflight import run_preflight
 
-    config = load_config(config_path, run_dir=run_dir)
+    if Path(config_path).is_dir() and run_dir is None:
+        from yeto_core.cli import resolve_run
+
+        _dir, config = resolve_run(config_path)
+    else:
+        config = load_config(config_path, run_dir=run_dir)
     plugins = get_plugins()
     report = run_preflight(config, plugins)
     click.echo(plan_text(config))
@@ -215,15 +223,10 @@ def summary_text(s: dict[str, Any], run_dir: Path) -> str:
 
 
 def _run_dir_of(run: str) -> Path:
-    """RUN is a run dir, or a config whose run_dir is used."""
-    path = Path(run)
-    if path.is_file():
-        from yeto_core.config import load_config
+    """RUN is a run dir, or a config whose run_dir is used (as for every command)."""
+    from yeto_core.cli import resolve_run
 
-        return Path(load_config(path).run_dir)
-    if not path.is_dir():
-        raise click.ClickException(f"{run}: no such run dir (or run config)")
-    return path
+    return resolve_run(run)[0]
 
 
 @run.command()

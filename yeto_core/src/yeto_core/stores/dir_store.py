@@ -29,6 +29,7 @@ from urllib.parse import unquote, urlsplit
 
 from yeto_core.errors import InvalidKeyError, NotFoundError, StoreError
 from yeto_core.ports import ObjectStore
+from yeto_core.stores.fsync import fsync_dir
 from yeto_core.stores.keys import check_key, check_prefix
 
 _TMP_MARK = ".tmp-"
@@ -36,14 +37,6 @@ _TMP_MARK = ".tmp-"
 
 def _is_tmp_name(name: str) -> bool:
     return name.startswith(".") and _TMP_MARK in name
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _unlink_quietly(path: str | Path) -> None:
@@ -136,7 +129,7 @@ class DirStore(ObjectStore):
         if self.fsync:
             # New directories must be durable in their parents before a file in them is.
             for d in reversed(missing):
-                _fsync_dir(d.parent)
+                fsync_dir(d.parent)
         self._made_dirs.add(parent)
 
     def _write_tmp(self, key: str, path: Path, data: bytes) -> str:
@@ -192,7 +185,7 @@ class DirStore(ObjectStore):
             _unlink_quietly(tmp)
             raise
         if self.fsync:
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         path = self._path(key)
@@ -216,7 +209,7 @@ class DirStore(ObjectStore):
         finally:
             _unlink_quietly(tmp)
         if created and self.fsync:
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
         return created
 
     def _create_exclusive(self, path: Path, data: bytes) -> bool:
@@ -301,4 +294,4 @@ class DirStore(ObjectStore):
                 "not an object"
             ) from None
         if self.fsync:
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)

@@ -30,12 +30,19 @@ from yeto_core.records import (
 
 
 class Clock:
-    """A settable clock: ``clock()`` returns ``clock.t``; :meth:`advance` moves it."""
+    """A settable clock: ``clock()`` returns ``clock.t``; :meth:`advance` and :meth:`sleep` move it.
 
-    def __init__(self, t: float = 0.0) -> None:
+    :param t: the start time.
+    :param tick: every call first moves the clock by this much (0: it stands still).
+    """
+
+    def __init__(self, t: float = 0.0, *, tick: float = 0.0) -> None:
         self.t = float(t)
+        self.tick = float(tick)
+        self.sleeps = 0
 
     def __call__(self) -> float:
+        self.t += self.tick
         return self.t
 
     def advance(self, dt: float) -> float:
@@ -43,7 +50,8 @@ class Clock:
         return self.t
 
     def sleep(self, dt: float) -> None:
-        """A ``sleep`` that only moves this clock."""
+        """A ``sleep`` that only moves this clock (and counts the calls)."""
+        self.sleeps += 1
         self.advance(dt)
 
 

@@ -1,0 +1,223 @@
+"""The head's islands: providers per sampler group and for the trainer, launch records,
+orphans, relaunches, and the in-process trainer (a part of :class:`~yeto_core.run.Head`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from yeto_core.errors import YetoError
+from yeto_core.event_stream import EventStream
+from yeto_core.island_env import island_launch
+from yeto_core.ports import IslandProvider, TrainerLifecycle
+from yeto_core.records import IslandLaunch, IslandStatus
+
+#: A sampler island that exits this many times is not relaunched again.
+MAX_SAMPLER_RESTARTS = 3
+
+
+class HeadIslands:
+    """The island half of the head (a mixin of :class:`~yeto_core.run.Head`).
+
+    It uses the head's ``config``, ``plugins``, ``providers``, ``store``, ``costs``,
+    ``events``, ``state``, ``sampler_handles`` and ``run_dir``.
+    """
+
+    config: Any
+    plugins: Any
+    providers: dict[str, IslandProvider]
+    store: Any
+    costs: Any
+    events: Any
+    state: Any
+    sampler_handles: dict[str, str]
+    run_dir: Path
+
+    def provider_of(self, island: str) -> IslandProvider:
+        """The island provider of ``island`` (its sampler group's, or the trainer's)."""
+        return self.providers[self._group_of(island)[0]]
+
+    def _group_of(self, island: str) -> tuple[str, dict[str, Any]]:
+        for name, s in self.config.sampler_islands():
+            if name == island:
+                return s.provider, dict(s.provider_options)
+        t = self.config.trainer
+        return t.provider, dict(t.provider_options)
+
+    def launch_record(self, role: str, island: str, incarnation: int) -> IslandLaunch:
+        """What the provider gets: store URL, ids, store credentials, the group's options."""
+        _provider, options = self._group_of(island)
+        return island_launch(
+            self.store,
+            run_id=self.config.run_id,
+            role=role,
+            island=island,
+            incarnation=incarnation,
+            options=options,
+        )
+
+    def release_orphans(self) -> list[str]:
+        """Release every island a previous head left running, and close its cost."""
+        released = []
+        open_handles = self.costs.open_handles()
+        for name, provider in self.providers.items():
+            for handle in provider.orphans():
+                if not provider.release(handle):
+                    hint = provider.log_hint(handle)
+                    raise YetoError(
+                        f"island {handle} left by a previous head could not be verified gone by "
+                        f"the {name!r} provider; stop it by hand"
+                        + (f" (see {hint})" if hint else "")
+                    )
+                released.append(handle)
+        for handle, island in open_handles.items():
+            if self.provider_of(island).status(handle) == IslandStatus.GONE:
+                self.costs.stopped(island, handle)
+        if released:
+            self.events.emit("orphans_released", handles=released)
+        return released
+
+    def _incarnation_of(self, island: str) -> int:
+        return sum(1 for ln in self.costs.lines() if ln.event == "start" and ln.island == island)
+
+    def launch_sampler(self, island: str) -> str:
+        incarnation = self._incarnation_of(island)
+        launch = self.launch_record("sampler", island, incarnation)
+        handle = self.provider_of(island).launch(launch)
+        self.costs.started(island, handle)
+        self.sampler_handles[island] = handle
+        self.events.emit("sampler_launch", island=island, incarnation=incarnation, handle=handle)
+        return handle
+
+    def release_island(self, island: str, handle: str) -> None:
+        if not self.provider_of(island).release(handle):
+            raise YetoError(f"island {handle} could not be verified gone; kill it by hand")
+        self.costs.stopped(island, handle)
+
+    def check_samplers(self) -> None:
+        """Relaunch a sampler island that exited (up to ``MAX_SAMPLER_RESTARTS`` times)."""
+        if self.state.finishing:
+            return
+        for island, handle in list(self.sampler_handles.items()):
+            provider = self.provider_of(island)
+            if provider.status(handle) not in (IslandStatus.EXITED, IslandStatus.GONE):
+                continue
+            code = provider.returncode(handle)
+            hint = provider.log_hint(handle)
+            self.release_island(island, handle)
+            n = self.state.sampler_restarts.get(island, 0) + 1
+            self.state.sampler_restarts[island] = n
+            self.events.emit("sampler_exited", island=island, handle=handle, code=code)
+            if n > MAX_SAMPLER_RESTARTS:
+                del self.sampler_handles[island]
+                raise YetoError(
+                    f"sampler island {island} exited {n} times (last exit code {code})"
+                    + (f"; see {hint}" if hint else "")
+                )
+            self.launch_sampler(island)
+
+    def stop_samplers(self) -> None:
+        for island, handle in list(self.sampler_handles.items()):
+            self.release_island(island, handle)
+            del self.sampler_handles[island]
+            self.events.emit("sampler_released", island=island, handle=handle)
+
+    def build_driver(self) -> TrainerLifecycle:
+        """The trainer inside this process (``[trainer] lifecycle = "driver"``)."""
+        from yeto_core.cut import CutStore
+        from yeto_core.island_main import RecordingBackend, open_run_buffer, trainer_event_bridge
+        from yeto_core.lifecycle import DriverLifecycle
+        from yeto_core.release import ReleaseStore
+
+        config = self.config
+        backend_cls = self.plugins.trainer_backend(config.trainer.backend)
+        model_dir = str(Path(config.model.path).absolute())
+        stream = EventStream(
+            self.store, config.trainer.name, flush_s=0.0, observer=self.plugins.emit
+        )
+        recorder: dict[str, RecordingBackend] = {}
+
+        def factory(_incarnation: int) -> Any:
+            backend = backend_cls.from_config(
+                config.trainer.backend_options, model_dir=model_dir, seed=config.seed
+            )
+            recorder["backend"] = RecordingBackend(backend)
+            return recorder["backend"]
+
+        return DriverLifecycle(
+            factory,
+            open_run_buffer(self.plugins, config, self.store, config.trainer.name),
+            CutStore(self.store),
+            ReleaseStore(self.store),
+            groups_per_round=config.trainer.groups_per_round,
+            max_policy_age=config.trainer.max_policy_age,
+            emit=trainer_event_bridge(stream, recorder),
+            workdir=self.run_dir / "work" / config.trainer.name,
+            partial_last_round=True,
+            ledger_set_aside_before=self.state.started_at,
+        )
+
+
+class _CostedProvider(IslandProvider):
+    """The trainer's provider, with launches and verified releases in the cost ledger."""
+
+    PLUGIN_NAME = "costed"
+
+    def __init__(self, head: Any, provider: IslandProvider) -> None:
+        self.head, self.provider = head, provider
+
+    def launch(self, launch: IslandLaunch) -> str:
+        handle = self.provider.launch(launch)
+        self.head.costs.started(launch.island, handle)
+        return handle
+
+    def status(self, handle: str) -> IslandStatus:
+        return self.provider.status(handle)
+
+    def events(self, handle: str) -> Any:
+        return self.provider.events(handle)
+
+    def release(self, handle: str) -> bool:
+        ok = self.provider.release(handle)
+        if ok and handle in self.head.costs.open_handles():
+            self.head.costs.stopped(self.head.config.trainer.name, handle)
+        return ok
+
+    def orphans(self) -> list[str]:
+        return self.provider.orphans()
+
+    def returncode(self, handle: str) -> Optional[int]:
+        return self.provider.returncode(handle)
+
+    def log_hint(self, handle: str) -> str:
+        return self.provider.log_hint(handle)
+
+
+class _NoProvider(IslandProvider):
+    """The trainer provider of a lifecycle that launches no island (``driver``)."""
+
+    PLUGIN_NAME = "none"
+
+    def launch(self, launch: IslandLaunch) -> str:
+        raise YetoError(
+            f"the trainer lifecycle {launch.island!r} launches no island; set "
+            "[trainer] lifecycle = 'remote' to run the trainer on a provider"
+        )
+
+    def status(self, handle: str) -> IslandStatus:
+        return IslandStatus.GONE
+
+    def events(self, handle: str) -> Any:
+        return iter(())
+
+    def release(self, handle: str) -> bool:
+        return True
+
+    def orphans(self) -> list[str]:
+        return []
+
+
+def _host() -> str:
+    import socket
+
+    return socket.gethostname()

@@ -1,0 +1,151 @@
+"""The sampler ports: engine and task (see :mod:`yeto_core.ports`)."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+from yeto_core.ports.base import Port, _with_model_and_seed
+from yeto_core.records import (
+    Completion,
+    LocalRelease,
+    SamplingParams,
+)
+
+
+class SamplerEngine(Port):
+    """Generates groups with per-token behaviour log-probs from the loaded policy.
+
+    ``[[samplers]] engine`` chooses it; :meth:`from_config` builds it in the
+    sampler island.
+
+    Complete plugin (answers each prompt with its own last token)::
+
+        import hashlib
+
+        import numpy as np
+
+        from yeto_core import hookimpl
+        from yeto_core.ports import SamplerEngine
+        from yeto_core.records import Completion
+
+        class Echo(SamplerEngine):
+            PLUGIN_NAME = "echo"
+
+            def __init__(self, **options):
+                self.version, self.checksum = 0, "base"
+
+            def generate(self, prompts, n, sampling):
+                return [[Completion(tokens=np.array([p[-1] if p else 0], dtype=np.int64),
+                                    logprobs=np.zeros(1, dtype=np.float32),
+                                    weight_version=self.version)
+                         for _ in range(n)] for p in prompts]
+
+            def load_release(self, release):
+                self.version = release.version
+                self.checksum = release.weight_checksum
+
+            def served_checksum(self):
+                return self.checksum
+
+            def encode(self, text):
+                return list(text.encode())
+
+            def decode(self, ids):
+                return bytes(int(i) % 256 for i in ids).decode(errors="replace")
+
+        @hookimpl
+        def yeto_register_sampler_engines(register):
+            register(Echo)
+
+    (An engine that really loads weights computes ``served_checksum`` from what
+    it serves, e.g. ``hashlib.sha256`` over its tensors; the follower refuses a
+    release whose read-back differs from the release's ``weight_checksum``.)
+    """
+
+    PORT = "SamplerEngine"
+
+    @classmethod
+    def from_config(
+        cls, options: Mapping[str, Any], *, model_dir: Optional[str], seed: int
+    ) -> SamplerEngine:
+        """Build an engine from ``[[samplers]] engine_options``.
+
+        Default: ``cls(**options)``, adding ``model_dir`` and ``seed`` when the
+        constructor takes them and the options do not set them.
+        """
+        return cls(**_with_model_and_seed(cls, options, model_dir, seed))
+
+    @abc.abstractmethod
+    def generate(
+        self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams
+    ) -> list[list[Completion]]:
+        """``n`` completions per prompt (in prompt order), each with its behaviour log-probs."""
+
+    @abc.abstractmethod
+    def load_release(self, release: LocalRelease) -> None:
+        """Load a fetched, verified policy release (hot reload)."""
+
+    @abc.abstractmethod
+    def served_checksum(self) -> str:
+        """The checksum of the weights the engine serves now (read back, not remembered)."""
+
+    @abc.abstractmethod
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` with the served tokenizer."""
+
+    @abc.abstractmethod
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` with the served tokenizer."""
+
+    # -- optional capabilities ---------------------------------------------------------
+
+    def rollback(self) -> None:
+        """Serve the weights from before the last :meth:`load_release` again.
+
+        Optional: when ``type(engine).implements("rollback")`` is False the
+        follower loads the previous release again instead.
+        """
+        raise NotImplementedError(f"the {self.PLUGIN_NAME!r} engine cannot roll back")
+
+    def close(self) -> None:
+        """Stop what the engine started (a server, threads); default: nothing."""
+
+
+class Task(Port):
+    """A verifiable task: prompts and a reward function.
+
+    ``[task] name`` chooses it; ``[task] options`` are its keyword arguments.
+
+    Complete plugin::
+
+        from yeto_core import hookimpl
+        from yeto_core.ports import Task
+
+        class SayDigit(Task):
+            PLUGIN_NAME = "say-digit"
+
+            def __init__(self, **options):
+                pass
+
+            def prompt(self, index):
+                return f"say {index % 10}", str(index % 10)
+
+            def reward(self, answer, completion):
+                return 1.0 if completion.strip() == answer else 0.0
+
+        @hookimpl
+        def yeto_register_tasks(register):
+            register(SayDigit)
+    """
+
+    PORT = "Task"
+
+    @abc.abstractmethod
+    def prompt(self, index: int) -> tuple[str, str]:
+        """The prompt text and the reference answer for dispense position ``index``."""
+
+    @abc.abstractmethod
+    def reward(self, answer: str, completion: str) -> float:
+        """Score ``completion`` against ``answer`` (0..1)."""

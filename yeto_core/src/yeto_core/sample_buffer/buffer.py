@@ -1,0 +1,454 @@
+"""The ``file`` sample buffer: :class:`FileSampleBuffer` over any object store.
+
+See :mod:`yeto_core.sample_buffer` for the layout, the append order, dedup,
+rounds and incremental reads.
+"""
+
+from __future__ import annotations
+
+import collections
+import socket
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Optional
+
+import attrs
+
+from yeto_core import serde
+from yeto_core.errors import NotFoundError, SampleBufferError
+from yeto_core.group_codec import decode_group, encode_group
+from yeto_core.ports import DurableSampleBuffer, ObjectStore
+from yeto_core.records import Backlog, BufferRound, Event, GroupEntry, RoundSpec, SampleGroup
+from yeto_core.sample_buffer.codec import check_group_id, entry_from
+from yeto_core.sample_buffer.consumed import STALE_TAIL, ConsumedState, plan_round
+from yeto_core.sample_buffer.jsonl_index import JsonlIndex
+from yeto_core.sample_buffer.objects_index import ObjectsIndex
+from yeto_core.sample_buffer.shards import merge_shards
+
+LAYOUTS = ("auto", "jsonl", "objects", "shards")
+
+
+class FileSampleBuffer(DurableSampleBuffer):
+    """The ``file`` sample buffer on any :class:`~yeto_core.ports.ObjectStore`.
+
+    :param store: the run's object store.
+    :param prefix: key prefix of the buffer.
+    :param layout: ``auto`` (``jsonl`` on a directory store, else ``objects``),
+        ``jsonl``, ``objects`` or ``shards``.
+    :param host: this appender's host name (shards; default: the machine's name).
+    :param clock: returns seconds since the epoch (``appended_at``, ``consumed.json``).
+    :param read_only: never write (no torn-tail repair, no merge); for ``yeto buffer stats``.
+    :param merger: layout ``shards``: this process (the head) merges host shards.
+    """
+
+    PLUGIN_NAME = "file"
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        prefix: str = "buffer",
+        layout: str = "auto",
+        host: Optional[str] = None,
+        clock: Callable[[], float] = time.time,
+        read_only: bool = False,
+        merger: bool = False,
+    ) -> None:
+        if layout not in LAYOUTS:
+            raise SampleBufferError(f"unknown buffer layout {layout!r}; use one of {LAYOUTS}")
+        self.store = store
+        self.prefix = prefix.rstrip("/")
+        self.clock = clock
+        self.read_only = read_only
+        self.merger = merger and not read_only
+        self.host = check_group_id(host or socket.gethostname().split(".")[0] or "host", "host")
+        root = store.local_root()
+        if layout == "auto":
+            layout = "jsonl" if root is not None else "objects"
+        self.layout = layout
+        self.events: list[Event] = []
+        fsync = store.fsyncs()
+        if layout in ("jsonl", "shards"):
+            if root is None:
+                raise SampleBufferError(
+                    f"buffer layout {layout!r} needs a store on a file system (the dir store); "
+                    f"{type(store).__name__} has none. Use layout='objects'"
+                )
+            base = Path(root) / self.prefix
+            self._jsonl: Optional[JsonlIndex] = JsonlIndex(
+                base / "index.jsonl", fsync=fsync, events=self.events
+            )
+            self._objects: Optional[ObjectsIndex] = None
+        else:
+            self._jsonl = None
+            self._objects = ObjectsIndex(store, self.prefix)
+        self._shard: Optional[JsonlIndex] = None
+        self._shard_readers: dict[str, JsonlIndex] = {}
+        self._merged_seq: dict[str, int] = {}
+        if layout == "shards":
+            self._shards_dir = Path(root) / self.prefix / "shards"  # type: ignore[arg-type]
+            self._shard = JsonlIndex(
+                self._shards_dir / self.host / "index.jsonl", fsync=fsync, events=self.events
+            )
+        # reader state
+        self._ids: dict[str, int] = {}  # group id -> first position (every reader agrees)
+        self._appended: dict[str, int] = {}  # ids this object appended (objects layout)
+        self._head = 0
+        self._pending: collections.deque[tuple[GroupEntry, bool]] = collections.deque()
+        self._state = ConsumedState()
+        self._state_raw: Optional[bytes] = None
+        self._arrivals: Optional[collections.deque[GroupEntry]] = None
+        self._data_ended = False
+        self._state = self._read_state()
+        if self._jsonl is not None and not read_only and layout == "jsonl":
+            self._ingest(self._jsonl.open_and_repair())
+        elif self._shard is not None and not read_only:
+            self._shard.open_and_repair()
+        self._catch_up()
+
+    # -- keys --------------------------------------------------------------------------
+
+    def payload_key(self, group_id: str) -> str:
+        return f"{self.prefix}/groups/{check_group_id(group_id)}.safetensors"
+
+    @property
+    def _consumed_key(self) -> str:
+        return f"{self.prefix}/consumed.json"
+
+    # -- reading the index -------------------------------------------------------------
+
+    def _ingest(self, records: Iterable[dict[str, Any]]) -> None:
+        wm = self._state.watermark
+        for rec in records:
+            entry = entry_from(rec, f"position {rec.get('position')}")
+            if entry.position != self._head:
+                raise SampleBufferError(
+                    f"buffer index skipped from position {self._head} to {entry.position}"
+                )
+            self._head += 1
+            first = self._ids.setdefault(entry.group_id, entry.position)
+            dup = first != entry.position
+            if entry.position >= wm:
+                self._pending.append((entry, dup))
+                if self._arrivals is not None and not dup:
+                    self._arrivals.append(entry)
+
+    def _catch_up(self) -> None:
+        if self.layout == "shards" and self.merger:
+            self._ingest(self._merge())
+        elif self._jsonl is not None:
+            self._ingest(self._jsonl.read_new())
+        else:
+            assert self._objects is not None
+            self._ingest(self._objects.read_new())
+
+    def _read_state(self) -> ConsumedState:
+        try:
+            raw = self.store.get(self._consumed_key)
+        except NotFoundError:
+            return ConsumedState()
+        if raw == self._state_raw:
+            return self._state
+        state = serde.loads(raw, ConsumedState, what="buffer consumed state", root="consumed.json")
+        self._state_raw = raw
+        return state
+
+    def _refresh_state(self) -> None:
+        self._apply_state(self._read_state())
+
+    def _apply_state(self, state: ConsumedState) -> None:
+        old = self._state
+        self._state = state
+        if state.watermark < self._pending_start(old):
+            self._reload()
+            return
+        while self._pending and self._pending[0][0].position < state.watermark:
+            self._pending.popleft()
+
+    def _pending_start(self, state: ConsumedState) -> int:
+        return self._pending[0][0].position if self._pending else max(state.watermark, self._head)
+
+    def _reload(self) -> None:
+        """Re-read the index from the start (after the watermark moved back: a restore)."""
+        self._ids, self._head, self._pending = {}, 0, collections.deque()
+        if self._jsonl is not None:
+            self._jsonl.reset_reader()
+            if self.layout == "shards":
+                self._merged_seq = {}
+                self._shard_readers = {}
+        if self._objects is not None:
+            self._objects.reset_reader()
+        self._catch_up()
+
+    def _update(self) -> None:
+        self._refresh_state()
+        self._catch_up()
+
+    # -- shards ------------------------------------------------------------------------
+
+    def _merge(self) -> list[dict[str, Any]]:
+        assert self._jsonl is not None
+        return merge_shards(self._jsonl, self._shards_dir, self._shard_readers, self._merged_seq)
+
+    # -- port --------------------------------------------------------------------------
+
+    def append(self, group: SampleGroup) -> int:
+        """Durably append ``group``; return its position (shards: its shard sequence number).
+
+        Durable before it returns: the payload (fsync, link, directory fsync on a
+        directory store) and then the index record (fdatasync, or create-if-absent).
+        """
+        if self.read_only:
+            raise SampleBufferError("this buffer was opened read-only; open it without read_only")
+        gid = check_group_id(group.group_id)
+        if self.layout == "shards":
+            return self._append_shard(group)
+        known = self._ids.get(gid, self._appended.get(gid))
+        if known is not None:
+            return known
+        payload = self.payload_key(gid)
+        if not self.store.put_if_absent(payload, encode_group(group)):
+            # A payload exists: an earlier append of this id (maybe one that crashed
+            # before its index record). Look for it in the index.
+            self._catch_up()
+            known = self._ids.get(gid)
+            if known is not None:
+                return known
+        make = self._record_maker(group, payload)
+        if self._jsonl is not None:
+            pos, recs, _ = self._jsonl.append(gid, make)
+            self._ingest(r for r in recs if r["position"] >= self._head)
+            return pos
+        assert self._objects is not None
+        pos, _rec = self._objects.append(make)
+        self._appended[gid] = pos
+        return pos
+
+    def _append_shard(self, group: SampleGroup) -> int:
+        shard = self._shard
+        assert shard is not None
+        gid = group.group_id
+        if gid in shard.ids:
+            return shard.ids[gid]
+        payload = self.payload_key(gid)
+        if not self.store.put_if_absent(payload, encode_group(group)):
+            shard.read_new()
+            if gid in shard.ids:
+                return shard.ids[gid]
+        pos, _recs, _ = shard.append(gid, self._record_maker(group, payload))
+        return pos
+
+    def _record_maker(self, group: SampleGroup, payload: str) -> Callable[[int], dict[str, Any]]:
+        versions = [int(s.weight_version) for s in group.samples]
+        base = {
+            "group_id": group.group_id,
+            "prompt_id": group.prompt_id,
+            "host": group.sampler_host,
+            "incarnation": int(group.sampler_incarnation),
+            "n_samples": len(group.samples),
+            "min_version": min(versions),
+            "max_version": max(versions),
+            "appended_at": float(self.clock()),
+            "payload": payload,
+            "seq": -1,
+        }
+        if self.layout == "shards":
+            base["host"] = self.host
+
+        def make(position: int) -> dict[str, Any]:
+            return {**base, "position": position}
+
+        return make
+
+    def load(self, entry: GroupEntry) -> SampleGroup:
+        """The group of ``entry``, with numpy arrays."""
+        try:
+            data = self.store.get(entry.payload)
+        except NotFoundError:
+            raise SampleBufferError(
+                f"payload {entry.payload!r} of position {entry.position} is missing from the "
+                "store; the buffer was pruned or copied partially"
+            ) from None
+        group = decode_group(data, where=entry.payload)
+        if group.group_id != entry.group_id:
+            raise SampleBufferError(
+                f"payload {entry.payload!r} holds group {group.group_id!r}, index says "
+                f"{entry.group_id!r}"
+            )
+        return group
+
+    @property
+    def watermark(self) -> int:
+        self._refresh_state()
+        return self._state.watermark
+
+    @property
+    def head_position(self) -> int:
+        """The number of positions in the (merged) index."""
+        self._catch_up()
+        return self._head
+
+    def entries(self, start: int = 0) -> list[GroupEntry]:
+        """Every entry from ``start`` on, read from the index (O(history); tests and tools)."""
+        if self._jsonl is not None:
+            reader = JsonlIndex(self._jsonl.path, fsync=False)
+        else:
+            reader = ObjectsIndex(self.store, self.prefix)  # type: ignore[assignment]
+        out = [entry_from(r, "index") for r in reader.read_new()]
+        if isinstance(reader, JsonlIndex):
+            reader.close()
+        return [e for e in out if e.position >= start]
+
+    def select(self, spec: RoundSpec) -> BufferRound:
+        self._update()
+        return plan_round(self._pending, self._state.watermark, spec)
+
+    def commit(self, round: BufferRound) -> int:
+        if self.read_only:
+            raise SampleBufferError("this buffer was opened read-only; open it without read_only")
+        self._refresh_state()
+        state = self._state
+        if round.start != state.watermark:
+            raise SampleBufferError(
+                f"round starts at {round.start} but the watermark is {state.watermark}: another "
+                "trainer committed or reset_to ran since select. Select again"
+            )
+        if round.end < round.start or round.end > self._head:
+            raise SampleBufferError(f"round end {round.end} is outside {round.start}..{self._head}")
+        stale = tuple(e.position for e in round.stale)
+        new = attrs.evolve(
+            state,
+            watermark=round.end,
+            stale_total=state.stale_total + len(stale),
+            duplicate_total=state.duplicate_total + len(round.duplicates),
+            stale_tail=(state.stale_tail + stale)[-STALE_TAIL:],
+            updated_at=float(self.clock()),
+        )
+        self._write_state(new)
+        return new.watermark
+
+    def _write_state(self, state: ConsumedState) -> None:
+        raw = serde.dumps(state).encode()
+        self.store.put(self._consumed_key, raw)
+        self._state_raw = raw
+        self._apply_state(state)
+
+    def reset_to(self, watermark: int) -> None:
+        if self.read_only:
+            raise SampleBufferError("this buffer was opened read-only; open it without read_only")
+        self._update()
+        if not 0 <= watermark <= self._head:
+            raise SampleBufferError(
+                f"reset_to({watermark}): the buffer holds positions 0..{self._head - 1}; a cut's "
+                "watermark can't be past the head. Is this the right run's store?"
+            )
+        state = self._state
+        self._write_state(
+            attrs.evolve(
+                state,
+                watermark=watermark,
+                resets=state.resets + 1,
+                stale_tail=tuple(p for p in state.stale_tail if p < watermark),
+                updated_at=float(self.clock()),
+            )
+        )
+
+    def backlog(
+        self, current_version: Optional[int] = None, max_policy_age: Optional[int] = None
+    ) -> Backlog:
+        """What waits after the watermark (with a version and age: only what is selectable).
+
+        Cost: O(new index records + backlog), independent of the history.
+        """
+        self._update()
+        groups = samples = 0
+        oldest_v: Optional[int] = None
+        oldest_t: Optional[float] = None
+        gate = current_version is not None and max_policy_age is not None
+        for entry, dup in self._pending:
+            if dup:
+                continue
+            if gate and current_version - entry.min_version > max_policy_age:  # type: ignore[operator]
+                continue
+            groups += 1
+            samples += entry.n_samples
+            if oldest_v is None or entry.min_version < oldest_v:
+                oldest_v = entry.min_version
+            if oldest_t is None or entry.appended_at < oldest_t:
+                oldest_t = entry.appended_at
+        return Backlog(
+            groups=groups,
+            samples=samples,
+            watermark=self._state.watermark,
+            head_position=self._head,
+            oldest_version=oldest_v,
+            oldest_appended_at=oldest_t,
+            data_ended=self.data_ended(),
+        )
+
+    def poll_arrivals(self, callback: Callable[[GroupEntry], None]) -> int:
+        """Call ``callback`` for each group appended since the last poll.
+
+        The first poll reports every group waiting after the watermark.
+        """
+        if self._arrivals is None:
+            self._update()
+            self._arrivals = collections.deque(e for e, dup in self._pending if not dup)
+        else:
+            self._catch_up()
+        n = 0
+        while self._arrivals:
+            callback(self._arrivals.popleft())
+            n += 1
+        return n
+
+    def mark_data_end(self) -> None:
+        self.store.put(f"{self.prefix}/DATA_END", serde.dumps({"time": self.clock()}).encode())
+        self._data_ended = True
+
+    def data_ended(self) -> bool:
+        if not self._data_ended:
+            self._data_ended = self.store.exists(f"{self.prefix}/DATA_END")
+        return self._data_ended
+
+    def stats(self) -> dict[str, Any]:
+        """Everything ``yeto buffer stats`` shows."""
+        b = self.backlog()
+        hosts: dict[str, int] = {}
+        dups = 0
+        for entry, dup in self._pending:
+            dups += dup
+            hosts[entry.host] = hosts.get(entry.host, 0) + 1
+        st = self._state
+        return {
+            "layout": self.layout,
+            "head_position": b.head_position,
+            "watermark": b.watermark,
+            "backlog_groups": b.groups,
+            "backlog_samples": b.samples,
+            "oldest_version": b.oldest_version,
+            "oldest_appended_at": b.oldest_appended_at,
+            "stale_total": st.stale_total,
+            "duplicate_total": st.duplicate_total,
+            "duplicates_waiting": dups,
+            "stale_recent": list(st.stale_tail[-10:]),
+            "resets": st.resets,
+            "data_ended": b.data_ended,
+            "waiting_by_host": dict(sorted(hosts.items())),
+        }
+
+    def close(self) -> None:
+        for idx in (self._jsonl, self._shard, *self._shard_readers.values()):
+            if idx is not None:
+                idx.close()
+
+
+def open_buffer(store: ObjectStore, **options: Any) -> FileSampleBuffer:
+    """Open the ``file`` buffer of a run's store (``plugins.open_store(url)`` opens the store)."""
+    if not isinstance(store, ObjectStore):
+        raise SampleBufferError(
+            f"open_buffer takes an ObjectStore, not {store!r}; open the store with "
+            "plugins.open_store(url) first"
+        )
+    return FileSampleBuffer(store, **options)

@@ -1,0 +1,185 @@
+"""The ``jsonl`` index: an append-only JSONL file on a local or mounted file system.
+
+Appenders take an ``flock`` on ``index.jsonl.lock``, catch up on lines written by
+others, repair a torn tail left by a crash (truncate it, log it, add an event),
+write one line with a single ``write`` on an ``O_APPEND`` descriptor and
+``fdatasync`` it. Readers never take the lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+from yeto_core.errors import SampleBufferError
+from yeto_core.records import Event
+from yeto_core.sample_buffer.codec import decode_record, encode_record
+from yeto_core.stores.fsync import fsync_dir
+
+log = logging.getLogger("yeto.buffer")
+
+
+class JsonlIndex:
+    """An append-only JSONL index file on a local or mounted file system.
+
+    ``read_new`` returns the complete, checked records after the cursor.
+    ``append`` takes the lock, catches up, repairs a torn tail and writes one line.
+    """
+
+    def __init__(self, path: Path, *, fsync: bool = True, events: Optional[list] = None) -> None:
+        self.path = path
+        self.lock_path = path.with_name(path.name + ".lock")
+        self.fsync = fsync
+        self.offset = 0  # bytes of complete, checked lines read
+        self.count = 0  # records read (the next position)
+        self.ids: dict[str, int] = {}
+        self.events = events if events is not None else []
+        self._rfd: Optional[int] = None
+        self._wfd: Optional[int] = None
+        self._lfd: Optional[int] = None
+
+    def close(self) -> None:
+        for name in ("_rfd", "_wfd", "_lfd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)
+
+    def reset_reader(self) -> None:
+        self.offset, self.count, self.ids = 0, 0, {}
+
+    # reading ------------------------------------------------------------------------
+
+    def read_new(self) -> list[dict[str, Any]]:
+        if self._rfd is None:
+            try:
+                self._rfd = os.open(self.path, os.O_RDONLY)
+            except FileNotFoundError:
+                return []
+        size = os.fstat(self._rfd).st_size
+        if size < self.offset:
+            raise SampleBufferError(
+                f"{self.path} shrank to {size} bytes below the {self.offset} bytes already read; "
+                "someone truncated the buffer index. Restore it from a backup"
+            )
+        if size == self.offset:
+            return []
+        data = os.pread(self._rfd, size - self.offset, self.offset)
+        out = []
+        start = 0
+        while True:
+            nl = data.find(b"\n", start)
+            if nl < 0:
+                break  # an unterminated tail: being written now, or torn by a crash
+            rec = decode_record(data[start:nl])
+            if rec is None:
+                if data.find(b"\n", nl + 1) >= 0:
+                    raise SampleBufferError(
+                        f"{self.path}: the line at byte {self.offset} fails its checksum and is "
+                        "followed by good lines; this is corruption, not a crash. Restore the "
+                        "index from a backup"
+                    )
+                break  # a torn last line: never parsed; the next appender repairs it
+            if rec.get("position") != self.count:
+                raise SampleBufferError(
+                    f"{self.path}: line at byte {self.offset} holds position "
+                    f"{rec.get('position')!r}, expected {self.count}; the index was edited"
+                )
+            out.append(rec)
+            self.ids.setdefault(rec["group_id"], self.count)
+            self.count += 1
+            self.offset += nl + 1 - start
+            start = nl + 1
+        return out
+
+    # writing ------------------------------------------------------------------------
+
+    def _open_for_write(self) -> None:
+        if self._wfd is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        existed = self.path.exists()
+        self._lfd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._wfd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if not existed and self.fsync:
+            fsync_dir(self.path.parent)
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        """Exclusive among every process (and every open index) on this host."""
+        import fcntl
+
+        self._open_for_write()
+        assert self._lfd is not None
+        fcntl.flock(self._lfd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lfd, fcntl.LOCK_UN)
+
+    def _repair_tail(self) -> None:
+        """Under the lock: bytes after the last good line are a torn write; cut them off."""
+        assert self._wfd is not None
+        size = os.fstat(self._wfd).st_size
+        if size <= self.offset:
+            return
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            torn = f.read(min(size - self.offset, 80))
+        os.ftruncate(self._wfd, self.offset)
+        if self.fsync:
+            os.fsync(self._wfd)
+        msg = (
+            f"repaired a torn last record in {self.path}: cut {size - self.offset} bytes at "
+            f"offset {self.offset} (a crash during an append that never returned)"
+        )
+        log.warning(msg)
+        self.events.append(
+            Event(
+                kind="buffer.index_repaired",
+                time=time.time(),
+                source=str(self.path),
+                data={"offset": self.offset, "bytes": size - self.offset, "head": torn.hex()},
+            )
+        )
+
+    def open_and_repair(self) -> list[dict[str, Any]]:
+        """Catch up and repair a torn tail (done when a writer opens the index)."""
+        with self._lock():
+            new = self.read_new()
+            self._repair_tail()
+        return new
+
+    def write_locked(self, lines: bytes) -> None:
+        assert self._wfd is not None
+        view = memoryview(lines)
+        while view:
+            n = os.write(self._wfd, view)
+            view = view[n:]
+        if self.fsync:
+            os.fdatasync(self._wfd)
+        self.offset += len(lines)
+
+    def append(
+        self, group_id: str, make: Callable[[int], dict[str, Any]]
+    ) -> tuple[int, list[dict[str, Any]], bool]:
+        """Append ``make(position)`` unless ``group_id`` is there already.
+
+        :returns: (position, every record read or written by this call, whether it wrote).
+        """
+        with self._lock():
+            new = self.read_new()
+            self._repair_tail()
+            if group_id in self.ids:
+                return self.ids[group_id], new, False
+            rec = make(self.count)
+            self.write_locked(encode_record(rec))
+            self.ids[group_id] = self.count
+            self.count += 1
+            new.append(rec)
+            return rec["position"], new, True

@@ -1,0 +1,69 @@
+"""The ``objects`` index: one object per record, positions taken with ``put_if_absent``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Optional
+
+from yeto_core.errors import SampleBufferError
+from yeto_core.ports import ObjectStore
+from yeto_core.sample_buffer.codec import decode_record, encode_record
+from yeto_core.stores.log import StoreLog
+
+
+class ObjectsIndex:
+    """One object per index record (a :class:`StoreLog` of ``<position:012d>.json``)."""
+
+    def __init__(self, store: ObjectStore, prefix: str) -> None:
+        self.store = store
+        self.log = StoreLog(store, f"{prefix}/index", width=12)
+        self.dir = self.log.dir
+        self.count = 0  # reader: the next position to read
+        self.last_key: Optional[str] = None
+        self._next: Optional[int] = None  # appender: the next position to try
+
+    def key(self, position: int) -> str:
+        return self.log.key(position)
+
+    def reset_reader(self) -> None:
+        self.count, self.last_key = 0, None
+
+    def _position_of(self, key: str) -> int:
+        pos = self.log.seq_of(key)
+        if pos is None:
+            raise SampleBufferError(
+                f"unexpected object {key!r} in the buffer index; only <position>.json belongs there"
+            )
+        return pos
+
+    def read_new(self) -> list[dict[str, Any]]:
+        out = []
+        for key in self.store.list(self.dir, after=self.last_key):
+            pos = self._position_of(key)
+            if pos != self.count:
+                break  # not visible yet (listing raced a creation); read it next time
+            rec = decode_record(self.store.get(key))
+            if rec is None or rec.get("position") != pos:
+                raise SampleBufferError(
+                    f"index object {key!r} fails its checksum or names another position; "
+                    "objects are created whole, so it was modified. Restore it"
+                )
+            out.append(rec)
+            self.count += 1
+            self.last_key = key
+        return out
+
+    def append(self, make: Callable[[int], dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+        """Take the next free position: ``p`` only after ``p-1`` is seen taken (dense)."""
+        if self._next is None:
+            last = self.log.last_seq(self.last_key)
+            self._next = self.count if last is None else last + 1
+        pos = self._next
+        while True:
+            rec = make(pos)
+            if self.log.create(pos, encode_record(rec)):
+                self._next = pos + 1
+                return pos, rec
+            # Lost the race for ``pos``: every position up to the newest listed one is taken.
+            last = self.log.last_seq(self.key(pos))
+            pos = pos + 1 if last is None else last + 1
