@@ -56,7 +56,7 @@ def run_toml(store: str, run_dir: Path, base: Path) -> str:
         ("lr = 0.0002", "lr = 0.0005"),
         ("pause_every_s = 45.0", "pause_every_s = 0.0"),
         ("pause_s = 6.0", "pause_s = 0.0"),
-        ("wall_clock_s = 300", "wall_clock_s = 1500\nbudget_usd = 1.0"),
+        ("wall_clock_s = 300", "wall_clock_s = 3600\nbudget_usd = 1.0"),
         ("silence_s = 60", "silence_s = 600"),  # a trainer start can take minutes on 2 busy cores
     ):
         assert text.count(old) == 1, old
