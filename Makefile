@@ -82,10 +82,12 @@ vllm-example: install vllm-venv
 	YETO_SOAK=1 $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/integration/test_vllm_example.py
 
 # The examples' learning runs end to end (each several minutes on 2 cores; not in make test):
-# examples/vllm (real vLLM servers), examples/sglang (the protocol server standing in for SGLang).
+# examples/vllm (real vLLM servers), examples/sglang (the protocol server standing in for SGLang),
+# examples/modal (island bodies through .local(), a head killed and restarted; ~35 min).
 examples: install vllm-venv
 	YETO_SOAK=1 $(BIN)/python -m pytest -q -s -p no:cacheprovider \
-	  tests/integration/test_vllm_example.py tests/sglang/test_example_learns.py
+	  tests/integration/test_vllm_example.py tests/sglang/test_example_learns.py \
+	  tests/modal/test_e2e_local.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache
