@@ -40,7 +40,7 @@ from yeto_core.island_env import (  # noqa: F401 (ENV_* re-exported: the old imp
     IslandIdentity,
     identity_from_env,
 )
-from yeto_core.ports import TrainerBackend, accepts
+from yeto_core.ports import TrainerBackend, names
 from yeto_core.records import Batch, Event, ReleaseInfo, Trigger
 
 
@@ -218,9 +218,9 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
     options = dict(scfg.engine_options)
     # Server-backed engines (vllm, sglang) report their server's events and keep its
     # log in the island's scratch directory (yeto_core.engine_server).
-    if accepts(engine_cls, "emit"):
+    if names(engine_cls, "emit"):
         options.setdefault("emit", on_event)
-    if accepts(engine_cls, "log_dir"):
+    if names(engine_cls, "log_dir"):
         options.setdefault("log_dir", str(scratch_dir(ident) / "server"))
     try:
         engine = engine_cls.from_config(

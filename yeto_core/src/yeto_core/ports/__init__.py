@@ -22,7 +22,7 @@ that every implementation, these examples included, passes.
 
 from __future__ import annotations
 
-from yeto_core.ports.base import Port, accepts
+from yeto_core.ports.base import Port, accepts, names
 from yeto_core.ports.buffer import DurableSampleBuffer
 from yeto_core.ports.islands import IslandProvider
 from yeto_core.ports.sampler import SamplerEngine, Task
@@ -64,4 +64,5 @@ __all__ = [
     "TrainerLifecycle",
     "TrainerScheduler",
     "accepts",
+    "names",
 ]

@@ -38,6 +38,17 @@ def accepts(cls: type, name: str) -> bool:
     return name in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
 
 
+def names(cls: type, name: str) -> bool:
+    """Whether ``cls(...)`` names a keyword argument ``name`` itself (``**kwargs`` does not
+    count: an engine that takes ``**options`` to refuse unknown ones asks for nothing)."""
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return False
+    p = params.get(name)
+    return p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+
+
 def _with_model_and_seed(
     cls: type, options: Mapping[str, Any], model_dir: Optional[str], seed: int
 ) -> dict[str, Any]:
