@@ -88,7 +88,7 @@ vllm-example: install vllm-venv
 examples: install vllm-venv
 	YETO_SOAK=1 $(BIN)/python -m pytest -q -s -p no:cacheprovider \
 	  tests/integration/test_vllm_example.py tests/sglang/test_example_learns.py \
-	  tests/modal/test_e2e_local.py tests/sky/test_e2e.py
+	  tests/modal/test_e2e_local.py tests/sky/test_e2e.py tests/nc/test_e2e_storm.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

@@ -31,7 +31,17 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "nc"
 YETO = [sys.executable, "-c", "from yeto_core.cli import main; main()"]
 
-pytestmark = pytest.mark.slow
+# Timing-sensitive: the storm's evictions come at fixed seconds into each lease, so how
+# many land depends on the machine's speed (1 run in 4 missed its eviction floor on an
+# idle machine). Run by `make examples` (YETO_SOAK=1) until evictions are driven by the
+# run's progress instead of the clock; the provider and simulator are in make test.
+pytestmark = [
+    pytest.mark.soak,
+    pytest.mark.skipif(
+        os.environ.get("YETO_SOAK") != "1",
+        reason="timing-sensitive storm (about 1 min): YETO_SOAK=1 (make examples) runs it",
+    ),
+]
 
 
 def _config(tmp_path: Path, rounds: int) -> Path:
@@ -46,9 +56,11 @@ def _config(tmp_path: Path, rounds: int) -> Path:
 
 
 def test_pool_under_a_seeded_storm(tmp_path: Path) -> None:
-    rounds = int(os.environ.get("YETO_NC_E2E_ROUNDS", "80"))
+    rounds = int(os.environ.get("YETO_NC_E2E_ROUNDS", "120"))
     storm = json.loads((EXAMPLE / "storm.json").read_text())
-    storm.update(evict_after_s=[25, 40])
+    # Evictions 12-24 s into a lease: on an idle machine the whole run takes under a
+    # minute, so later evictions (the example's 20-40 s) could all miss it.
+    storm.update(evict_after_s=[12, 24])
     run_dir = tmp_path / "nc"
     with Marketplace(storm, work_dir=tmp_path / "sim") as market:
         env = dict(os.environ, PYTHONUNBUFFERED="1", YETO_NC_URL=market.url)
