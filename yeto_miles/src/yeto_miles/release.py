@@ -19,34 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from yeto_core.errors import ReleaseError
+from yeto_core.hf_release import copy_tokenizer_files, restore_dropped_keys
 from yeto_core.records import ReleaseInfo
 
-NEVER_RESTORE = ("quantization_config",)
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-    "chat_template.json",
-)
 #: Files of an export that a release carries besides ``config.json``.
 WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")
 EXTRA_FILES = ("generation_config.json",)
-
-
-def restore_dropped_keys(base: dict[str, Any], exported: dict[str, Any]) -> dict[str, Any]:
-    out = dict(exported)
-    for key, value in base.items():
-        if key not in out and key not in NEVER_RESTORE:
-            out[key] = value
-    for key in NEVER_RESTORE:
-        out.pop(key, None)
-    return out
 
 
 def weight_checksum(weight_dir: Path) -> str:
@@ -102,15 +80,6 @@ def publish_from_export(export_dir: Path, base_dir: Path, out_dir: Path) -> Rele
     exported = json.loads((export_dir / "config.json").read_text())
     merged = restore_dropped_keys(base_cfg, exported)
     (out_dir / "config.json").write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
-    copied = []
-    for name in TOKENIZER_FILES:
-        if (base_dir / name).is_file():
-            shutil.copyfile(base_dir / name, out_dir / name)
-            copied.append(name)
-    if not copied:
-        raise ReleaseError(
-            f"no tokenizer file ({', '.join(TOKENIZER_FILES[:2])}, ...) in the base {base_dir}; "
-            "a release carries the base's tokenizer"
-        )
+    copy_tokenizer_files(base_dir, out_dir)
     extra = {"restored_config_keys": sorted(set(merged) - set(exported))}
     return ReleaseInfo(kind="full", weight_checksum=weight_checksum(out_dir), extra=extra)

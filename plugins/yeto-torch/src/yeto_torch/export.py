@@ -13,59 +13,23 @@ the adapter merged by :func:`yeto_torch.lora.merge`).
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
+from yeto_core.hf_release import (  # noqa: F401 (re-exported)
+    NEVER_RESTORE,
+    TOKENIZER_FILES,
+    copy_tokenizer_files,
+    restore_dropped_keys,
+)
 from yeto_torch import lora as lora_mod
 from yeto_torch.checksum import weight_checksum
 
-#: Never copied back from a base config: a release holds full-precision weights.
-NEVER_RESTORE = ("quantization_config",)
-#: Files of the tokenizer that a release copies from the base checkpoint.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-    "chat_template.json",
-)
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-
-
-def restore_dropped_keys(base: dict[str, Any], exported: dict[str, Any]) -> dict[str, Any]:
-    """``exported`` plus every top-level key of ``base`` it lacks (never ``quantization_config``)."""
-    out = dict(exported)
-    for key, value in base.items():
-        if key not in out and key not in NEVER_RESTORE:
-            out[key] = value
-    for key in NEVER_RESTORE:
-        out.pop(key, None)
-    return out
-
-
-def copy_tokenizer_files(base_dir: Path, out_dir: Path) -> list[str]:
-    copied = []
-    for name in TOKENIZER_FILES:
-        src = Path(base_dir) / name
-        if src.is_file():
-            shutil.copyfile(src, Path(out_dir) / name)
-            copied.append(name)
-    if not copied:
-        raise FileNotFoundError(
-            f"no tokenizer file ({', '.join(TOKENIZER_FILES[:2])}, ...) in the base checkpoint "
-            f"{base_dir}; a release must carry the base's tokenizer"
-        )
-    return copied
 
 
 def export_full(model: torch.nn.Module, base_dir: Path, out_dir: Path) -> dict[str, Any]:
