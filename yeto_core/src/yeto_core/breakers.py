@@ -239,22 +239,18 @@ class Breakers:
 
 
 class BreakerWatch:
-    """Feeds :class:`Breakers` with the events the islands added to the store's streams.
+    """Feeds :class:`Breakers` with the events the islands added to their streams since the
+    last call (the head reads the streams once a poll, see ``Head.observe_streams``)."""
 
-    :param read_all: returns every stream as ``{island: [events]}``
-        (:func:`yeto_core.event_stream.read_all` bound to the run's store).
-    """
-
-    def __init__(self, breakers: Breakers, read_all: Any) -> None:
+    def __init__(self, breakers: Breakers) -> None:
         self.breakers = breakers
-        self._read_all = read_all
         self._seen: dict[str, int] = {}
 
-    def poll(self) -> Optional[Trip]:
-        """Read the new events of every stream; the trip, once one breaker tripped."""
+    def poll(self, streams: Mapping[str, list[Event]]) -> Optional[Trip]:
+        """Take the new events of every stream (``{island: events}``); the trip, if any."""
         if self.breakers.tripped() is not None:
             return self.breakers.tripped()
-        for island, events in sorted(self._read_all().items()):
+        for island, events in sorted(streams.items()):
             start = self._seen.get(island, 0)
             if len(events) < start:
                 start = 0  # a stream rewritten shorter (a fresh store): read it again

@@ -189,7 +189,7 @@ class Head(HeadIslands):
             self.store, "head", clock=clock, flush_s=0.0, observer=plugins.emit
         )
         self.state = HeadState(started_at=clock())
-        self.breakers = BreakerWatch(Breakers(config.breakers), lambda: read_all(self.store))
+        self.breakers = BreakerWatch(Breakers(config.breakers))
         self.sampler_handles: dict[str, str] = {}
         self._stop_requested: Optional[str] = None
         self.trainer_loop: Any = None
@@ -396,9 +396,15 @@ class Head(HeadIslands):
         self.display(status)
         return status
 
-    def check_breakers(self) -> None:
+    def observe_streams(self) -> None:
+        """Read the islands' event streams once: the recent reward and the breakers."""
+        streams = read_all(self.store)
+        self.update_rewards(streams.get(self.config.trainer.name, []))
+        self.check_breakers(streams)
+
+    def check_breakers(self, streams: dict[str, list[Any]]) -> None:
         """Stop the run cleanly when a run health breaker tripped (an event with its inputs)."""
-        trip = self.breakers.poll()
+        trip = self.breakers.poll(streams)
         if trip is not None and self._stop_requested is None:
             self.events.emit("breaker", **trip.event_data())
             self.request_stop("breaker")
@@ -410,12 +416,10 @@ class Head(HeadIslands):
         self.stop_samplers()
         self.buffer.mark_data_end()
 
-    def update_rewards(self) -> None:
+    def update_rewards(self, trainer_events: list[Any]) -> None:
         """The mean reward of the last trained groups (from the trainer's event stream)."""
-        from yeto_core.event_stream import read_events
-
         rewards: list[float] = []
-        for e in read_events(self.store, self.config.trainer.name):
+        for e in trainer_events:
             if e.kind == "round_trained":
                 rewards.extend(float(r) for r in e.data.get("rewards", ()))
         self.state.last_rewards = rewards[-16:]
@@ -474,8 +478,7 @@ class Head(HeadIslands):
             while self._stop_requested is None and self.trainer_loop.finished is None:
                 try:
                     if self.clock() - last_rewards >= 2.0:
-                        self.update_rewards()
-                        self.check_breakers()
+                        self.observe_streams()
                         last_rewards = self.clock()
                     self.tick()
                     if self._stop_requested is not None:
