@@ -152,7 +152,6 @@ def trainer_event_bridge(stream: EventStream, recorder: dict[str, RecordingBacke
 def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdentity) -> int:
     from yeto_core.cut import CutStore
     from yeto_core.lifecycle import DriverLifecycle, IslandTrainerAgent
-    from yeto_core.release import ReleaseStore
     from yeto_core.run_store import head_started_at
 
     island, incarnation = ident.island, ident.incarnation
@@ -177,7 +176,7 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         factory,
         buffer,
         CutStore(store),
-        ReleaseStore(store),
+        release_store(plugins, config, store),
         groups_per_round=config.trainer.groups_per_round,
         max_policy_age=config.trainer.max_policy_age,
         emit=trainer_event_bridge(stream, recorder),
@@ -194,6 +193,21 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
     return 0
 
 
+def release_store(plugins: Any, config: RunConfig, store: Any, **kw: Any) -> Any:
+    """The run's :class:`~yeto_core.release.ReleaseStore` (``[releases]``, the plugins' codec)."""
+    from yeto_core.release import ReleaseStore
+
+    r = config.releases
+    return ReleaseStore(
+        store,
+        codec=plugins.release_codec(),
+        deltas=r.deltas,
+        full_every=r.full_every,
+        delta_min_bytes=r.delta_min_bytes,
+        **kw,
+    )
+
+
 def open_run_buffer(plugins: Any, config: RunConfig, store: Any, host: str, **kw: Any) -> Any:
     """The run's sample buffer (``[buffer]``) for appender ``host``."""
     b = config.buffer
@@ -204,7 +218,6 @@ def open_run_buffer(plugins: Any, config: RunConfig, store: Any, host: str, **kw
 
 def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdentity) -> int:
     from yeto_core.policy_follower import PolicyFollower
-    from yeto_core.release import ReleaseStore
     from yeto_core.sampler_loop import SamplerLoop
 
     island, incarnation = ident.island, ident.incarnation
@@ -237,7 +250,7 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     follower = PolicyFollower(
-        ReleaseStore(store),
+        release_store(plugins, config, store),
         engine,
         work_dir=scratch_dir(ident) / "releases",
         emit=on_event,

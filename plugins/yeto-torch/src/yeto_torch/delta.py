@@ -46,7 +46,9 @@ class NumpyZstdCodec(DeltaCodec):
         try:
             return zstandard.ZstdDecompressor().decompress(chunk)
         except zstandard.ZstdError as exc:
-            raise DeltaError("tensor_checksum_mismatch", f"a delta chunk does not decompress: {exc}")
+            raise DeltaError(
+                "tensor_checksum_mismatch", f"a delta chunk does not decompress: {exc}"
+            )
 
     @staticmethod
     def _view(data: memoryview | bytes, itemsize: int) -> np.ndarray:
@@ -110,7 +112,9 @@ class NumpyZstdCodec(DeltaCodec):
             gaps = np.frombuffer(body, dtype=np.uint64 if wide else np.uint32, count=n, offset=8)
             idx = np.cumsum(gaps, dtype=np.uint64)
             if n and int(idx[-1]) >= out.size:
-                raise DeltaError("tensor_checksum_mismatch", "a sparse chunk indexes past its tensor")
+                raise DeltaError(
+                    "tensor_checksum_mismatch", "a sparse chunk indexes past its tensor"
+                )
             out[idx] = np.frombuffer(body, dtype=out.dtype, count=n, offset=8 + n * gw)
             return out.tobytes()
         raise DeltaError("malformed", f"unknown chunk encoding {encoding!r}")
