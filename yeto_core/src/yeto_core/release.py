@@ -207,6 +207,23 @@ class ReleaseStore:
             self._download(rel, dest)
             self.last_fetch = {"encoding": "full", "chain": [rel.release_id], "bytes": _size(rel)}
             return dest
+        if have is None:
+            return self._fetch_chain(rel, dest, None)
+        try:
+            return self._fetch_chain(rel, dest, have)
+        except DeltaError as exc:
+            if exc.reason != "parent_mismatch":
+                raise
+            # the local copy is not the release it names (a damaged disk, a rewound
+            # lineage): rebuild from the nearest full release; a delta made against
+            # another parent fails there too and is refused
+            self._fetch_chain(rel, dest, None)
+            self.last_fetch["local_copy_refused"] = str(exc)
+            return dest
+
+    def _fetch_chain(
+        self, rel: Release, dest: Path, have: Optional[tuple[str, str | os.PathLike[str]]]
+    ) -> Path:
         chain = [rel]
         start: Optional[Path] = None
         while chain[-1].encoding == "delta":

@@ -48,7 +48,7 @@ class NumpyZstdCodec(DeltaCodec):
         except zstandard.ZstdError as exc:
             raise DeltaError(
                 "tensor_checksum_mismatch", f"a delta chunk does not decompress: {exc}"
-            )
+            ) from None
 
     @staticmethod
     def _view(data: memoryview | bytes, itemsize: int) -> np.ndarray:
