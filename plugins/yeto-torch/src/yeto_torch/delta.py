@@ -6,8 +6,9 @@ For each tensor the codec writes whichever is smaller:
   ``n`` ``uint32`` index gaps (the first index, then the distance to the previous
   one; ``uint64`` gaps when the tensor has 2**32 elements or more, flagged by the
   count's top bit) and the ``n`` new element values, all zstd-compressed;
-* ``xor``: the bytes of ``parent XOR result``, zstd-compressed (unchanged bytes are
-  zeros, which compress away);
+* ``xor``: the bytes of ``parent XOR result`` split into byte planes (all first
+  bytes of the elements, then all second bytes, ...; for bf16 the high plane of
+  a small update is nearly all zeros), zstd-compressed;
 
 ``same`` (nothing changed) is an empty chunk and ``raw`` (a tensor the parent
 lacks) the result's bytes compressed. docs/releases.md has the byte layout. The
@@ -64,7 +65,7 @@ class NumpyZstdCodec(DeltaCodec):
         n = int(changed.size)
         if n == 0:
             return "same", b""
-        xor = self._z(_xor(parent, result))
+        xor = self._z(_planes(_xor(parent, result), itemsize))
         wide = r.size >= 2**32
         per = (8 if wide else 4) + r.itemsize
         if n * per >= len(xor):  # even uncompressed indices+values cannot beat the XOR
@@ -95,7 +96,7 @@ class NumpyZstdCodec(DeltaCodec):
                     "tensor_checksum_mismatch",
                     f"an xor chunk holds {len(x)} bytes, the parent's tensor {len(parent)}",
                 )
-            return _xor(parent, x)
+            return _xor(parent, _unplanes(x, itemsize))
         if encoding == "sparse":
             body = self._unz(chunk)
             (head,) = struct.unpack_from("<Q", body)
@@ -131,3 +132,16 @@ def _xor(a: memoryview | bytes, b: memoryview | bytes) -> bytes:
     else:
         dt = np.uint8
     return np.bitwise_xor(np.frombuffer(a, dtype=dt), np.frombuffer(b, dtype=dt)).tobytes()
+
+
+def _planes(data: bytes, itemsize: int) -> bytes:
+    """Element bytes regrouped by position: byte 0 of every element, then byte 1, ..."""
+    if itemsize <= 1 or len(data) % itemsize:
+        return data
+    return np.frombuffer(data, np.uint8).reshape(-1, itemsize).T.tobytes()
+
+
+def _unplanes(data: bytes, itemsize: int) -> bytes:
+    if itemsize <= 1 or len(data) % itemsize:
+        return data
+    return np.frombuffer(data, np.uint8).reshape(itemsize, -1).T.tobytes()
