@@ -142,7 +142,21 @@ def trainer_event_bridge(stream: EventStream, recorder: dict[str, RecordingBacke
                 trained_rounds=d.get("trained_rounds"),
             )
         elif event.kind == "trainer_published":
-            stream.emit("release_published", version=d.get("version"))
+            stream.emit(
+                "release_published",
+                version=d.get("version"),
+                **{
+                    k: d[k]
+                    for k in (
+                        "release_id",
+                        "encoding",
+                        "stored_bytes",
+                        "full_bytes",
+                        "full_because",
+                    )
+                    if k in d
+                },
+            )
         else:
             stream.emit(event.kind, **d)
 

@@ -120,6 +120,8 @@ class ReleaseStore:
         self._parent: Optional[tuple[Release, Path]] = None
         #: what the last :meth:`fetch` did (encoding, chain, bytes downloaded)
         self.last_fetch: dict[str, Any] = {}
+        #: what the last :meth:`publish` stored (encoding, bytes, why it was full)
+        self.last_publish: dict[str, Any] = {}
 
     @property
     def pointer_key(self) -> str:
@@ -381,14 +383,13 @@ class ReleaseStore:
             )
         self.store.put(self.pointer_key, serde.dumps(rel).encode())
         self._keep_parent(local_dir, rel)
-        self._event(
-            "release_published",
-            rel,
-            encoding=encoding,
-            stored_bytes=sum(f.size for f in stored),
-            full_bytes=sum(f.size for f in files),
+        self.last_publish = {
+            "encoding": encoding,
+            "stored_bytes": sum(f.size for f in stored),
+            "full_bytes": sum(f.size for f in files),
             **({"full_because": why} if encoding == "full" and self.deltas != "off" else {}),
-        )
+        }
+        self._event("release_published", rel, **self.last_publish)
         return rel
 
     def _full_reason(
