@@ -420,6 +420,8 @@ class ReleaseStore:
         """Keep a copy of the export just published as the next delta's parent."""
         if self.deltas == "off" or self.codec is None:
             return
+        if self.deltas == "auto" and weights_bytes(local_dir) < self.delta_min_bytes:
+            return  # never a delta parent: the next release is full anyway
         src = Path(local_dir)
         keep = src.with_name(src.name + ".parent")
         if keep.exists():
