@@ -26,7 +26,8 @@ import zstandard
 
 from yeto_core.release_delta import DeltaCodec, DeltaError
 
-_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_UINT = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
+_GAP32, _GAP64 = np.dtype("<u4"), np.dtype("<u8")
 _WIDE = 1 << 63
 LEVEL = 3
 
@@ -53,7 +54,7 @@ class NumpyZstdCodec(DeltaCodec):
 
     @staticmethod
     def _view(data: memoryview | bytes, itemsize: int) -> np.ndarray:
-        dt = _UINT.get(itemsize, np.uint8)
+        dt = _UINT.get(itemsize, _UINT[1])
         return np.frombuffer(data, dtype=dt)
 
     def encode(self, parent: memoryview, result: memoryview, itemsize: int) -> tuple[str, bytes]:
@@ -70,7 +71,7 @@ class NumpyZstdCodec(DeltaCodec):
         per = (8 if wide else 4) + r.itemsize
         if n * per >= len(xor):  # even uncompressed indices+values cannot beat the XOR
             return "xor", xor
-        gaps = np.empty(n, dtype=np.uint64 if wide else np.uint32)
+        gaps = np.empty(n, dtype=_GAP64 if wide else _GAP32)
         gaps[0] = changed[0]
         gaps[1:] = np.diff(changed)
         body = struct.pack("<Q", n | (_WIDE if wide else 0)) + gaps.tobytes() + r[changed].tobytes()
@@ -110,7 +111,7 @@ class NumpyZstdCodec(DeltaCodec):
                     "tensor_checksum_mismatch",
                     f"a sparse chunk holds {len(body)} bytes, its count says {need}",
                 )
-            gaps = np.frombuffer(body, dtype=np.uint64 if wide else np.uint32, count=n, offset=8)
+            gaps = np.frombuffer(body, dtype=_GAP64 if wide else _GAP32, count=n, offset=8)
             idx = np.cumsum(gaps, dtype=np.uint64)
             if n and int(idx[-1]) >= out.size:
                 raise DeltaError(
