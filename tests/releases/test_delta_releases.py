@@ -92,6 +92,7 @@ def test_follower_applying_n_deltas_serves_the_full_export_bitwise(world):
         assert engine.served_checksum() == rel.weight_checksum
         assert _loaded(events)["verified"] is True
         assert _loaded(events)["encoding"] == rel.encoding
+        assert _loaded(events)["chain"] == [rel.release_id]  # rebuilt on the served copy
     assert encodings == ["full", "delta", "delta", "full", "delta"]
     deltas = [r for r in trainer.releases.list() if r.encoding == "delta"]
     for r in deltas:  # what was shipped is a fraction of the export

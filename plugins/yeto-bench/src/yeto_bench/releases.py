@@ -187,6 +187,11 @@ def run_lr(
                 "serve_s": round(serve_s, 3),
                 "follower": result,
                 "verified": bool(loaded and loaded[-1].get("verified")),
+                "fetched_bytes": loaded[-1].get("fetched_bytes") if loaded else None,
+                "fetch_s": loaded[-1].get("fetch_s") if loaded else None,
+                "load_s": loaded[-1].get("load_s") if loaded else None,
+                "fingerprint_s": loaded[-1].get("fingerprint_s") if loaded else None,
+                "chain": loaded[-1].get("chain") if loaded else None,
                 "bitwise_equal": bool(
                     result == "loaded"
                     and served_dir is not None
