@@ -137,12 +137,21 @@ def _xor(a: memoryview | bytes, b: memoryview | bytes) -> bytes:
 
 def _planes(data: bytes, itemsize: int) -> bytes:
     """Element bytes regrouped by position: byte 0 of every element, then byte 1, ..."""
-    if itemsize <= 1 or len(data) % itemsize:
+    if itemsize not in (2, 4, 8) or len(data) % itemsize:
         return data
-    return np.frombuffer(data, np.uint8).reshape(-1, itemsize).T.tobytes()
+    a = np.frombuffer(data, _UINT[itemsize])
+    out = np.empty((itemsize, a.size), np.uint8)
+    for i in range(itemsize):
+        out[i] = a >> np.array(8 * i, a.dtype)  # the low byte of each shifted element
+    return out.tobytes()
 
 
 def _unplanes(data: bytes, itemsize: int) -> bytes:
-    if itemsize <= 1 or len(data) % itemsize:
+    if itemsize not in (2, 4, 8) or len(data) % itemsize:
         return data
-    return np.frombuffer(data, np.uint8).reshape(itemsize, -1).T.tobytes()
+    planes = np.frombuffer(data, np.uint8).reshape(itemsize, -1)
+    dt = _UINT[itemsize]
+    out = planes[0].astype(dt)
+    for i in range(1, itemsize):
+        out |= planes[i].astype(dt) << np.array(8 * i, dt)
+    return out.tobytes()
