@@ -39,10 +39,10 @@ def _events(run_dir: Path) -> dict[str, list[dict]]:
     return out
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(2700)
 def test_quickstart_learns_with_delta_releases_forced_on(tmp_path: Path) -> None:
     run_dir = tmp_path / "qs-deltas"
-    text = QUICKSTART.read_text().replace("wall_clock_s = 300", "wall_clock_s = 1200")
+    text = QUICKSTART.read_text().replace("wall_clock_s = 300", "wall_clock_s = 2400")
     config = tmp_path / "quickstart-deltas.toml"
     config.write_text(text + '\n[releases]\ndeltas = "on"\nfull_every = 4\n')
     proc = subprocess.run(
@@ -51,7 +51,7 @@ def test_quickstart_learns_with_delta_releases_forced_on(tmp_path: Path) -> None
         env=dict(os.environ, PYTHONUNBUFFERED="1"),
         capture_output=True,
         text=True,
-        timeout=1500,
+        timeout=2600,
     )
     out = proc.stdout + proc.stderr
     print(out[-3000:])

@@ -755,10 +755,21 @@ class TorchBackend(TrainerBackend):
         return str(next(self.model.parameters()).dtype).replace("torch.", "")
 
     def prompt_logprobs(self, prompts: Any) -> list[list[float]]:
-        """Log-probs of the prompts' tokens under the weights a release would publish now."""
+        """Log-probs of the prompts' tokens under the weights a release would publish now.
+
+        With ``export_dtype`` the release holds the masters rounded to that dtype, so the
+        probes are scored by a copy of the model in it (what an engine serving the release
+        computes), not by the float32 masters.
+        """
+        import copy
+
         from yeto_torch.sampling import prompt_logprobs
 
-        return prompt_logprobs(self.model, prompts)
+        dtype = self.opts.get("export_dtype")
+        model = self.model
+        if dtype and EXPORT_DTYPES[dtype] != next(model.parameters()).dtype:
+            model = copy.deepcopy(model).to(EXPORT_DTYPES[dtype]).eval()
+        return prompt_logprobs(model, prompts)
 
     def publish_release(self, out_dir: Path) -> dict[str, Any]:
         """Write a release (full HF export, or the LoRA adapter) into ``out_dir``."""
