@@ -186,7 +186,12 @@ def run_lr(
                 "publish_s": round(publish_s, 3),
                 "serve_s": round(serve_s, 3),
                 "follower": result,
-                "verified": bool(loaded and loaded[-1].get("verified")),
+                "verified": bool(result == "loaded" and loaded and loaded[-1].get("verified")),
+                "refused": [
+                    {k: e.data.get(k) for k in ("reason", "detail")}
+                    for e in events[enc]
+                    if e.kind == "release_refused" and e.data.get("version") == version
+                ],
                 "fetched_bytes": loaded[-1].get("fetched_bytes") if loaded else None,
                 "fetch_s": loaded[-1].get("fetch_s") if loaded else None,
                 "load_s": loaded[-1].get("load_s") if loaded else None,
