@@ -196,6 +196,19 @@ class BackstopsConfig:
 
 
 @attrs.frozen
+class ReleasesConfig:
+    """How policy releases are stored: full, or deltas against the previous release."""
+
+    #: ``auto``: deltas when the export's weights are at least ``delta_min_bytes``;
+    #: ``on``: always (when a release codec is installed); ``off``: every release full.
+    deltas: str = "auto"
+    #: A full release at least every this many releases (bounds a follower's chain).
+    full_every: int = 8
+    #: The ``auto`` threshold in bytes of ``*.safetensors`` (64 MiB).
+    delta_min_bytes: int = 64 * 1024 * 1024
+
+
+@attrs.frozen
 class RunConfig:
     """A whole run."""
 
@@ -212,6 +225,7 @@ class RunConfig:
     buffer: BufferConfig = attrs.field(factory=BufferConfig)
     conversion: ConversionConfig = attrs.field(factory=ConversionConfig)
     breakers: BreakersConfig = attrs.field(factory=BreakersConfig)
+    releases: ReleasesConfig = attrs.field(factory=ReleasesConfig)
     #: Where the config was read from (set by :func:`load_config`; not a TOML key).
     source: str = ""
 
@@ -390,6 +404,12 @@ def validate(config: RunConfig) -> list[str]:
     _positive(errors, "backstops.wall_clock_s", b.wall_clock_s, zero_ok=True)
     _positive(errors, "backstops.silence_s", b.silence_s, zero_ok=True)
     validate_breakers(config.breakers, errors)
+    r = config.releases
+    if r.deltas not in ("auto", "on", "off"):
+        errors.append(f"releases.deltas = {r.deltas!r}; allowed values are auto, on, off")
+    if int(r.full_every) < 1:
+        errors.append(f"releases.full_every = {r.full_every!r}; it must be >= 1")
+    _positive(errors, "releases.delta_min_bytes", r.delta_min_bytes, zero_ok=True)
     return errors
 
 

@@ -163,9 +163,13 @@ class HeadIslands:
         """The trainer inside this process (``[trainer] lifecycle = "driver"``)."""
         from yeto_core.cut import CutStore
         from yeto_core.fences import StoreFences
-        from yeto_core.island_main import RecordingBackend, open_run_buffer, trainer_event_bridge
+        from yeto_core.island_main import (
+            RecordingBackend,
+            open_run_buffer,
+            release_store,
+            trainer_event_bridge,
+        )
         from yeto_core.lifecycle import DriverLifecycle
-        from yeto_core.release import ReleaseStore
 
         config = self.config
         backend_cls = self.plugins.trainer_backend(config.trainer.backend)
@@ -186,7 +190,7 @@ class HeadIslands:
             factory,
             open_run_buffer(self.plugins, config, self.store, config.trainer.name),
             CutStore(self.store),
-            ReleaseStore(self.store),
+            release_store(self.plugins, config, self.store),
             groups_per_round=config.trainer.groups_per_round,
             max_policy_age=config.trainer.max_policy_age,
             emit=trainer_event_bridge(stream, recorder),
