@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from yeto_core.errors import NotFoundError
 from yeto_core.records import Event
+from yeto_core.stage_profile import stage
 
 PREFIX = "events/"
 
@@ -129,7 +130,8 @@ class EventStream:
             data = ("\n".join(self._lines) + "\n").encode()
             self._dirty = False
             self._last_flush = self.clock()
-        self.store.put(stream_key(self.island), data)
+        with stage("events.flush"):
+            self.store.put(stream_key(self.island), data)
 
     def events(self) -> Iterator[Event]:
         """What this stream holds (including unflushed events)."""

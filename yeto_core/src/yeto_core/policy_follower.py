@@ -48,6 +48,7 @@ import attrs
 from yeto_core import fingerprint as fp
 from yeto_core.errors import ReleaseError
 from yeto_core.records import Event, LocalRelease
+from yeto_core.stage_profile import stage
 
 
 @attrs.define
@@ -153,7 +154,8 @@ class PolicyFollower:
         ``"refused"`` or None (nothing new).
         """
         with self._load_mutex:
-            rel = self.releases.latest()
+            with stage("follower.latest"):
+                rel = self.releases.latest()
             if rel is None or rel.release_id == self.release_id or rel.release_id in self._refused:
                 return None
             now = self.clock()
@@ -190,7 +192,8 @@ class PolicyFollower:
         if dest.exists():
             shutil.rmtree(dest)
         try:
-            self.releases.fetch(rel, dest)
+            with stage("follower.fetch_verify"):
+                self.releases.fetch(rel, dest)
         except ReleaseError as exc:
             shutil.rmtree(dest, ignore_errors=True)
             return self._refuse(rel, "digest_mismatch", str(exc))
@@ -204,7 +207,8 @@ class PolicyFollower:
         )
         t_load = time.monotonic()
         try:
-            self.engine.load_release(local)
+            with stage("follower.load"):
+                self.engine.load_release(local)
         except Exception as exc:  # the engine refused the files: it keeps its weights
             shutil.rmtree(dest, ignore_errors=True)
             return self._refuse(rel, "engine_refused", f"{type(exc).__name__}: {exc}")
@@ -219,7 +223,8 @@ class PolicyFollower:
             )
         load_s = time.monotonic() - t_load
         t_fp = time.monotonic()
-        verdict, check = self.check_fingerprint(local)
+        with stage("follower.fingerprint"):
+            verdict, check = self.check_fingerprint(local)
         fingerprint_s = time.monotonic() - t_fp
         self.last_fingerprint_s = fingerprint_s
         if verdict == "mismatch":
@@ -391,7 +396,8 @@ class PolicyFollower:
                             data={"error": f"{type(exc).__name__}: {exc}"},
                         )
                     )
-                self._stop.wait(poll_s)
+                with stage("follower.wait_poll"):
+                    self._stop.wait(poll_s)
 
         self._thread = threading.Thread(target=run, name="policy-follower", daemon=True)
         self._thread.start()

@@ -88,6 +88,7 @@ from yeto_core.run_dir import (  # noqa: F401 (the run-dir protocol, re-exported
     write_json_atomic,
 )
 from yeto_core.run_summary import summarize
+from yeto_core.stage_profile import emit_snapshot, stage
 
 #: The head rides out a store that fails (a 503 storm past the store's own retries, a
 #: full disk) for this long with failing ticks in a row, then stops the run cleanly.
@@ -478,12 +479,16 @@ class Head(HeadIslands):
             while self._stop_requested is None and self.trainer_loop.finished is None:
                 try:
                     if self.clock() - last_rewards >= 2.0:
-                        self.observe_streams()
+                        with stage("head.observe_streams"):
+                            self.observe_streams()
                         last_rewards = self.clock()
-                    self.tick()
+                        emit_snapshot(self.events.emit)
+                    with stage("head.tick"):
+                        self.tick()
                     if self._stop_requested is not None:
                         break
-                    self.trainer_loop.tick()
+                    with stage("head.trainer_tick"):
+                        self.trainer_loop.tick()
                 except (StoreError, OSError) as exc:
                     # Every tick observes before it acts, and its decisions are journaled:
                     # a tick that failed on the store is simply taken again.
@@ -507,7 +512,8 @@ class Head(HeadIslands):
                     )
                     outage = None
                 if self.trainer_loop.finished is None:
-                    self.sleep(tick_s)
+                    with stage("head.wait_tick"):
+                        self.sleep(tick_s)
             reason = self._stop_requested or f"finished ({self.trainer_loop.finished})"
             if self._stop_requested in BACKSTOP_EXIT:
                 code = BACKSTOP_EXIT[self._stop_requested]
@@ -550,6 +556,7 @@ class Head(HeadIslands):
         status["stop_reason"] = reason
         status["exit_code"] = code
         write_json_atomic(self.run_dir / STATUS_FILE, status)
+        emit_snapshot(self.events.emit)
         self.events.emit("run_down", reason=reason, exit_code=code, errors=errors)
         (self.run_dir / HEAD_FILE).unlink(missing_ok=True)
         (self.run_dir / DOWN_FILE).unlink(missing_ok=True)

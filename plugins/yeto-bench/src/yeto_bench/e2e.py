@@ -257,19 +257,43 @@ def run_mode(
         )
     rounds = [(e.time, [float(r) for r in e.data.get("rewards", ())]) for e in trained]
     hit, curve = time_to_target(rounds, target=target, t0=t0 or launched)
+    start = t0 or launched
+    until = start + hit if hit is not None else max((t for t, _ in rounds), default=start)
+    steps = sum(1 for t, _ in rounds if t <= until + 1e-9)
     paid, busy = trainer_seconds(run_dir, per_round, appended_at)
     lag = policy_lag(trained, min_version)
     return {
+        "profile": stage_profiles(store, rounds=len(trained)),
         "max_policy_lag": lag,
         "time_to_target_s": hit,
         "startup_s": round((t0 or launched) - launched, 2),
         "trainer_paid_s": paid,
         "trainer_busy_s": busy,
         "rounds_trained": len(trained),
+        # optimizer steps (trained rounds) per second, from the first group to the target
+        "optimizer_steps_per_s": round(steps / (until - start), 3) if until > start else None,
         "groups_appended": len(appended_at),
         "head_exit_code": head.returncode,
         "reward_curve": curve[:: max(1, len(curve) // 50)],
     }
+
+
+def stage_profiles(store: Any, *, rounds: int) -> dict[str, Any]:
+    """Per process (event stream): the last ``stage_profile`` snapshot, summarized.
+
+    ``ms_per_round`` divides each stage's seconds by the run's trained rounds, so
+    the trainer's stages add up to (at most) its time per round; a sampler's say
+    what it spent per trained round of the run.
+    """
+    from yeto_core.event_stream import read_all
+    from yeto_core.stage_profile import EVENT_KIND, summarize
+
+    out: dict[str, Any] = {}
+    for island, events in sorted(read_all(store).items()):
+        snaps = [e for e in events if e.kind == EVENT_KIND]
+        if snaps:
+            out[island] = summarize(snaps[-1].data, rounds=rounds or None)
+    return out
 
 
 def policy_lag(trained: list[Any], min_version: dict[int, int]) -> Optional[int]:
@@ -455,6 +479,12 @@ def one_report(
         },
         "plain_loop": plain,
         "overhead_vs_plain_loop": round(at / pt, 3) if at and pt else None,
+        "optimizer_steps_per_s": {
+            "async": a["optimizer_steps_per_s"],
+            "sync": s["optimizer_steps_per_s"],
+            "plain": (plain or {}).get("optimizer_steps_per_s"),
+        },
+        "profile": {"async": a["profile"], "sync": s["profile"]},
     }
 
 
@@ -507,6 +537,11 @@ def combine(reports: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
         "trainer_busy_s": per_mode("trainer_busy_s", lambda v: round(statistics.median(v), 2)),
         "max_policy_lag": per_mode("max_policy_lag", max),
         "reward_curves": first["reward_curves"],
+        "optimizer_steps_per_s": {
+            m: _median([r["optimizer_steps_per_s"][m] for r in reports])
+            for m in ("async", "sync", "plain")
+        },
+        "profile": first["profile"],
         "runs": first["runs"],
         "plain_loop": first["plain_loop"],
         "aggregate": agg,
@@ -544,6 +579,11 @@ def combine(reports: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
 @click.option("--no-plain-loop", is_flag=True, help="Do not run benchmarks/plain_loop.py.")
 @click.option("--work-dir", type=click.Path(file_okay=False), default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option(
+    "--profile",
+    is_flag=True,
+    help="Add each run's stage profile (seconds per stage and process, ms per trained round).",
+)
 def command(
     task: str,
     target: float,
@@ -556,6 +596,7 @@ def command(
     no_plain_loop: bool,
     work_dir: Optional[str],
     as_json: bool,
+    profile: bool,
 ) -> None:
     """Asynchronous vs synchronous GRPO: time to a target reward (prints JSON)."""
     base = Path(base_dir or f"runs/base/{task}").absolute()
@@ -586,6 +627,10 @@ def command(
                     err=True,
                 )
     report = dict(combine(reports, seeds), async_min_round_s=async_min_round_s)
+    if not profile:
+        report.pop("profile", None)
+        for r in report.get("repetitions", ()):
+            r.pop("profile", None)
     if as_json:
         click.echo(json.dumps(report, sort_keys=True))
     else:

@@ -38,6 +38,7 @@ from yeto_core.records import (
     StopReason,
 )
 from yeto_core.release import ReleaseStore
+from yeto_core.stage_profile import PROFILE, stage
 
 S = LifecycleState
 
@@ -157,14 +158,17 @@ class DriverLifecycle(TrainerLifecycle):
             return
         assert self.backend is not None
         out = self._scratch("release")
-        info = ReleaseInfo.coerce(self.backend.publish_release(out)).as_dict()
+        with stage("trainer.publish.export"):
+            info = ReleaseInfo.coerce(self.backend.publish_release(out)).as_dict()
         if fingerprint.INFO_KEY not in info:
-            recorded = fingerprint.for_backend(self.backend)
+            with stage("trainer.publish.fingerprint"):
+                recorded = fingerprint.for_backend(self.backend)
             if recorded is not None:
                 info[fingerprint.INFO_KEY] = recorded.to_json()
         info["version"] = self.counters.policy_version
         info.setdefault("buffer_watermark", self.counters.buffer_watermark)
-        rel = self.releases.publish(out, info)
+        with stage("trainer.publish.upload"):
+            rel = self.releases.publish(out, info)
         self._event("trainer_published", release_id=rel.release_id, version=rel.version)
 
     # -- port ---------------------------------------------------------------------------
@@ -316,7 +320,10 @@ class DriverLifecycle(TrainerLifecycle):
         c = self.counters
         ended = bool(self.buffer.data_ended())
         try:
-            batch = reader.try_take(c.policy_version, short_ok=self.partial_last_round and ended)
+            with stage("trainer.take"):
+                batch = reader.try_take(
+                    c.policy_version, short_ok=self.partial_last_round and ended
+                )
         except EndOfData:
             self._commit_skips_at_data_end(reader)
             return False
@@ -325,14 +332,17 @@ class DriverLifecycle(TrainerLifecycle):
         if len(batch.groups) < self.groups_per_round and not self.partial_last_round:
             reader.reset()  # a short round at the data end: hold; the buffer re-offers it
             return False
-        metrics = self.backend.train_round(batch)
-        self.ledger.record(
-            batch,
-            seq=c.trained_rounds + 1,
-            incarnation=self.incarnation,
-            parent_cut=self.restored_cut.cut_id if self.restored_cut else None,
-        )
-        watermark = reader.commit(batch)
+        with stage("trainer.train"):
+            metrics = self.backend.train_round(batch)
+        with stage("trainer.ledger"):
+            self.ledger.record(
+                batch,
+                seq=c.trained_rounds + 1,
+                incarnation=self.incarnation,
+                parent_cut=self.restored_cut.cut_id if self.restored_cut else None,
+            )
+        with stage("trainer.commit"):
+            watermark = reader.commit(batch)
         skipped = {r: list(ps) for r, ps in sorted(batch.skipped.items()) if ps}
         counts = {r: len(ps) for r, ps in skipped.items()}
         for r, n in counts.items():
@@ -345,18 +355,21 @@ class DriverLifecycle(TrainerLifecycle):
             trained_groups=c.trained_groups + len(batch.groups),
             skipped_groups=c.skipped_groups + sum(counts.values()),
         )
-        self._publish()
-        self._event(
-            "trainer_round",
-            positions=list(batch.positions),
-            stale_positions=skipped.get("stale", []),
-            skipped=skipped,
-            skipped_counts=counts,
-            padded_samples=len(batch.padding),
-            watermark_before=batch.watermark_before,
-            metrics={k: float(v) for k, v in metrics.items()},
-            **attrs.asdict(self.counters),
-        )
+        with stage("trainer.publish"):
+            self._publish()
+        PROFILE.count("trainer.rounds")
+        with stage("trainer.round_event"):
+            self._event(
+                "trainer_round",
+                positions=list(batch.positions),
+                stale_positions=skipped.get("stale", []),
+                skipped=skipped,
+                skipped_counts=counts,
+                padded_samples=len(batch.padding),
+                watermark_before=batch.watermark_before,
+                metrics={k: float(v) for k, v in metrics.items()},
+                **attrs.asdict(self.counters),
+            )
         return True
 
     def _commit_skips_at_data_end(self, reader: BatchReader) -> None:
@@ -403,7 +416,8 @@ class DriverLifecycle(TrainerLifecycle):
         assert self.backend is not None and self.incarnation is not None
         try:
             out = self._scratch("cut")
-            self.backend.save_cut(out, reason.trigger)
+            with stage("trainer.cut.save"):
+                self.backend.save_cut(out, reason.trigger)
             c = self.counters
             record = ConsistentCut(
                 trigger=reason.trigger,
@@ -419,7 +433,8 @@ class DriverLifecycle(TrainerLifecycle):
                     **{f"skipped_{r}": n for r, n in self.skipped_by_reason.items()},
                 },
             )
-            self.last_cut = self.cuts.commit(out, record)
+            with stage("trainer.cut.commit"):
+                self.last_cut = self.cuts.commit(out, record)
         except Exception as exc:
             self._fail(exc, "drain")
             raise TrainerFailedError(

@@ -36,6 +36,7 @@ from yeto_core.records import (
     LifecycleState,
     StopReason,
 )
+from yeto_core.stage_profile import stage
 from yeto_core.stores.log import StoreLog
 
 S = LifecycleState
@@ -194,7 +195,8 @@ class RemoteTrainerLifecycle(TrainerLifecycle):
                     f"trainer incarnation {self.incarnation} did not answer {what} within {self.timeout_s} s; "
                     "release it and start another"
                 )
-            self._sleep(self.poll_s)
+            with stage("head.wait_answer"):
+                self._sleep(self.poll_s)
 
     def wait_ready(self) -> LifecycleState:
         """Block until the incarnation is READY (or FAILED / timed out)."""
@@ -209,8 +211,9 @@ class RemoteTrainerLifecycle(TrainerLifecycle):
     def train(self, rounds: int) -> int:
         self.sm.go(S.TRAINING, "train")
         assert self._commands is not None
-        seq = self._commands.send({"op": "train", "rounds": rounds})
-        answer = self._wait_answer(seq, f"train({rounds})")
+        with stage("head.train_command"):
+            seq = self._commands.send({"op": "train", "rounds": rounds})
+            answer = self._wait_answer(seq, f"train({rounds})")
         if answer.get("kind") == "failed":
             self.sm.state = S.FAILED
             raise TrainerFailedError(
@@ -291,21 +294,24 @@ class IslandTrainerAgent:
         self.events.send({"kind": "ready", "summary": summary, "counters": self._counters()})
         idle_since = self._clock()
         while True:
-            cmds = self.commands.receive()
+            with stage("agent.receive"):
+                cmds = self.commands.receive()
             if not cmds:
                 if self._clock() - idle_since > self.idle_timeout_s:
                     self.events.send(
                         {"kind": "failed", "error": "no command within idle_timeout_s"}
                     )
                     return None
-                self._sleep(self.poll_s)
+                with stage("agent.wait_command"):
+                    self._sleep(self.poll_s)
                 continue
             idle_since = self._clock()
             for cmd in cmds:
                 op = cmd.get("op")
                 try:
                     if op == "train":
-                        done = self.driver.train(int(cmd["rounds"]))
+                        with stage("agent.train"):
+                            done = self.driver.train(int(cmd["rounds"]))
                         self.events.send(
                             {
                                 "kind": "trained",

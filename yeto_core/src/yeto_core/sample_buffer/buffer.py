@@ -26,6 +26,7 @@ from yeto_core.sample_buffer.consumed import STALE_TAIL, ConsumedState, plan_rou
 from yeto_core.sample_buffer.jsonl_index import JsonlIndex
 from yeto_core.sample_buffer.objects_index import ObjectsIndex
 from yeto_core.sample_buffer.shards import merge_shards
+from yeto_core.stage_profile import stage
 
 LAYOUTS = ("auto", "jsonl", "objects", "shards")
 
@@ -209,8 +210,11 @@ class FileSampleBuffer(DurableSampleBuffer):
         if known is not None:
             return known
         payload = self.payload_key(gid)
-        data = encode_group(group)
-        if not self.store.put_if_absent(payload, data):
+        with stage("buffer.encode"):
+            data = encode_group(group)
+        with stage("buffer.payload_put"):
+            fresh = self.store.put_if_absent(payload, data)
+        if not fresh:
             # A payload exists: an earlier append of this id (maybe one that crashed
             # before its index record). Look for it in the index.
             self._catch_up()
@@ -220,11 +224,13 @@ class FileSampleBuffer(DurableSampleBuffer):
             data = self.store.get(payload)  # the record must name the bytes that are there
         make = self._record_maker(group, payload, _digest(data))
         if self._jsonl is not None:
-            pos, recs, _ = self._jsonl.append(gid, make)
+            with stage("buffer.index_append"):
+                pos, recs, _ = self._jsonl.append(gid, make)
             self._ingest(r for r in recs if r["position"] >= self._head)
             return pos
         assert self._objects is not None
-        pos, _rec = self._objects.append(make)
+        with stage("buffer.index_append"):
+            pos, _rec = self._objects.append(make)
         self._appended[gid] = pos
         return pos
 
@@ -272,7 +278,8 @@ class FileSampleBuffer(DurableSampleBuffer):
     def load(self, entry: GroupEntry) -> SampleGroup:
         """The group of ``entry``, with numpy arrays."""
         try:
-            data = self.store.get(entry.payload)
+            with stage("buffer.load_get"):
+                data = self.store.get(entry.payload)
         except NotFoundError:
             raise SampleBufferError(
                 f"payload {entry.payload!r} of position {entry.position} is missing from the "
@@ -315,8 +322,9 @@ class FileSampleBuffer(DurableSampleBuffer):
         return [e for e in out if e.position >= start]
 
     def select(self, spec: RoundSpec) -> BufferRound:
-        self._update()
-        return plan_round(self._pending, self._state.watermark, spec)
+        with stage("buffer.select"):
+            self._update()
+            return plan_round(self._pending, self._state.watermark, spec)
 
     def commit(self, round: BufferRound) -> int:
         if self.read_only:
@@ -339,7 +347,8 @@ class FileSampleBuffer(DurableSampleBuffer):
             stale_tail=(state.stale_tail + stale)[-STALE_TAIL:],
             updated_at=float(self.clock()),
         )
-        self._write_state(new)
+        with stage("buffer.commit_write"):
+            self._write_state(new)
         return new.watermark
 
     def _write_state(self, state: ConsumedState) -> None:
