@@ -128,6 +128,15 @@ class ObjectStore(Port):
         """Whether writes are made durable before they return (``dir`` may turn it off)."""
         return True
 
+    def put_many_if_absent(self, items: list[tuple[str, bytes]]) -> list[bool]:
+        """:meth:`put_if_absent` of each ``(key, data)``; whether each call created its key.
+
+        Every created object is durable when this returns, like after
+        :meth:`put_if_absent`. A store may make the batch cheaper (the ``dir`` store
+        syncs the files together and each directory once). Default: one at a time.
+        """
+        return [self.put_if_absent(k, d) for k, d in items]
+
     def raw_put(self, key: str, data: bytes) -> None:
         """A plain write with no yeto logic (the baseline of ``yeto bench buffer``)."""
         self.put(key, data)
