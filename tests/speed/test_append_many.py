@@ -114,9 +114,7 @@ def test_crash_mid_index_write_leaves_a_prefix_of_whole_records(tmp_path, cut_li
     # the successor appends the whole batch again: the visible prefix is deduplicated
     again = FileSampleBuffer(DirStore(root), layout="jsonl")
     assert again.append_many(batch) == list(range(1, 9))
-    assert [e.group_id for e in check_visible(root)] == ["h-g100"] + [
-        f"h-g{i}" for i in range(8)
-    ]
+    assert [e.group_id for e in check_visible(root)] == ["h-g100"] + [f"h-g{i}" for i in range(8)]
 
 
 def test_crash_while_writing_payloads_leaves_no_record(tmp_path, monkeypatch):

@@ -118,6 +118,8 @@ class PolicyFollower:
         #: whether the round that ended last had a forced load land in it
         self.last_round_straddled = False
         self._load_mutex = threading.Lock()  # one load at a time
+        #: notified whenever the served version changes (:meth:`wait_version`)
+        self._version_changed = threading.Condition()
         self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
 
@@ -255,7 +257,9 @@ class PolicyFollower:
             proof["max_abs_dev"] = check.max_abs_dev
             proof["tolerance"] = check.tolerance
         previous = self._current
-        self._current, self.version, self.release_id = local, local.version, rel.release_id
+        with self._version_changed:
+            self._current, self.version, self.release_id = local, local.version, rel.release_id
+            self._version_changed.notify_all()
         self.served_checksum = served
         self.counters.loads += 1
         if forced:
@@ -375,13 +379,25 @@ class PolicyFollower:
             )
         )
 
+    def wait_version(self, version: int, timeout: float) -> bool:
+        """Wait until the engine serves ``version`` or newer, at most ``timeout`` s."""
+        with self._version_changed:
+            return self._version_changed.wait_for(
+                lambda: int(self.version) >= version, timeout=max(0.0, timeout)
+            )
+
     # -- a watcher thread -----------------------------------------------------------
 
     def start(self, poll_s: float = 1.0) -> None:
-        """Poll in a daemon thread every ``poll_s`` seconds until :meth:`stop`."""
+        """Poll in a daemon thread until :meth:`stop`: after each poll it waits ``poll_s``
+        seconds, or less when the store's watch on the releases prefix wakes it first
+        (a new ``LATEST.json``; :meth:`~yeto_core.ports.ObjectStore.watch`)."""
         if self._thread is not None:
             return
         self._stop.clear()
+        store = getattr(self.releases, "store", None)
+        prefix = getattr(self.releases, "prefix", None)
+        watch = store.watch(prefix) if store is not None and prefix else None
 
         def run() -> None:
             while not self._stop.is_set():
@@ -397,7 +413,12 @@ class PolicyFollower:
                         )
                     )
                 with stage("follower.wait_poll"):
-                    self._stop.wait(poll_s)
+                    if watch is not None:
+                        watch.wait(poll_s)
+                    else:
+                        self._stop.wait(poll_s)
+            if watch is not None:
+                watch.close()
 
         self._thread = threading.Thread(target=run, name="policy-follower", daemon=True)
         self._thread.start()

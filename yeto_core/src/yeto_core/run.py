@@ -195,6 +195,7 @@ class Head(HeadIslands):
         self._stop_requested: Optional[str] = None
         self.trainer_loop: Any = None
         self.lifecycle: Optional[TrainerLifecycle] = None
+        self._tick_watch: Any = None
 
     # -- set-up ----------------------------------------------------------------------
 
@@ -513,7 +514,7 @@ class Head(HeadIslands):
                     outage = None
                 if self.trainer_loop.finished is None:
                     with stage("head.wait_tick"):
-                        self.sleep(tick_s)
+                        self._wait_tick(tick_s)
             reason = self._stop_requested or f"finished ({self.trainer_loop.finished})"
             if self._stop_requested in BACKSTOP_EXIT:
                 code = BACKSTOP_EXIT[self._stop_requested]
@@ -533,6 +534,17 @@ class Head(HeadIslands):
             say("interrupted again while stopping; islands may be left (run `yeto run up` again)")
             return EXIT_INTERRUPTED
         return code
+
+    def _wait_tick(self, tick_s: float) -> None:
+        """Between ticks: at most ``tick_s``, less when the buffer changes (a group
+        appended, a round committed: what the scheduler decides on). With an injected
+        ``sleep`` (tests) it is that sleep."""
+        if self.sleep is not time.sleep or not hasattr(self.buffer, "watch"):
+            self.sleep(tick_s)
+            return
+        if self._tick_watch is None:
+            self._tick_watch = self.buffer.watch()
+        self._tick_watch.wait(tick_s)
 
     def shutdown(self, reason: str, code: int) -> dict[str, Any]:
         """Stop samplers (verified), final cut of the trainer, the summary."""

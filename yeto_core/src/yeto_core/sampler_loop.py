@@ -115,6 +115,7 @@ class SamplerLoop:
         if not self.sync_rounds:
             return not self.stop.is_set()
         announced = False
+        wait_version = getattr(self.follower, "wait_version", None)
         while int(self.follower.version) < self.rounds:
             if not announced:
                 self._event(
@@ -122,7 +123,11 @@ class SamplerLoop:
                 )
                 announced = True
             with stage("sampler.wait_version"):
-                if self.stop.wait(self.sync_poll_s):
+                if wait_version is not None:  # woken by the load itself
+                    wait_version(self.rounds, self.sync_poll_s)
+                    if self.stop.is_set():
+                        return False
+                elif self.stop.wait(self.sync_poll_s):
                     return False
         return not self.stop.is_set()
 
@@ -136,10 +141,13 @@ class SamplerLoop:
         if self.backlog_cap is None:
             return not self.stop.is_set()
         announced = False
+        watch = None
         while True:
             with stage("sampler.backlog_read"):
                 backlog = self.buffer.backlog()
             if backlog.groups < self.backlog_cap:
+                if watch is not None:
+                    watch.close()
                 if announced:
                     self._event("sampler_backlog_resumed", backlog_groups=backlog.groups)
                 return not self.stop.is_set()
@@ -148,8 +156,15 @@ class SamplerLoop:
                     "sampler_backlog_wait", backlog_groups=backlog.groups, cap=self.backlog_cap
                 )
                 announced = True
+            if watch is None and hasattr(self.buffer, "watch"):
+                watch = self.buffer.watch()  # wakes on the trainer's commit
             with stage("sampler.wait_backlog"):
-                if self.stop.wait(self.backlog_poll_s):
+                if watch is not None:
+                    watch.wait(self.backlog_poll_s)
+                    if self.stop.is_set():
+                        watch.close()
+                        return False
+                elif self.stop.wait(self.backlog_poll_s):
                     return False
 
     def run_round(self) -> list[int]:

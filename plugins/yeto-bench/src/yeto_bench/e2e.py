@@ -71,8 +71,10 @@ def e2e_config(
     groups_per_round: int = 16,
     samplers: int = 2,
     async_min_round_s: float = 0.0,
+    store: str = "",
 ) -> str:
-    """The TOML of one e2e run (``mode``: ``async`` or ``sync``)."""
+    """The TOML of one e2e run (``mode``: ``async`` or ``sync``; ``store``: its URL, empty:
+    the run dir's ``store/``)."""
     if mode not in ("async", "sync"):
         raise ValueError(f"mode {mode!r}; use async or sync")
     if groups_per_round % samplers:
@@ -106,7 +108,25 @@ def e2e_config(
         scheduler_options=options,
         wall_clock_s=float(timeout_s) + 120.0,
         silence_s=120,
+        store=store,
     )
+
+
+def measured_store(run_dir: Path, latency_ms: Optional[float], remote: bool) -> tuple[str, dict]:
+    """(store URL, environment) of a run whose store requests are counted (and delayed).
+
+    ``latency_ms`` None and ``remote`` False: the plain ``dir`` store, nothing counted.
+    Otherwise ``faulty://<run_dir>/store`` with no faults (``yeto_bench.faulty_store``):
+    every request is counted in each process's profile, delayed by ``latency_ms``, and
+    with ``remote`` the store looks like S3 (``objects`` buffer layout, no watches).
+    """
+    from yeto_bench.faulty_store import ENV
+
+    inner = str(run_dir / "store")
+    if latency_ms is None and not remote:
+        return "", {}
+    settings = {"rate": 0.0, "latency_ms": float(latency_ms or 0.0), "remote": bool(remote)}
+    return f"faulty://{inner}", {ENV: json.dumps(settings)}
 
 
 def time_to_target(
@@ -172,8 +192,12 @@ def run_mode(
     timeout_s: float,
     poll_s: float = 0.5,
     async_min_round_s: float = 0.0,
+    store_latency_ms: Optional[float] = None,
+    remote_store: bool = False,
 ) -> dict[str, Any]:
     """One run of ``mode`` until the target (or the timeout); its figures."""
+    import os
+
     from yeto_core.event_stream import read_events
     from yeto_core.plugins import get_plugins
     from yeto_core.run import request_down
@@ -182,6 +206,8 @@ def run_mode(
     run_dir = work / mode
     run_dir.mkdir(parents=True, exist_ok=True)
     toml = run_dir / "run.toml"
+    store_url, env = measured_store(run_dir, store_latency_ms, remote_store)
+    os.environ.update(env)  # this process reads the store through the same wrapper
     toml.write_text(
         e2e_config(
             run_dir,
@@ -191,6 +217,7 @@ def run_mode(
             seed=seed,
             timeout_s=timeout_s,
             async_min_round_s=async_min_round_s,
+            store=store_url,
         )
     )
     launched = time.time()
@@ -200,8 +227,9 @@ def run_mode(
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env={**os.environ, **env},
         )
-    store_url = str(run_dir / "store")
+    store_url = store_url or str(run_dir / "store")
     store = None
     hit: Optional[float] = None
     t0: Optional[float] = None
@@ -580,6 +608,19 @@ def combine(reports: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
 @click.option("--work-dir", type=click.Path(file_okay=False), default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option(
+    "--store-latency-ms",
+    type=float,
+    default=None,
+    help="Run yeto's modes on a counting store wrapper that delays every request this many ms "
+    "(the plain loop has no store); requests per trained round go in the profile.",
+)
+@click.option(
+    "--remote-store",
+    is_flag=True,
+    help="With the wrapper, hide the local directory: the objects buffer layout and polls, "
+    "as on an S3-compatible store.",
+)
+@click.option(
     "--profile",
     is_flag=True,
     help="Add each run's stage profile (seconds per stage and process, ms per trained round).",
@@ -596,6 +637,8 @@ def command(
     no_plain_loop: bool,
     work_dir: Optional[str],
     as_json: bool,
+    store_latency_ms: Optional[float],
+    remote_store: bool,
     profile: bool,
 ) -> None:
     """Asynchronous vs synchronous GRPO: time to a target reward (prints JSON)."""
@@ -611,8 +654,11 @@ def command(
             common = dict(
                 base_dir=base, task=task, seed=rep_seed, target=target, timeout_s=timeout_s
             )
-            a = run_mode("async", work=work, async_min_round_s=async_min_round_s, **common)
-            s = run_mode("sync", work=work, **common)
+            stores = dict(store_latency_ms=store_latency_ms, remote_store=remote_store)
+            a = run_mode(
+                "async", work=work, async_min_round_s=async_min_round_s, **stores, **common
+            )
+            s = run_mode("sync", work=work, **stores, **common)
             plain = (
                 run_plain_loop(script, min_round_s=async_min_round_s, **common)
                 if use_plain
@@ -626,7 +672,17 @@ def command(
                     f"sync {r['sync_time_to_target_s']} s, speedup {r['speedup']}",
                     err=True,
                 )
-    report = dict(combine(reports, seeds), async_min_round_s=async_min_round_s)
+    report = dict(
+        combine(reports, seeds),
+        async_min_round_s=async_min_round_s,
+        store={
+            "wrapper": "faulty (counting, no faults)"
+            if store_latency_ms is not None or remote_store
+            else None,
+            "latency_ms": store_latency_ms,
+            "remote": remote_store,
+        },
+    )
     if not profile:
         report.pop("profile", None)
         for r in report.get("repetitions", ()):

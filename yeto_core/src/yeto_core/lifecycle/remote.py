@@ -113,6 +113,15 @@ class RemoteTrainerLifecycle(TrainerLifecycle):
         self._commands: Optional[Channel] = None
         self._events: Optional[Channel] = None
         self._answers: dict[int, dict[str, Any]] = {}
+        self._real_sleep = sleep is time.sleep
+        self._answer_watch: Any = None
+
+    def _pause(self) -> None:
+        """Until the trainer may have answered, at most ``poll_s``."""
+        if self._answer_watch is not None:
+            self._answer_watch.wait(self.poll_s)
+        else:
+            self._sleep(self.poll_s)
 
     def start(self, incarnation: int, cut: Optional[Any] = None) -> None:
         self.sm.go(S.STARTING, "start")
@@ -120,6 +129,10 @@ class RemoteTrainerLifecycle(TrainerLifecycle):
         self.start_summary = None  # this incarnation's, from its ``ready`` message
         self._commands = Channel(self.store, incarnation, "commands")
         self._events = Channel(self.store, incarnation, "events")
+        if self._answer_watch is not None:
+            self._answer_watch.close()
+        # wake on the trainer's answers instead of sleeping poll_s (a real sleep only)
+        self._answer_watch = self.store.watch(self._events.base) if self._real_sleep else None
         cut_id = None if cut is None else cut if isinstance(cut, str) else cut.cut_id
         self._handle = self.provider.launch(relaunch(self.launch, incarnation, cut_id))
 
@@ -196,7 +209,7 @@ class RemoteTrainerLifecycle(TrainerLifecycle):
                     "release it and start another"
                 )
             with stage("head.wait_answer"):
-                self._sleep(self.poll_s)
+                self._pause()
 
     def wait_ready(self) -> LifecycleState:
         """Block until the incarnation is READY (or FAILED / timed out)."""
@@ -205,7 +218,7 @@ class RemoteTrainerLifecycle(TrainerLifecycle):
             if self._clock() > deadline:
                 self.sm.state = S.FAILED
                 break
-            self._sleep(self.poll_s)
+            self._pause()
         return self.sm.state
 
     def train(self, rounds: int) -> int:
@@ -277,6 +290,8 @@ class IslandTrainerAgent:
         self.events = Channel(store, incarnation, "events")
         self.poll_s, self.idle_timeout_s = poll_s, idle_timeout_s
         self._clock, self._sleep = clock, sleep
+        # wake on the head's next command instead of sleeping poll_s (a real sleep only)
+        self._watch = store.watch(self.commands.base) if sleep is time.sleep else None
 
     def _counters(self) -> dict[str, Any]:
         return attrs.asdict(self.driver.counters)
@@ -303,7 +318,10 @@ class IslandTrainerAgent:
                     )
                     return None
                 with stage("agent.wait_command"):
-                    self._sleep(self.poll_s)
+                    if self._watch is not None:
+                        self._watch.wait(self.poll_s)
+                    else:
+                        self._sleep(self.poll_s)
                 continue
             idle_since = self._clock()
             for cmd in cmds:

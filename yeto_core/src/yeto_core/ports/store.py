@@ -5,9 +5,12 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from yeto_core.ports.base import Port
+
+if TYPE_CHECKING:
+    from yeto_core.stores.watch import Watch
 
 
 class ObjectStore(Port):
@@ -136,6 +139,15 @@ class ObjectStore(Port):
         syncs the files together and each directory once). Default: one at a time.
         """
         return [self.put_if_absent(k, d) for k, d in items]
+
+    def watch(self, prefix: str) -> Watch:
+        """A :class:`~yeto_core.stores.watch.Watch` on ``prefix``: ``wait(timeout)`` returns
+        early when something under it may have changed. Default: it sleeps ``timeout``
+        (a poll); the ``dir`` store wakes on inotify.
+        """
+        from yeto_core.stores.watch import SleepWatch
+
+        return SleepWatch()
 
     def raw_put(self, key: str, data: bytes) -> None:
         """A plain write with no yeto logic (the baseline of ``yeto bench buffer``)."""

@@ -284,6 +284,10 @@ class FileSampleBuffer(DurableSampleBuffer):
                 out[slot] = pos
         return [int(p) for p in out]  # type: ignore[arg-type]
 
+    def watch(self) -> Any:
+        """A watch on the buffer's prefix (new index records, commits): the store's."""
+        return self.store.watch(self.prefix)
+
     def _append_shard(self, group: SampleGroup) -> int:
         shard = self._shard
         assert shard is not None

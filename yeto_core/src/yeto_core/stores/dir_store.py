@@ -31,6 +31,7 @@ from yeto_core.errors import InvalidKeyError, NotFoundError, StoreError
 from yeto_core.ports import ObjectStore
 from yeto_core.stores.fsync import fsync_dir
 from yeto_core.stores.keys import check_key, check_prefix
+from yeto_core.stores.watch import Watch
 
 _TMP_MARK = ".tmp-"
 
@@ -211,6 +212,13 @@ class DirStore(ObjectStore):
         if created and self.fsync:
             fsync_dir(path.parent)
         return created
+
+    def watch(self, prefix: str) -> Watch:
+        """An inotify watch on ``prefix``'s directory (a sleep where inotify is missing)."""
+        from yeto_core.stores.watch import dir_watch
+
+        check_prefix(prefix.rstrip("/") + "/" if prefix else "")
+        return dir_watch(self.root / prefix.strip("/"))
 
     def put_many_if_absent(self, items: list[tuple[str, bytes]]) -> list[bool]:
         """:meth:`put_if_absent` of several objects, synced together.
