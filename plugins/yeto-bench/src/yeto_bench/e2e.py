@@ -59,6 +59,23 @@ from yeto_bench.run_toml import bench_run_toml
 
 WINDOW = 64
 
+#: what each mode of the report does (in the JSON, so a reader need not open the code)
+BASELINES = {
+    "async": "yeto run up: 2 hf sampler islands (1 thread each, 8 prompts x 8 answers per call, "
+    "no throttle, backlog cap 64) append while the torch trainer island trains rounds of 16 "
+    "groups under S1 (policy-age gate 3), with durability (fsynced buffer, ledger, "
+    "consumed.json), a release per round (export, fingerprint, manifest) that the samplers "
+    "fetch, verify and load; head tick 0.1 s, rounds_per_tick 2; every wait wakes on the store's "
+    "watch (inotify on the dir store) or its poll interval",
+    "sync": "the same run with samplers[].sync_rounds (each island waits, woken by its follower's "
+    "load, until it serves the policy trained on its previous call; 2 x 8 groups = one round), "
+    "the always-on scheduler and the same head settings (tick 0.1 s, rounds_per_tick 2)",
+    "plain": "benchmarks/plain_loop.py: 2 sampler processes and 1 trainer process of the same "
+    "engine/backend classes and hyperparameters passing group files and releases through a "
+    "directory; bounded queue (backlog cap 64, files taken only as a round needs them), "
+    "policy-age gate at training time; no durability, no scheduler, no verification",
+}
+
 
 def e2e_config(
     run_dir: Path,
@@ -85,7 +102,8 @@ def e2e_config(
     sync = mode == "sync"
     per_call = groups_per_round // samplers if sync else 8
     scheduler = "always-on" if sync else "s1"
-    options = "" if sync else "options = { start_seconds_fallback = 3.0, rounds_per_tick = 2 }"
+    # the same head settings for both modes (sync trains one round per command anyway)
+    options = "options = { start_seconds_fallback = 3.0, rounds_per_tick = 2 }"
     return bench_run_toml(
         comment=f"yeto bench e2e run ({mode}, generated from the tuned quickstart)",
         name=f"e2e-{mode}",
@@ -506,6 +524,7 @@ def one_report(
             for k, v in (("async", a), ("sync", s))
         },
         "plain_loop": plain,
+        "baselines": BASELINES,
         "overhead_vs_plain_loop": round(at / pt, 3) if at and pt else None,
         "optimizer_steps_per_s": {
             "async": a["optimizer_steps_per_s"],
@@ -571,6 +590,7 @@ def combine(reports: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
         },
         "profile": first["profile"],
         "runs": first["runs"],
+        "baselines": BASELINES,
         "plain_loop": first["plain_loop"],
         "aggregate": agg,
         "repetitions": [dict(r, seed=sd) for r, sd in zip(reports, seeds, strict=True)],
