@@ -3,14 +3,47 @@
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 from yeto_core.ports.base import Port
 
-if TYPE_CHECKING:
-    from yeto_core.stores.watch import Watch
+
+class Watch:
+    """A wait for a change under a prefix of a store (:meth:`ObjectStore.watch`).
+
+    ``wait(timeout)`` returns True as soon as something under the prefix may have
+    changed, False after ``timeout`` seconds. Callers keep their loop shape
+    (``while not done(): watch.wait(poll_s)``, where they slept ``poll_s``), so a
+    missed or spurious wake-up costs at most one ``poll_s``: correctness never
+    depends on the watch.
+    """
+
+    def wait(self, timeout: float) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        return None
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SleepWatch(Watch):
+    """No notifications: ``wait`` sleeps ``timeout`` (the fixed poll of a plain store)."""
+
+    def __init__(self, sleep: Any = time.sleep) -> None:
+        self._sleep = sleep
+
+    def wait(self, timeout: float) -> bool:
+        if timeout > 0:
+            self._sleep(timeout)
+        return False
 
 
 class ObjectStore(Port):
@@ -145,8 +178,6 @@ class ObjectStore(Port):
         early when something under it may have changed. Default: it sleeps ``timeout``
         (a poll); the ``dir`` store wakes on inotify.
         """
-        from yeto_core.stores.watch import SleepWatch
-
         return SleepWatch()
 
     def raw_put(self, key: str, data: bytes) -> None:

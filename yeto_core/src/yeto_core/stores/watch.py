@@ -11,7 +11,8 @@ soon as something under the prefix may have changed (True), or after
 so a missed or spurious wake-up costs at most one ``poll_s``, exactly as the
 old sleep did; correctness never depends on the watch.
 
-- :class:`SleepWatch` (the default of every store): sleeps ``timeout``.
+- :class:`~yeto_core.ports.store.SleepWatch` (the default of every store): sleeps
+  ``timeout``.
 - :class:`DirWatch` (the ``dir`` store on Linux): an inotify watch on the
   prefix's directory (files created, written, closed or renamed into it). Its
   events queue from the moment the watch exists, so a change that lands between
@@ -30,6 +31,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Optional
+
+from yeto_core.ports.store import SleepWatch, Watch
 
 _IN_MODIFY = 0x002
 _IN_CLOSE_WRITE = 0x008
@@ -56,34 +59,6 @@ def _inotify() -> Optional[ctypes.CDLL]:
             except (OSError, AttributeError):
                 return None
         return _libc
-
-
-class Watch:
-    """Wait for a change under a prefix (see the module docstring)."""
-
-    def wait(self, timeout: float) -> bool:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        return None
-
-    def __enter__(self) -> Watch:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class SleepWatch(Watch):
-    """No notifications: ``wait`` sleeps ``timeout`` (the old fixed poll)."""
-
-    def __init__(self, sleep=time.sleep) -> None:
-        self._sleep = sleep
-
-    def wait(self, timeout: float) -> bool:
-        if timeout > 0:
-            self._sleep(timeout)
-        return False
 
 
 class DirWatch(Watch):
