@@ -257,3 +257,17 @@ def test_sampler_loop_appends_a_call_as_one_group_commit():
     loop = SamplerLoop(buf, _Engine(), _Task(), host="s", incarnation=0, prompts_per_call=8)
     assert loop.run_round() == list(range(8))
     assert buf.calls == [8]
+
+
+def test_dir_store_put_many_overwrites_and_syncs_each_directory_once(tmp_path, monkeypatch):
+    import yeto_core.stores.dir_store as ds
+
+    store = DirStore(tmp_path / "s")
+    store.put("r/1/a", b"old")
+    dirs = []
+    real = ds.fsync_dir
+    monkeypatch.setattr(ds, "fsync_dir", lambda d: (dirs.append(str(d)), real(d)))
+    store.put_many([("r/1/a", b"new"), ("r/1/b", b"2"), ("r/1/c", b"3")])
+    assert [store.get(k) for k in ("r/1/a", "r/1/b", "r/1/c")] == [b"new", b"2", b"3"]
+    assert dirs == [str(tmp_path / "s" / "r" / "1")]
+    assert not [p for p in (tmp_path / "s" / "r" / "1").iterdir() if p.name.startswith(".")]

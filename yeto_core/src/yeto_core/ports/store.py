@@ -164,6 +164,17 @@ class ObjectStore(Port):
         """Whether writes are made durable before they return (``dir`` may turn it off)."""
         return True
 
+    def put_many(self, items: list[tuple[str, bytes]]) -> None:
+        """:meth:`put` of each ``(key, data)``: each object atomic, all durable on return.
+
+        No order among them is promised (a crash may leave any subset written), so a
+        protocol that needs one (files, then their manifest) calls it per step. A
+        store may make it cheaper (the ``dir`` store syncs the files together and
+        each directory once). Default: one at a time.
+        """
+        for k, d in items:
+            self.put(k, d)
+
     def put_many_if_absent(self, items: list[tuple[str, bytes]]) -> list[bool]:
         """:meth:`put_if_absent` of each ``(key, data)``; whether each call created its key.
 

@@ -220,6 +220,47 @@ class DirStore(ObjectStore):
         check_prefix(prefix.rstrip("/") + "/" if prefix else "")
         return dir_watch(self.root / prefix.strip("/"))
 
+    def put_many(self, items: list[tuple[str, bytes]]) -> None:
+        """:meth:`put` of several objects: temporary files fsynced together, renamed into
+        place, then each directory that got a name fsynced once."""
+        if not self.fsync or len(items) < 2 or len({k for k, _ in items}) < len(items):
+            for k, d in items:
+                self.put(k, d)
+            return
+        staged: list[tuple[str, Path, str, int]] = []
+        try:
+            for key, data in items:
+                path = self._path(key)
+                self._ensure_parent(key, path)
+                self._refuse_prefix_dir(key, path)
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
+                staged.append((key, path, tmp, fd))
+                view = memoryview(bytes(data))
+                while view:
+                    view = view[os.write(fd, view) :]
+            _fsync_all([fd for *_, fd in staged])
+        except BaseException:
+            for *_, tmp, fd in staged:
+                os.close(fd)
+                _unlink_quietly(tmp)
+            raise
+        for *_, fd in staged:
+            os.close(fd)
+        done = 0
+        try:
+            for key, path, tmp, _fd in staged:
+                try:
+                    os.replace(tmp, path)
+                except IsADirectoryError:
+                    self._refuse_prefix_dir(key, path)
+                    raise
+                done += 1
+        finally:
+            for *_, tmp, _fd in staged[done:]:
+                _unlink_quietly(tmp)
+        for d in sorted({path.parent for _, path, _, _ in staged}):
+            fsync_dir(d)
+
     def put_many_if_absent(self, items: list[tuple[str, bytes]]) -> list[bool]:
         """:meth:`put_if_absent` of several objects, synced together.
 
