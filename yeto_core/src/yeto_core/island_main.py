@@ -191,6 +191,7 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         partial_last_round=True,
         ledger_set_aside_before=head_started_at(store),
         reader_options={"fenced_incarnations": StoreFences(store)},
+        overlap_uploads=True,  # a round's release upload overlaps the next round
     )
     agent = IslandTrainerAgent(store, driver, incarnation)
     try:

@@ -476,6 +476,9 @@ class Head(HeadIslands):
             self.start(say)
             tick_s = self.config.scheduler.tick_s
             last_rewards = 0.0
+            # housekeeping (status.json, backstops, samplers) keeps the tick_s cadence; a
+            # wake-up by the buffer's watch between ticks runs only the trainer loop
+            woken, last_house = False, -math.inf
             outage: Optional[tuple[float, int, str]] = None  # (since, ticks, last error)
             while self._stop_requested is None and self.trainer_loop.finished is None:
                 try:
@@ -484,8 +487,10 @@ class Head(HeadIslands):
                             self.observe_streams()
                         last_rewards = self.clock()
                         emit_snapshot(self.events.emit)
-                    with stage("head.tick"):
-                        self.tick()
+                    if not woken or time.monotonic() - last_house >= tick_s:
+                        last_house = time.monotonic()
+                        with stage("head.tick"):
+                            self.tick()
                     if self._stop_requested is not None:
                         break
                     with stage("head.trainer_tick"):
@@ -514,7 +519,7 @@ class Head(HeadIslands):
                     outage = None
                 if self.trainer_loop.finished is None:
                     with stage("head.wait_tick"):
-                        self._wait_tick(tick_s)
+                        woken = self._wait_tick(tick_s)
             reason = self._stop_requested or f"finished ({self.trainer_loop.finished})"
             if self._stop_requested in BACKSTOP_EXIT:
                 code = BACKSTOP_EXIT[self._stop_requested]
@@ -535,16 +540,16 @@ class Head(HeadIslands):
             return EXIT_INTERRUPTED
         return code
 
-    def _wait_tick(self, tick_s: float) -> None:
+    def _wait_tick(self, tick_s: float) -> bool:
         """Between ticks: at most ``tick_s``, less when the buffer changes (a group
         appended, a round committed: what the scheduler decides on). With an injected
-        ``sleep`` (tests) it is that sleep."""
+        ``sleep`` (tests) it is that sleep. :returns: whether a change woke it early."""
         if self.sleep is not time.sleep or not hasattr(self.buffer, "watch"):
             self.sleep(tick_s)
-            return
+            return False
         if self._tick_watch is None:
             self._tick_watch = self.buffer.watch()
-        self._tick_watch.wait(tick_s)
+        return bool(self._tick_watch.wait(tick_s))
 
     def shutdown(self, reason: str, code: int) -> dict[str, Any]:
         """Stop samplers (verified), final cut of the trainer, the summary."""

@@ -100,6 +100,7 @@ class DriverLifecycle(TrainerLifecycle):
         ledger: Optional[BatchLedger] = None,
         ledger_set_aside_before: Optional[float] = None,
         reader_options: Optional[Mapping[str, Any]] = None,
+        overlap_uploads: bool = False,
     ) -> None:
         self.backend_factory = backend_factory
         self.buffer = buffer
@@ -128,6 +129,10 @@ class DriverLifecycle(TrainerLifecycle):
         self.restored_cut: Optional[ConsistentCut] = None
         self.last_cut: Optional[ConsistentCut] = None
         self._start_seconds: Optional[float] = None
+        #: overlap each round's release upload with the next round (see :meth:`_publish`)
+        self.overlap_uploads = bool(overlap_uploads)
+        self._uploader: Any = None
+        self._upload_pending: Any = None
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -153,11 +158,21 @@ class DriverLifecycle(TrainerLifecycle):
         d.mkdir(parents=True)
         return d
 
-    def _publish(self) -> None:
+    def _publish(self, *, overlap: bool = False) -> None:
+        """Export this round's release and commit it to the release store.
+
+        ``overlap``: the upload (files, manifest, pointer) runs on a background thread
+        while the next round is read and trained; the export and the fingerprint, which
+        need the weights, stay here. At most one upload is pending; every wait point
+        (the next publication, the end of :meth:`train`, :meth:`drain`) waits for it and
+        raises its error, so when ``train`` returns every trained round is published, as
+        without overlap.
+        """
         if self.releases is None:
             return
         assert self.backend is not None
-        out = self._scratch("release")
+        self._wait_upload()
+        out = self._scratch(f"release-{self.counters.policy_version}")
         with stage("trainer.publish.export"):
             info = ReleaseInfo.coerce(self.backend.publish_release(out)).as_dict()
         if fingerprint.INFO_KEY not in info:
@@ -167,9 +182,28 @@ class DriverLifecycle(TrainerLifecycle):
                 info[fingerprint.INFO_KEY] = recorded.to_json()
         info["version"] = self.counters.policy_version
         info.setdefault("buffer_watermark", self.counters.buffer_watermark)
+        if overlap:
+            if self._uploader is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
+            self._upload_pending = self._uploader.submit(self._upload, out, info)
+        else:
+            self._upload(out, info)
+
+    def _upload(self, out: Path, info: dict[str, Any]) -> None:
+        assert self.releases is not None
         with stage("trainer.publish.upload"):
             rel = self.releases.publish(out, info)
+        shutil.rmtree(out, ignore_errors=True)
         self._event("trainer_published", release_id=rel.release_id, version=rel.version)
+
+    def _wait_upload(self) -> None:
+        """Wait for the pending background upload (raises its error)."""
+        pending, self._upload_pending = self._upload_pending, None
+        if pending is not None:
+            with stage("trainer.publish.wait_upload"):
+                pending.result()
 
     # -- port ---------------------------------------------------------------------------
 
@@ -300,10 +334,13 @@ class DriverLifecycle(TrainerLifecycle):
         self.sm.go(S.TRAINING, "train")
         done = 0
         try:
-            for _ in range(rounds):
-                if not self._train_one():
-                    break
-                done += 1
+            try:
+                for _ in range(rounds):
+                    if not self._train_one():
+                        break
+                    done += 1
+            finally:
+                self._wait_upload()
         except Exception as exc:
             self._fail(exc, "train")
             raise TrainerFailedError(
@@ -356,7 +393,7 @@ class DriverLifecycle(TrainerLifecycle):
             skipped_groups=c.skipped_groups + sum(counts.values()),
         )
         with stage("trainer.publish"):
-            self._publish()
+            self._publish(overlap=self.overlap_uploads)
         PROFILE.count("trainer.rounds")
         with stage("trainer.round_event"):
             self._event(
@@ -415,6 +452,7 @@ class DriverLifecycle(TrainerLifecycle):
         self.sm.go(S.DRAINING, f"drain ({reason.value})")
         assert self.backend is not None and self.incarnation is not None
         try:
+            self._wait_upload()
             out = self._scratch("cut")
             with stage("trainer.cut.save"):
                 self.backend.save_cut(out, reason.trigger)
@@ -452,6 +490,9 @@ class DriverLifecycle(TrainerLifecycle):
     def release(self) -> None:
         """Drop the backend (LEFT or FAILED → STOPPED)."""
         self.sm.go(S.STOPPED, "release")
+        if self._uploader is not None:
+            self._uploader.shutdown(wait=True)
+            self._uploader, self._upload_pending = None, None
         self.backend = None
         self.reader = None
         shutil.rmtree(self.workdir / "restore", ignore_errors=True)
