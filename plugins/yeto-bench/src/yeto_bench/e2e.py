@@ -527,11 +527,11 @@ def one_report(
         "baselines": BASELINES,
         "overhead_vs_plain_loop": round(at / pt, 3) if at and pt else None,
         "optimizer_steps_per_s": {
-            "async": a["optimizer_steps_per_s"],
-            "sync": s["optimizer_steps_per_s"],
+            "async": a.get("optimizer_steps_per_s"),
+            "sync": s.get("optimizer_steps_per_s"),
             "plain": (plain or {}).get("optimizer_steps_per_s"),
         },
-        "profile": {"async": a["profile"], "sync": s["profile"]},
+        "profile": {"async": a.get("profile"), "sync": s.get("profile")},
     }
 
 
@@ -585,10 +585,10 @@ def combine(reports: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
         "max_policy_lag": per_mode("max_policy_lag", max),
         "reward_curves": first["reward_curves"],
         "optimizer_steps_per_s": {
-            m: _median([r["optimizer_steps_per_s"][m] for r in reports])
+            m: _median([v for r in reports if (v := r["optimizer_steps_per_s"].get(m)) is not None])
             for m in ("async", "sync", "plain")
         },
-        "profile": first["profile"],
+        "profile": first.get("profile"),
         "runs": first["runs"],
         "baselines": BASELINES,
         "plain_loop": first["plain_loop"],
