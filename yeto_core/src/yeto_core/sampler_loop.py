@@ -10,7 +10,10 @@ Prompts are dispensed by index: incarnation ``k`` of host ``h`` takes indices
 seed dispenses the same prompts, and other hosts or incarnations dispense
 others. Group ids are ``f"{host}-i{incarnation}-p{index}"`` (the buffer's
 dedup key). While the buffer's backlog is at ``backlog_cap`` groups the loop
-waits on its stop event, re-reading the backlog every ``backlog_poll_s``.
+waits on the buffer's watch (woken by the trainer's commit; a plain wait on its
+stop event when the buffer has none), re-reading the backlog at least every
+``backlog_poll_s``. A call's groups are appended with one ``append_many`` (a
+group commit: one index sync for all of them).
 """
 
 from __future__ import annotations
