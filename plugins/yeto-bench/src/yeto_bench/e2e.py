@@ -32,6 +32,13 @@ it) is run as a subprocess on the same base, task and hyperparameters and
 must print one JSON object with ``time_to_target_s``; the ratio is yeto
 async over it.
 
+``--profile`` adds each run's stage profile (:mod:`yeto_core.stage_profile`:
+per process, seconds, calls, share and ms per trained round of every stage);
+``--store-latency-ms`` / ``--remote-store`` run yeto's modes on a counting
+store wrapper (requests per trained round in the profile's counters). Every
+report has ``optimizer_steps_per_s`` per mode and ``baselines`` (what each
+mode does).
+
 ``--repeat N`` runs the modes N times, interleaved (async, sync, plain loop,
 async, sync, plain loop, ...) so that drifts in machine load hit every mode
 alike; repetition ``i`` (0-based) uses seed ``--seed + i`` for all its modes.
