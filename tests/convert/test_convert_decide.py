@@ -53,7 +53,9 @@ def test_a_start_converts_the_node_whose_sampling_is_worth_least() -> None:
 
 def test_the_guard_never_converts_the_last_sampler_or_below_the_minimum() -> None:
     nodes = (attrs.evolve(NODES[0], role=IDLE), NODES[1])
-    d = decide_conversion(_inputs(scheduler_action="START", scheduler_reason="backlog", nodes=nodes))
+    d = decide_conversion(
+        _inputs(scheduler_action="START", scheduler_reason="backlog", nodes=nodes)
+    )
     assert (d.action, d.reason) == ("hold", "guard_pool_minimum")
     d = decide_conversion(
         _inputs(scheduler_action="START", scheduler_reason="backlog", min_samplers=3)
@@ -85,7 +87,9 @@ def test_arrivals_make_the_conversion_start_early_when_it_pays() -> None:
 
 def test_an_idle_trainer_goes_back_unless_the_next_round_arrives_within_a_conversion() -> None:
     nodes = (NODES[0], attrs.evolve(NODES[1], role=TRAINER), NODES[2])
-    stop = dict(scheduler_action="STOP", scheduler_reason="idle", trainer_node="flex-0", nodes=nodes)
+    stop = dict(
+        scheduler_action="STOP", scheduler_reason="idle", trainer_node="flex-0", nodes=nodes
+    )
     d = decide_conversion(_inputs(**stop, backlog_groups=2, arrival_groups_per_s=0.1))
     assert (d.action, d.node) == ("to_sampler", "flex-0")
     d = decide_conversion(_inputs(**stop, backlog_groups=2, arrival_groups_per_s=0.5))

@@ -38,7 +38,9 @@ def test_a_convertible_group_next_to_fixed_samplers_is_accepted() -> None:
 
 def test_a_spot_node_never_converts() -> None:
     msg = _errors(
-        _config([FIXED, {"name": "flex", "engine": "hf", "node_class": "convertible", "spot": True}])
+        _config(
+            [FIXED, {"name": "flex", "engine": "hf", "node_class": "convertible", "spot": True}]
+        )
     )
     assert "samplers[1].node_class = 'convertible' with spot = true" in msg
 

@@ -148,7 +148,7 @@ def test_a_head_that_dies_after_any_journal_record_is_resolved_by_the_next(
     assert [(r["kind"], r["step"]) for r in tail] == [
         ("to_trainer", s) for s in TO_TRAINER_STEPS
     ] + [("to_sampler", s) for s in TO_SAMPLER_STEPS]
-    before = {r["conversion"] for r in again.journal()[: -N_RECORDS]}
+    before = {r["conversion"] for r in again.journal()[:-N_RECORDS]}
     assert min(r["conversion"] for r in tail) > max(before)  # never a number twice
     # a third head finds nothing to resolve
     assert LocalConversion().bind(Ops(), store, NODES) == []

@@ -28,17 +28,24 @@ from yeto_core.records import Event
 DEFAULT_DRAIN_BOUND_S = 8.0
 
 
+class Abandoned(RuntimeError):
+    """An append after the drain bound passed (the island is exiting)."""
+
+
 class _CountingBuffer:
     """The loop's buffer, counting appends (everything else passes through)."""
 
     def __init__(self, buffer: Any, lock: threading.Lock) -> None:
         self._buffer, self._lock = buffer, lock
         self.appended = 0
+        self.closed = False
 
     def append(self, group: Any) -> Any:
         # under the guard's lock: an abandoning exit never lands between the append and
-        # its count, so the abandoned count is exact
+        # its count, so the abandoned count is exact; after the report nothing is appended
         with self._lock:
+            if self.closed:
+                raise Abandoned(f"group {group.group_id}: the drain bound passed")
             out = self._buffer.append(group)
             self.appended += 1
         return out
@@ -94,7 +101,8 @@ class DrainGuard:
             return self._run_round()
         finally:
             with self._lock:
-                self.in_round = None
+                if not self.buffer.closed:  # once closed, the watchdog reports this round
+                    self.in_round = None
 
     def request_stop(self) -> None:
         """Stop the loop and start the bound (a SIGTERM handler calls this)."""
@@ -109,10 +117,12 @@ class DrainGuard:
     def _watchdog(self) -> None:
         deadline = (self._stopped_at or 0.0) + self.bound_s
         while self._clock() < deadline:
-            with self._lock:
-                if self.in_round is None or self._reported:
-                    return
+            # read without the lock: an append in progress must not hold up the deadline
+            if self.in_round is None or self._reported:
+                return
             time.sleep(0.02)
+        # the bound passed: no new append may start (one in progress lands whole)
+        self.buffer.closed = True
         with self._lock:
             if self.in_round is None or self._reported:
                 return
@@ -147,5 +157,6 @@ class DrainGuard:
         with self._lock:
             if self._reported:
                 return
-            finished = self.buffer.appended - self._appended_at_stop if self._stopped_at else 0
+            stopped = self._stopped_at is not None
+            finished = self.buffer.appended - self._appended_at_stop if stopped else 0
             self._report(finished=finished, abandoned=0)
