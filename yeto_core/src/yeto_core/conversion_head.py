@@ -249,9 +249,14 @@ class HeadSlotOps(SlotOps):
         if drained:
             d = drained[-1]
             report.update(finished=int(d["finished"]), abandoned=int(d["abandoned"]))
-        else:  # killed before it could report: at most one round was in flight
+        else:  # gone before it could report (killed, or stopped before its loop began)
             group = dict(h.config.sampler_islands())[node]
-            report.update(finished=0, abandoned=int(group.prompts_per_call), unreported=True)
+            report.update(
+                finished=0,
+                abandoned=0,
+                unreported=True,
+                abandoned_at_most=int(group.prompts_per_call),
+            )
         return report
 
     def start_trainer(self, node: str) -> Optional[str]:
