@@ -63,3 +63,65 @@ def test_the_trainer_runs_on_a_converted_node_and_gives_it_back(tmp_path: Path) 
     assert any(r["action"] == "to_trainer" and r["node"] == "flex-0" for r in decisions)
     assert all("inputs" in r and "ranking" in r for r in decisions)
     assert not list((run / "islands").glob("*.json"))
+
+
+_HEAD = """
+import json, sys
+from yeto_core.config import config_from_dict
+from yeto_core.testing.fake_run import fake_head
+config = config_from_dict(json.loads(open(sys.argv[1]).read()))
+sys.exit(fake_head(config).run(lambda m: None))
+"""
+
+
+def _convertible_config(tmp_path: Path, total_rounds: int):
+    return fake_run_config(
+        tmp_path,
+        total_rounds=total_rounds,
+        wall_clock_s=400.0,
+        samplers=[
+            dict(SAMPLER, name="sampler", count=2),
+            dict(SAMPLER, name="flex", count=1, node_class="convertible"),
+        ],
+        conversion={"name": "local", "options": {"drain_bound_s": 2.0, "conversion_s": 2.0}},
+    )
+
+
+@pytest.mark.timeout(600)
+def test_a_head_killed_while_the_slot_trains_is_resolved_by_the_next_head(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    from yeto_core.config import config_to_dict
+
+    config = _convertible_config(tmp_path, total_rounds=4)
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps(config_to_dict(config)))
+    store = Path(config.run_dir) / "store"
+    first = subprocess.Popen([sys.executable, "-c", _HEAD, str(cfg)])
+    try:
+        deadline = time.monotonic() + 300
+        while not any(
+            r["kind"] == "trained" for r in _records(store, "head/journal")
+        ):  # the converted slot trains
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        first.kill()
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    last = _records(store, "head/conversions")[-1]
+    assert (last["kind"], last["step"]) == ("to_trainer", "done")  # the slot is the trainer
+
+    assert fake_head(config).run(lambda m: None) == EXIT_OK
+    steps = _records(store, "head/conversions")
+    resolved = [r for r in steps if r["kind"] == "resolved"]
+    assert len(resolved) == 1 and resolved[0]["node"] == "flex-0"
+    assert resolved[0]["left_at"] == {"kind": "to_trainer", "step": "done"}
+    run = Path(config.run_dir)
+    s = json.loads((run / "summary.json").read_text())
+    assert s["groups_trained"] + sum(s["groups_skipped"].values()) == s["groups_appended"]
+    BatchLedger(DirStore(store)).check()
+    assert not list((run / "islands").glob("*.json"))

@@ -222,10 +222,19 @@ class HeadSlotOps(SlotOps):
 
     def __init__(self, head: Any, lifecycle: ConvertingLifecycle) -> None:
         self.head, self.lifecycle = head, lifecycle
+        #: the head stopped its samplers (the data end, or the run stopping): a slot
+        #: given back by the trainer stays idle
+        self.samplers_stopped = False
 
     def closing(self) -> bool:
         h = self.head
-        return bool(h.state.finishing or h._stop_requested is not None)
+        loop = h.trainer_loop
+        return bool(
+            self.samplers_stopped
+            or h.state.finishing
+            or h._stop_requested is not None
+            or (loop is not None and loop.finished is not None)
+        )
 
     def drain_sampler(self, node: str) -> dict[str, Any]:
         h = self.head
@@ -308,9 +317,21 @@ def install_conversion(
         return lifecycle, scheduler
     nodes = convertible_nodes(head.config)
     converting = ConvertingLifecycle(lifecycle, port, lambda: gate.take_node(), head.clock)
-    resolved = port.bind(HeadSlotOps(head, converting), head.store, nodes, clock=head.clock)
+    ops = HeadSlotOps(head, converting)
+    stop_samplers = head.stop_samplers
+
+    def stop_samplers_then_stay_idle() -> None:
+        # the head stops its samplers at the data end and when the run stops (before the
+        # trainer's final cut): a slot the trainer gives back afterwards launches nothing
+        ops.samplers_stopped = True
+        stop_samplers()
+
+    head.stop_samplers = stop_samplers_then_stay_idle
+    resolved = port.bind(ops, head.store, nodes, clock=head.clock)
     for rec in resolved:
-        head.events.emit("conversion_resolved", **{k: v for k, v in rec.items() if k != "time"})
+        head.events.emit(
+            "conversion_resolved", **{k: v for k, v in rec.items() if k not in ("kind", "time")}
+        )
 
     def view() -> tuple[int, tuple[NodeView, ...]]:
         return head.buffer.backlog().head_position, node_views(head, port)
