@@ -258,6 +258,8 @@ class HeadSlotOps(SlotOps):
         if drained:
             d = drained[-1]
             report.update(finished=int(d["finished"]), abandoned=int(d["abandoned"]))
+            if d.get("before_loop"):
+                report["before_loop"] = True  # stopped while it was still starting
         else:  # gone before it could report (killed, or stopped before its loop began)
             group = dict(h.config.sampler_islands())[node]
             report.update(

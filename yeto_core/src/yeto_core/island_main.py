@@ -228,7 +228,11 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
             model_dir=base_model(store, config, ident),
             seed=config.seed * 1000 + incarnation * 100 + _index(island),
         )
-    except BaseException:
+    except BaseException as exc:
+        if isinstance(exc, Terminated):  # stopped before its loop began: nothing in flight
+            from yeto_core.sampler_drain import drained_before_loop
+
+            on_event(drained_before_loop(incarnation))
         stream.flush()
         raise
     task = plugins.task(config.task.name)(**config.task.options)

@@ -160,3 +160,13 @@ class DrainGuard:
             stopped = self._stopped_at is not None
             finished = self.buffer.appended - self._appended_at_stop if stopped else 0
             self._report(finished=finished, abandoned=0)
+
+
+def drained_before_loop(incarnation: int) -> Event:
+    """The ``sampler_drained`` of an island stopped before its loop began (nothing in flight)."""
+    return Event(
+        kind="sampler_drained",
+        time=time.time(),
+        source="",
+        data={"incarnation": int(incarnation), "finished": 0, "abandoned": 0, "before_loop": True},
+    )
