@@ -45,9 +45,9 @@ def _records(store: Path, prefix: str) -> list[dict]:
 def test_a_node_converts_back_and_forth_while_the_model_learns(tmp_path: Path) -> None:
     run_dir = tmp_path / "convert"
     text = EXAMPLE.read_text()
-    assert "wall_clock_s = 600" in text
+    assert "wall_clock_s = 900" in text
     config = tmp_path / "convert.toml"  # headroom for a loaded machine: speed is not tested
-    config.write_text(text.replace("wall_clock_s = 600", "wall_clock_s = 1800"))
+    config.write_text(text.replace("wall_clock_s = 900", "wall_clock_s = 1800"))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.run(
         [*YETO, "run", "up", str(config), "--run-dir", str(run_dir)],
