@@ -145,3 +145,40 @@ def test_an_append_in_progress_at_the_bound_lands_whole_and_the_rest_is_counted(
     assert (d["finished"], d["abandoned"]) == (1, 1)
     assert buffer.head_position == 5  # 3 + the two whole groups; the third never appended
     assert [g.group_id for g in buffer.groups][-1].endswith(f"p{loop.offset + 4}")
+
+
+def test_a_sampler_stopped_while_its_engine_starts_reports_nothing_in_flight(tmp_path) -> None:
+    import types
+
+    from yeto_core import hookimpl, run_store
+    from yeto_core.event_stream import read_events
+    from yeto_core.island_env import island_launch
+    from yeto_core.island_main import Terminated, run_island
+    from yeto_core.stores.dir_store import DirStore
+    from yeto_core.testing.fake_island import plugins_with_fakes
+    from yeto_core.testing.fake_run import fake_run_config
+
+    class StoppedWhileStarting(WeightFileEngine):
+        PLUGIN_NAME = "stopped-while-starting"
+
+        @classmethod
+        def from_config(cls, options, *, model_dir, seed):
+            raise Terminated(0)  # what SIGTERM raises while the engine loads
+
+    config = fake_run_config(
+        tmp_path, samplers=[{"engine": "stopped-while-starting", "group_size": 2}]
+    )
+    store = DirStore(tmp_path / "store", fsync=False)
+    run_store.write_config(store, config)
+    run_store.publish_model(store, tmp_path / "model")
+    plugins = plugins_with_fakes(entry_points=False)
+    plugins.add(
+        types.SimpleNamespace(
+            yeto_register_sampler_engines=hookimpl(lambda register: register(StoppedWhileStarting))
+        ),
+        name="test-engine",
+    )
+    launch = island_launch(store, run_id="t", role="sampler", island="sampler-0", incarnation=3)
+    assert run_island(launch.env, plugins) == 0
+    drained = [e.data for e in read_events(store, "sampler-0") if e.kind == "sampler_drained"]
+    assert drained == [{"incarnation": 3, "finished": 0, "abandoned": 0, "before_loop": True}]
