@@ -91,5 +91,11 @@ def test_a_node_converts_back_and_forth_while_the_model_learns(tmp_path: Path) -
     assert sum(1 for r in decided if r["action"] == "to_trainer") >= len(to_trainer)
     assert sum(1 for r in decided if r["action"] == "to_sampler") >= len(back)
     drained = [r["report"] for r in steps if r["step"] == "sampler_released"]
-    print("drains:", [(d.get("finished"), d.get("abandoned")) for d in drained])
+    print(
+        "drains:", [(d.get("finished"), d.get("abandoned"), d.get("before_loop")) for d in drained]
+    )
+    # the slot really sampled between its trainer incarnations
+    flex = (store / "events" / "flex-0.jsonl").read_text()
+    print("flex-0 sampler rounds:", flex.count('"kind":"sampler_round"'))
+    assert flex.count('"kind":"sampler_round"') >= 1
     assert not list((run_dir / "islands").glob("*.json"))  # every island released

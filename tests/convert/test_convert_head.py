@@ -62,6 +62,8 @@ def test_the_trainer_runs_on_a_converted_node_and_gives_it_back(tmp_path: Path) 
     decisions = [r for r in journal if r["kind"] == "conversion_decision"]
     assert any(r["action"] == "to_trainer" and r["node"] == "flex-0" for r in decisions)
     assert all("inputs" in r and "ranking" in r for r in decisions)
+    events = (store / "events" / "head.jsonl").read_text()
+    assert events.count('"kind":"conversion_decision"') == len(decisions)
     assert not list((run / "islands").glob("*.json"))
 
 

@@ -148,8 +148,10 @@ class ConversionGate(TrainerScheduler):
         *,
         trainer_node: Callable[[], Optional[str]],
         window_s: float = 30.0,
+        emit: Optional[Callable[[dict[str, Any]], None]] = None,
     ) -> None:
         self.inner, self.port, self._view, self.journal = inner, port, view, journal
+        self._emit = emit or (lambda record: None)
         self._trainer_node = trainer_node
         self.window_s = float(window_s)
         self._arrivals: collections.deque[tuple[float, int]] = collections.deque()
@@ -192,18 +194,18 @@ class ConversionGate(TrainerScheduler):
         key = (cd.action, cd.reason, cd.node)
         if key != self._last:
             self._last = key
-            self.journal.append(
-                {
-                    "kind": "conversion_decision",
-                    "time": inputs.now,
-                    "action": cd.action,
-                    "reason": cd.reason,
-                    "node": cd.node,
-                    "ranking": list(cd.ranking),
-                    "scheduler": {"action": d.action.value, "reason": d.reason},
-                    "inputs": serde.unstructure(ci),
-                }
-            )
+            record = {
+                "kind": "conversion_decision",
+                "time": inputs.now,
+                "action": cd.action,
+                "reason": cd.reason,
+                "node": cd.node,
+                "ranking": list(cd.ranking),
+                "scheduler": {"action": d.action.value, "reason": d.reason},
+                "inputs": serde.unstructure(ci),
+            }
+            self.journal.append(record)
+            self._emit(record)
         if inputs.state == LifecycleState.STOPPED and cd.action == "to_trainer":
             self._chosen = cd.node
             if d.action == Action.START:
@@ -344,5 +346,8 @@ def install_conversion(
         view,
         Journal(head.store),
         trainer_node=lambda: converting.node,
+        emit=lambda r: head.events.emit(
+            "conversion_decision", **{k: v for k, v in r.items() if k not in ("kind", "time")}
+        ),
     )
     return converting, gate
