@@ -34,6 +34,9 @@ Layout (all tables optional except ``model``, ``task``, ``samplers`` and ``train
     engine_options = {}
     provider = "local"                 # the island provider that runs these islands
     provider_options = {}              # passed to the provider with each launch
+    node_class = "fixed"               # or "convertible": [conversion] may make it the trainer
+    spot = false                       # spot nodes never convert
+    precision = ""                     # a convertible group's must equal trainer.precision
     [samplers.sampling]
     max_new_tokens = 8
     temperature = 1.0
@@ -55,7 +58,7 @@ Layout (all tables optional except ``model``, ``task``, ``samplers`` and ``train
     options = {}
 
     [conversion]
-    name = "none"                      # the conversion port (sampler <-> trainer nodes)
+    name = "none"                      # the conversion port: "none" or "local" (docs/conversion.md)
     options = {}
 
     [scheduler]
