@@ -148,9 +148,15 @@ class ConversionGate(TrainerScheduler):
         *,
         trainer_node: Callable[[], Optional[str]],
         window_s: float = 30.0,
+        short_window_s: float = 5.0,
         emit: Optional[Callable[[dict[str, Any]], None]] = None,
+        start_seconds: Callable[[], Optional[float]] = lambda: None,
     ) -> None:
         self.inner, self.port, self._view, self.journal = inner, port, view, journal
+        self.short_window_s = float(short_window_s)
+        self._start_seconds = start_seconds
+        #: the last measured drain + trainer start (None: none measured yet)
+        self.measured_start_s: Optional[float] = None
         self._emit = emit or (lambda record: None)
         self._trainer_node = trainer_node
         self.window_s = float(window_s)
@@ -165,12 +171,34 @@ class ConversionGate(TrainerScheduler):
         return node
 
     def arrival_rate(self, now: float, head_position: int) -> float:
-        """Groups per second appended over the last ``window_s`` (0 until two samples)."""
+        """Groups per second appended: the lower of the rates over the last ``window_s``
+        and the last ``short_window_s`` (0 until two samples).
+
+        The lower one, so that a pause of the samplers counts at once (a long window
+        still holds the burst before it) and a lull within steady arrivals does not.
+        """
         self._arrivals.append((now, head_position))
         while len(self._arrivals) > 2 and now - self._arrivals[1][0] >= self.window_s:
             self._arrivals.popleft()
-        (t0, p0), (t1, p1) = self._arrivals[0], self._arrivals[-1]
-        return max(0.0, (p1 - p0) / (t1 - t0)) if t1 > t0 else 0.0
+
+        def rate(since: float) -> float:
+            window = [(t, p) for t, p in self._arrivals if t >= since] or [self._arrivals[-1]]
+            (t0, p0), (t1, p1) = window[0], window[-1]
+            return max(0.0, (p1 - p0) / (t1 - t0)) if t1 > t0 else 0.0
+
+        if len(self._arrivals) < 2:
+            return 0.0
+        return min(rate(now - self.window_s), rate(now - self.short_window_s))
+
+    def conversion_seconds(self) -> float:
+        """What a round trip costs: the measured drain + trainer start, plus the way back."""
+        measured = self._start_seconds()
+        if measured is not None:
+            self.measured_start_s = float(measured)
+        if self.measured_start_s is None:
+            return self.port.conversion_seconds()
+        back = self.port.last_s["to_sampler"]
+        return self.measured_start_s + float(back or 0.0)
 
     def decide(self, inputs: SchedulerInputs) -> Decision:
         d = self.inner.decide(inputs)
@@ -184,7 +212,7 @@ class ConversionGate(TrainerScheduler):
             groups_per_round=inputs.groups_per_round,
             q_on_rounds=d.q_on,
             arrival_groups_per_s=round(self.arrival_rate(inputs.now, head_position), 6),
-            conversion_s=self.port.conversion_seconds(),
+            conversion_s=round(self.conversion_seconds(), 3),
             nodes=nodes,
             min_samplers=self.port.min_samplers,
             data_ended=inputs.data_ended,
@@ -346,6 +374,7 @@ def install_conversion(
         view,
         Journal(head.store),
         trainer_node=lambda: converting.node,
+        start_seconds=lambda: converting.start_seconds if converting.node else None,
         emit=lambda r: head.events.emit(
             "conversion_decision", **{k: v for k, v in r.items() if k not in ("kind", "time")}
         ),

@@ -189,13 +189,19 @@ class _Fleet:
         return d.action.value
 
     def _rate(self) -> float:
-        """Groups per second appended over the last 30 s (as the head measures it)."""
+        """Groups per second appended (as the head measures it: ConversionGate.arrival_rate)."""
         window = self._window
         window.append((self.t, self.produced))
         while len(window) > 2 and self.t - window[1][0] >= 30.0:
             window.popleft()
-        (t0, n0), (t1, n1) = window[0], window[-1]
-        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+
+        def rate(since: float) -> float:
+            part = [(t, n) for t, n in window if t >= since] or [window[-1]]
+            (t0, n0), (t1, n1) = part[0], part[-1]
+            return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+
+        # the lower of the 30 s and 5 s rates, as ConversionGate.arrival_rate
+        return min(rate(self.t - 30.0), rate(self.t - 5.0))
 
     _window: collections.deque[tuple[float, int]]
 
