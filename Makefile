@@ -85,7 +85,7 @@ vllm-example: install vllm-venv
 # examples/vllm (real vLLM servers), examples/sglang (the protocol server standing in for SGLang),
 # examples/modal (island bodies through .local(), a head killed and restarted; ~35 min),
 # the sky provider through a local double on loopback S3 with a preemption (~15 min),
-# examples/convert (a node slot converting between sampler and trainer; ~6-10 min).
+# examples/convert (a node slot converting between sampler and trainer; ~6-12 min).
 examples: install vllm-venv
 	YETO_SOAK=1 $(BIN)/python -m pytest -q -s -p no:cacheprovider \
 	  tests/integration/test_vllm_example.py tests/sglang/test_example_learns.py \

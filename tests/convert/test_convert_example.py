@@ -2,7 +2,7 @@
 converts between sampling and training at least twice while the model learns.
 
 Real processes everywhere (the head, `hf` sampler islands, `torch` trainer incarnations on
-the converted slot). About 6-10 minutes on 2 cores, so it runs with YETO_SOAK=1
+the converted slot). About 6-12 minutes on 2 cores, so it runs with YETO_SOAK=1
 (`make examples`), not in `make test`; the short variant in `make test` is
 tests/convert/test_convert_head.py (the same head with fake islands).
 """
