@@ -84,11 +84,13 @@ vllm-example: install vllm-venv
 # The examples' learning runs end to end (each several minutes on 2 cores; not in make test):
 # examples/vllm (real vLLM servers), examples/sglang (the protocol server standing in for SGLang),
 # examples/modal (island bodies through .local(), a head killed and restarted; ~35 min),
-# the sky provider through a local double on loopback S3 with a preemption (~15 min).
+# the sky provider through a local double on loopback S3 with a preemption (~15 min),
+# examples/convert (a node slot converting between sampler and trainer; ~6-12 min).
 examples: install vllm-venv
 	YETO_SOAK=1 $(BIN)/python -m pytest -q -s -p no:cacheprovider \
 	  tests/integration/test_vllm_example.py tests/sglang/test_example_learns.py \
-	  tests/modal/test_e2e_local.py tests/sky/test_e2e.py tests/nc/test_e2e_storm.py
+	  tests/modal/test_e2e_local.py tests/sky/test_e2e.py tests/nc/test_e2e_storm.py \
+	  tests/convert/test_convert_example.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from yeto_core import ports
-from yeto_core.conversion import NoConversion
+from yeto_core.conversion import LocalConversion, NoConversion, SlotOps
 from yeto_core.cut import CutStore
 from yeto_core.lifecycle import DriverLifecycle, RemoteTrainerLifecycle
 from yeto_core.local_islands import LocalIslands
@@ -174,6 +174,28 @@ class TestNoConversion(ConversionContract):
     @pytest.fixture
     def make_conversion(self):
         return NoConversion
+
+
+class _SlotOps(SlotOps):
+    def drain_sampler(self, node):
+        return {"handle": None, "finished": 0, "abandoned": 0}
+
+    def start_trainer(self, node):
+        return None
+
+    def launch_sampler(self, node):
+        return None
+
+
+class TestLocalConversion(ConversionContract):
+    @pytest.fixture
+    def make_conversion(self, tmp_path):
+        def make():
+            conv = LocalConversion()
+            conv.bind(_SlotOps(), DirStore(tmp_path / "conversion"), ["flex-0", "flex-1"])
+            return conv
+
+        return make
 
 
 class TestExampleConversionPort(ConversionContract):

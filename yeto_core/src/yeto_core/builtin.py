@@ -47,6 +47,7 @@ def yeto_register_trainer_lifecycles(register):
 
 @hookimpl
 def yeto_register_conversions(register):
-    from yeto_core.conversion import NoConversion
+    from yeto_core.conversion import LocalConversion, NoConversion
 
     register(NoConversion)
+    register(LocalConversion)

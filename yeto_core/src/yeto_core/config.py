@@ -34,6 +34,9 @@ Layout (all tables optional except ``model``, ``task``, ``samplers`` and ``train
     engine_options = {}
     provider = "local"                 # the island provider that runs these islands
     provider_options = {}              # passed to the provider with each launch
+    node_class = "fixed"               # or "convertible": [conversion] may make it the trainer
+    spot = false                       # spot nodes never convert
+    precision = ""                     # a convertible group's must equal trainer.precision
     [samplers.sampling]
     max_new_tokens = 8
     temperature = 1.0
@@ -55,7 +58,7 @@ Layout (all tables optional except ``model``, ``task``, ``samplers`` and ``train
     options = {}
 
     [conversion]
-    name = "none"                      # the conversion port (sampler <-> trainer nodes)
+    name = "none"                      # the conversion port: "none" or "local" (docs/conversion.md)
     options = {}
 
     [scheduler]
@@ -135,6 +138,12 @@ class SamplerIslandConfig:
     #: The island provider that runs these islands, and its options for each launch.
     provider: str = "local"
     provider_options: dict[str, Any] = attrs.field(factory=dict)
+    #: Node class (docs/conversion.md): ``fixed`` islands only sample; ``convertible``
+    #: ones may be turned into the trainer by ``[conversion]`` (never spot ones, never
+    #: a precision other than the trainer's).
+    node_class: str = "fixed"
+    spot: bool = False
+    precision: str = ""
 
     def island_names(self) -> list[str]:
         """The islands of this group: ``<name>-0``, ``<name>-1``, ..."""
@@ -158,6 +167,8 @@ class TrainerConfig:
     lifecycle: str = "remote"
     provider: str = "local"
     provider_options: dict[str, Any] = attrs.field(factory=dict)
+    #: The trainer's numeric precision; a convertible sampler group must match it.
+    precision: str = ""
 
 
 @attrs.frozen
@@ -410,6 +421,55 @@ def validate(config: RunConfig) -> list[str]:
     if int(r.full_every) < 1:
         errors.append(f"releases.full_every = {r.full_every!r}; it must be >= 1")
     _positive(errors, "releases.delta_min_bytes", r.delta_min_bytes, zero_ok=True)
+    errors.extend(_node_class_errors(config))
+    return errors
+
+
+#: The node classes of a sampler group (``[[samplers]] node_class``).
+NODE_CLASSES = ("fixed", "convertible")
+
+
+def _node_class_errors(config: RunConfig) -> list[str]:
+    """The node-class rules (docs/conversion.md): which sampler groups may convert."""
+    errors: list[str] = []
+    convertible = 0
+    for i, s in enumerate(config.samplers):
+        p = f"samplers[{i}]"
+        if s.node_class not in NODE_CLASSES:
+            errors.append(f"{p}.node_class = {s.node_class!r}; allowed: {', '.join(NODE_CLASSES)}")
+            continue
+        if s.node_class != "convertible":
+            continue
+        convertible += 1
+        if s.spot:
+            errors.append(
+                f"{p}.node_class = 'convertible' with spot = true; a spot node can be taken "
+                "away mid-conversion and would take the trainer with it: make it 'fixed'"
+            )
+        if s.precision and config.trainer.precision and s.precision != config.trainer.precision:
+            errors.append(
+                f"{p}.precision = {s.precision!r} differs from trainer.precision = "
+                f"{config.trainer.precision!r}; a convertible node must train in the "
+                "trainer's precision: make it 'fixed' or align the precisions"
+            )
+    islands = sum(s.count for s in config.samplers)
+    if convertible and config.conversion.name == "none":
+        errors.append(
+            "samplers declare node_class = 'convertible' but conversion.name = 'none'; set "
+            "[conversion] name = 'local' (or a provider's conversion), or make them 'fixed'"
+        )
+    if config.conversion.name != "none" and convertible:
+        if islands < 2:
+            errors.append(
+                f"conversion.name = {config.conversion.name!r} with {islands} sampler island: "
+                "the last node that samples never converts; add a sampler island"
+            )
+        if config.trainer.lifecycle != "remote":
+            errors.append(
+                f"conversion.name = {config.conversion.name!r} needs trainer.lifecycle = "
+                f"'remote' (the trainer runs on a converted node), not "
+                f"{config.trainer.lifecycle!r}"
+            )
     return errors
 
 

@@ -263,7 +263,11 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
             model_dir=base_model(store, config, ident),
             seed=config.seed * 1000 + incarnation * 100 + _index(island),
         )
-    except BaseException:
+    except BaseException as exc:
+        if isinstance(exc, Terminated):  # stopped before its loop began: nothing in flight
+            from yeto_core.sampler_drain import drained_before_loop
+
+            on_event(drained_before_loop(incarnation))
         stream.flush()
         raise
     task = plugins.task(config.task.name)(**config.task.options)
@@ -297,6 +301,20 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         stop=stop,
         emit=on_event,
     )
+    from yeto_core.sampler_drain import DEFAULT_DRAIN_BOUND_S, DrainGuard
+
+    # P0-S: SIGTERM stops dispensing; the round in flight finishes within the bound or is
+    # abandoned and counted (yeto_core.sampler_drain)
+    guard = DrainGuard(
+        loop,
+        stop,
+        float(config.conversion.options.get("drain_bound_s", DEFAULT_DRAIN_BOUND_S)),
+        on_event,
+        incarnation=incarnation,
+        flush=stream.flush,
+    )
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: guard.request_stop())
     if hasattr(engine, "add_restart_listener"):
         # a restarted server got the current release back: check that it serves it
         engine.add_restart_listener(lambda: follower.verify_served("engine server restarted"))
@@ -304,6 +322,7 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         follower.poll()  # serve the newest release (if any) before the first round
         follower.start(poll_s=0.05 if scfg.sync_rounds else 0.2)
         run_with_pauses(loop, stop, scfg.pause_every_s, scfg.pause_s, on_event)
+        guard.finished()
     finally:
         follower.stop()
         emit_snapshot(stream.emit)

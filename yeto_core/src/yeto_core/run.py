@@ -284,9 +284,14 @@ class Head(HeadIslands):
             )
             raise ConfigError(f"scheduler.options: {exc}; allowed keys: {allowed}") from None
         releases = ReleaseStore(self.store)
+        from yeto_core.conversion_head import install_conversion  # [conversion] local
+
+        self.lifecycle, scheduler = install_conversion(
+            self, self.lifecycle, self.plugins.scheduler(self.config.scheduler.name)()
+        )
         lifecycle = self.lifecycle
         self.trainer_loop = TrainerLoop(
-            self.plugins.scheduler(self.config.scheduler.name)(),
+            scheduler,
             lifecycle,
             self.backlog_for_scheduler,
             lambda: releases.latest() is not None,

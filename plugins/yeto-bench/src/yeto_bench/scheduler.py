@@ -290,7 +290,17 @@ def run_bench(traces: dict[str, list[float]], **kw: Any) -> dict[str, Any]:
             "s1_stale_groups": 0,
         },
     }
-    return {"bench": "scheduler", "params": kw, "results": results, "summary": summary}
+    out = {"bench": "scheduler", "params": kw, "results": results, "summary": summary}
+    out["convertible"] = convertible_part(traces, kw)
+    return out
+
+
+def convertible_part(traces: dict[str, list[float]], kw: dict[str, Any]) -> dict[str, Any]:
+    """The fleet with a convertible node on the same traces (yeto_bench.convert_sim)."""
+    from yeto_bench.convert_sim import run_convertible_bench
+
+    keys = ("start_s", "round_s", "groups_per_round", "a_hard")
+    return run_convertible_bench(traces, **{k: kw[k] for k in keys if k in kw})
 
 
 @click.command("scheduler")

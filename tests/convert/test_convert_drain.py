@@ -1,0 +1,184 @@
+"""P0-S on a sampler island: a stop finishes the in-flight groups within the bound, else
+abandons them and counts them; a group is never half-appended (yeto_core.sampler_drain)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from yeto_core.records import SamplingParams
+from yeto_core.sampler_drain import DrainGuard
+from yeto_core.sampler_loop import SamplerLoop
+from yeto_core.testing.fake_backend import MemoryBuffer
+from yeto_core.testing.fakes import DigitsTask, WeightFileEngine
+
+WAIT = 10.0
+
+
+class GatedEngine(WeightFileEngine):
+    """``generate`` of round ``gate_round`` (0-based) waits until ``go`` is set."""
+
+    def __init__(self, gate_round: int) -> None:
+        super().__init__()
+        self.calls, self.gate_round = 0, gate_round
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def generate(self, prompts, n, sampling):
+        if self.calls == self.gate_round:
+            self.entered.set()
+            assert self.go.wait(WAIT)
+        self.calls += 1
+        return super().generate(prompts, n, sampling)
+
+
+class GatedBuffer(MemoryBuffer):
+    """The ``gate_at``-th append (0-based) waits until ``go`` is set."""
+
+    def __init__(self, gate_at: int = -1) -> None:
+        super().__init__()
+        self.appends, self.gate_at = 0, gate_at
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def append(self, group):
+        if self.appends == self.gate_at:
+            self.entered.set()
+            assert self.go.wait(WAIT)
+        self.appends += 1
+        return super().append(group)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _setup(engine, buffer, clock) -> tuple[SamplerLoop, DrainGuard, list, threading.Event]:
+    events: list[Any] = []
+    exited = threading.Event()
+    loop = SamplerLoop(
+        buffer,
+        engine,
+        DigitsTask(),
+        host="flex-0",
+        incarnation=1,
+        group_size=2,
+        prompts_per_call=3,
+        sampling=SamplingParams(),
+    )
+    guard = DrainGuard(
+        loop,
+        loop.stop,
+        5.0,
+        events.append,
+        incarnation=1,
+        exit=lambda code: exited.set(),
+        clock=clock,
+    )
+    return loop, guard, events, exited
+
+
+def _run(loop, guard) -> threading.Thread:
+    def body() -> None:
+        try:
+            loop.run()
+            guard.finished()
+        except Exception:
+            pass  # the abandoned round's next append raises; the process is exiting
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    return t
+
+
+def _drained(events) -> dict:
+    [e] = [e for e in events if e.kind == "sampler_drained"]
+    return dict(e.data)
+
+
+def test_a_round_that_finishes_within_the_bound_is_appended_whole() -> None:
+    engine, buffer, clock = GatedEngine(gate_round=1), GatedBuffer(), Clock()
+    loop, guard, events, exited = _setup(engine, buffer, clock)
+    t = _run(loop, guard)
+    assert engine.entered.wait(WAIT)  # round 1 generating; round 0 appended
+    guard.request_stop()
+    clock.t = 4.9  # within the bound
+    engine.go.set()
+    t.join(WAIT)
+    assert not t.is_alive() and not exited.is_set()
+    d = _drained(events)
+    assert (d["finished"], d["abandoned"], d["incarnation"]) == (3, 0, 1)
+    assert buffer.head_position == 6  # two whole rounds
+
+
+def test_a_round_past_the_bound_is_abandoned_counted_and_never_appended() -> None:
+    engine, buffer, clock = GatedEngine(gate_round=1), GatedBuffer(), Clock()
+    loop, guard, events, exited = _setup(engine, buffer, clock)
+    t = _run(loop, guard)
+    assert engine.entered.wait(WAIT)
+    guard.request_stop()
+    clock.t = 5.1  # past the bound: the watchdog abandons the round and exits
+    assert exited.wait(WAIT)
+    d = _drained(events)
+    assert (d["finished"], d["abandoned"]) == (0, 3)
+    engine.go.set()  # (a real island is gone by now; here the round may not append)
+    t.join(WAIT)
+    assert buffer.head_position == 3  # round 0 only; nothing of the abandoned round
+
+
+def test_an_append_in_progress_at_the_bound_lands_whole_and_the_rest_is_counted() -> None:
+    engine, buffer, clock = GatedEngine(gate_round=-1), GatedBuffer(gate_at=4), Clock()
+    loop, guard, events, exited = _setup(engine, buffer, clock)
+    t = _run(loop, guard)
+    assert buffer.entered.wait(WAIT)  # round 1: its first group appended, the second in flight
+    guard.request_stop()
+    clock.t = 6.0  # the bound passed while the append is in progress
+    deadline = threading.Event()
+    while not guard.buffer.closed:  # the watchdog saw the deadline: no new append starts
+        assert not deadline.wait(0.01) and t.is_alive()
+    buffer.go.set()
+    assert exited.wait(WAIT)
+    t.join(WAIT)
+    d = _drained(events)
+    assert (d["finished"], d["abandoned"]) == (1, 1)
+    assert buffer.head_position == 5  # 3 + the two whole groups; the third never appended
+    assert [g.group_id for g in buffer.groups][-1].endswith(f"p{loop.offset + 4}")
+
+
+def test_a_sampler_stopped_while_its_engine_starts_reports_nothing_in_flight(tmp_path) -> None:
+    import types
+
+    from yeto_core import hookimpl, run_store
+    from yeto_core.event_stream import read_events
+    from yeto_core.island_env import island_launch
+    from yeto_core.island_main import Terminated, run_island
+    from yeto_core.stores.dir_store import DirStore
+    from yeto_core.testing.fake_island import plugins_with_fakes
+    from yeto_core.testing.fake_run import fake_run_config
+
+    class StoppedWhileStarting(WeightFileEngine):
+        PLUGIN_NAME = "stopped-while-starting"
+
+        @classmethod
+        def from_config(cls, options, *, model_dir, seed):
+            raise Terminated(0)  # what SIGTERM raises while the engine loads
+
+    config = fake_run_config(
+        tmp_path, samplers=[{"engine": "stopped-while-starting", "group_size": 2}]
+    )
+    store = DirStore(tmp_path / "store", fsync=False)
+    run_store.write_config(store, config)
+    run_store.publish_model(store, tmp_path / "model")
+    plugins = plugins_with_fakes(entry_points=False)
+    plugins.add(
+        types.SimpleNamespace(
+            yeto_register_sampler_engines=hookimpl(lambda register: register(StoppedWhileStarting))
+        ),
+        name="test-engine",
+    )
+    launch = island_launch(store, run_id="t", role="sampler", island="sampler-0", incarnation=3)
+    assert run_island(launch.env, plugins) == 0
+    drained = [e.data for e in read_events(store, "sampler-0") if e.kind == "sampler_drained"]
+    assert drained == [{"incarnation": 3, "finished": 0, "abandoned": 0, "before_loop": True}]

@@ -1,0 +1,172 @@
+"""The P0-S rule on a sampler island: finish in-flight groups within a bound, else abandon.
+
+When a sampler island is told to stop (SIGTERM from its provider: a conversion to
+the trainer, a scale-down, the end of the run), its loop stops dispensing prompts
+and the round in flight goes on. :class:`DrainGuard` bounds that wait: if the round
+has not finished ``bound_s`` after the stop, the island abandons it, reports how
+many in-flight groups it abandoned, flushes its event stream and exits at once.
+Groups are appended one whole group at a time (payload, then its index record), so
+an abandoned group is never half-appended: it is absent from the buffer. Every
+stop ends with one ``sampler_drained`` event on the island's stream::
+
+    {"incarnation": k, "finished": groups of the in-flight round appended after
+     the stop, "abandoned": groups of it dropped, "bound_s": ..., "seconds": ...}
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Optional
+
+from yeto_core.records import Event
+
+#: The bound when ``[conversion] options`` sets no ``drain_bound_s``: below the ``local``
+#: provider's 10 s between SIGTERM and SIGKILL, so the island reports before any kill.
+DEFAULT_DRAIN_BOUND_S = 8.0
+
+
+class Abandoned(RuntimeError):
+    """An append after the drain bound passed (the island is exiting)."""
+
+
+class _CountingBuffer:
+    """The loop's buffer, counting appends (everything else passes through)."""
+
+    def __init__(self, buffer: Any, lock: threading.Lock) -> None:
+        self._buffer, self._lock = buffer, lock
+        self.appended = 0
+        self.closed = False
+
+    def append(self, group: Any) -> Any:
+        # under the guard's lock: an abandoning exit never lands between the append and
+        # its count, so the abandoned count is exact; after the report nothing is appended
+        with self._lock:
+            if self.closed:
+                raise Abandoned(f"group {group.group_id}: the drain bound passed")
+            out = self._buffer.append(group)
+            self.appended += 1
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._buffer, name)
+
+
+class DrainGuard:
+    """Bound the drain of one :class:`~yeto_core.sampler_loop.SamplerLoop` (module docstring).
+
+    :param loop: the sampler loop (its ``buffer`` and ``run_round`` are wrapped).
+    :param stop: the loop's stop event.
+    :param bound_s: how long the round in flight may take after the stop.
+    :param emit: receives the ``sampler_drained`` event.
+    :param flush: flushes the island's event stream before an abandoning exit.
+    :param exit: ends the process when the bound passes (``os._exit``).
+    """
+
+    def __init__(
+        self,
+        loop: Any,
+        stop: threading.Event,
+        bound_s: float,
+        emit: Callable[[Event], None],
+        *,
+        incarnation: int = 0,
+        flush: Callable[[], None] = lambda: None,
+        exit: Callable[[int], None] = os._exit,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.loop, self.stop, self.bound_s = loop, stop, float(bound_s)
+        self._emit, self._flush, self._exit, self._clock = emit, flush, exit, clock
+        self.incarnation = int(incarnation)
+        self._lock = threading.Lock()
+        self.buffer = _CountingBuffer(loop.buffer, self._lock)
+        loop.buffer = self.buffer
+        self._run_round = loop.run_round
+        loop.run_round = self._guarded_round
+        self.in_round: Optional[int] = None  # appends counted when the round began
+        self.round_groups = int(getattr(loop, "prompts_per_call", 0))
+        self._stopped_at: Optional[float] = None
+        self._appended_at_stop = 0
+        self._reported = False
+        self._watch: Optional[threading.Thread] = None
+
+    def _guarded_round(self) -> Any:
+        with self._lock:
+            if self._reported:  # abandoned: never start another round
+                return []
+            self.in_round = self.buffer.appended
+        try:
+            return self._run_round()
+        finally:
+            with self._lock:
+                if not self.buffer.closed:  # once closed, the watchdog reports this round
+                    self.in_round = None
+
+    def request_stop(self) -> None:
+        """Stop the loop and start the bound (a SIGTERM handler calls this)."""
+        if self._stopped_at is not None:
+            return
+        self._stopped_at = self._clock()
+        self._appended_at_stop = self.buffer.appended
+        self.stop.set()
+        self._watch = threading.Thread(target=self._watchdog, name="drain-guard", daemon=True)
+        self._watch.start()
+
+    def _watchdog(self) -> None:
+        deadline = (self._stopped_at or 0.0) + self.bound_s
+        while self._clock() < deadline:
+            # read without the lock: an append in progress must not hold up the deadline
+            if self.in_round is None or self._reported:
+                return
+            time.sleep(0.02)
+        # the bound passed: no new append may start (one in progress lands whole)
+        self.buffer.closed = True
+        with self._lock:
+            if self.in_round is None or self._reported:
+                return
+            done = self.buffer.appended - self.in_round
+            self._report(
+                finished=self.buffer.appended - self._appended_at_stop,
+                abandoned=max(0, self.round_groups - done),
+            )
+        self._flush()
+        self._exit(0)
+
+    def _report(self, *, finished: int, abandoned: int) -> None:
+        self._reported = True
+        seconds = self._clock() - self._stopped_at if self._stopped_at is not None else 0.0
+        self._emit(
+            Event(
+                kind="sampler_drained",
+                time=time.time(),
+                source="",
+                data={
+                    "incarnation": self.incarnation,
+                    "finished": int(finished),
+                    "abandoned": int(abandoned),
+                    "bound_s": self.bound_s,
+                    "seconds": round(seconds, 3),
+                },
+            )
+        )
+
+    def finished(self) -> None:
+        """The loop returned: report a drain that finished everything in flight."""
+        with self._lock:
+            if self._reported:
+                return
+            stopped = self._stopped_at is not None
+            finished = self.buffer.appended - self._appended_at_stop if stopped else 0
+            self._report(finished=finished, abandoned=0)
+
+
+def drained_before_loop(incarnation: int) -> Event:
+    """The ``sampler_drained`` of an island stopped before its loop began (nothing in flight)."""
+    return Event(
+        kind="sampler_drained",
+        time=time.time(),
+        source="",
+        data={"incarnation": int(incarnation), "finished": 0, "abandoned": 0, "before_loop": True},
+    )
