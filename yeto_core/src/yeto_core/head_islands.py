@@ -202,7 +202,9 @@ class HeadIslands:
 
 
 class _CostedProvider(IslandProvider):
-    """The trainer's provider, with launches and verified releases in the cost ledger."""
+    """The trainer's provider, with launches and verified releases in the cost ledger,
+    and its provider events (log lines, preemption notices) copied into the head's stream
+    at each status check and release (the lifecycle checks status every tick)."""
 
     PLUGIN_NAME = "costed"
 
@@ -215,13 +217,21 @@ class _CostedProvider(IslandProvider):
         return handle
 
     def status(self, handle: str) -> IslandStatus:
-        return self.provider.status(handle)
+        status = self.provider.status(handle)
+        self._copy_events(handle)
+        return status
 
     def events(self, handle: str) -> Any:
         return self.provider.events(handle)
 
+    def _copy_events(self, handle: str) -> None:
+        island = self.head.config.trainer.name
+        for event in self.provider.events(handle):
+            self.head.events.emit(event.kind, island=island, handle=handle, **dict(event.data))
+
     def release(self, handle: str) -> bool:
         ok = self.provider.release(handle)
+        self._copy_events(handle)
         if ok and handle in self.head.costs.open_handles():
             self.head.costs.stopped(self.head.config.trainer.name, handle)
         return ok
