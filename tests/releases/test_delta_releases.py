@@ -239,11 +239,16 @@ def test_auto_publishes_full_under_the_threshold_and_says_why(tmp_path, sort_bas
     pub = [e.data for e in events if e.kind == "release_published"]
     assert [p["encoding"] for p in pub] == ["full", "full"]
     assert "under delta_min_bytes" in pub[1]["full_because"]
-    rs.delta_min_bytes = 0
-    out = tmp_path / "out"
-    info = dict(backend.publish_release(out), version=3)
-    info["weight_checksum"] += "3"
-    assert rs.publish(out, info).encoding == "delta"  # identical weights: every tensor "same"
+    rs.delta_min_bytes = 0  # under the old threshold no parent copy was kept
+    encodings = []
+    for v in (3, 4):
+        out = tmp_path / "out"
+        info = dict(backend.publish_release(out), version=v)
+        info["weight_checksum"] += str(v)
+        encodings.append(rs.publish(out, info).encoding)
+    assert encodings == ["full", "delta"]  # identical weights: every tensor "same"
+    pub = [e.data for e in events if e.kind == "release_published"]
+    assert "no local copy of the previous release" in pub[2]["full_because"]
     assert json.loads(json.dumps(rs.latest().delta))["depth"] == 1
 
 
