@@ -141,6 +141,19 @@ def trainer_event_bridge(stream: EventStream, recorder: dict[str, RecordingBacke
                 policy_version=d.get("policy_version"),
                 trained_rounds=d.get("trained_rounds"),
             )
+        elif event.kind == "trainer_round_refused":
+            stream.emit(
+                "round_trained",
+                positions=[],
+                rewards=[],
+                skipped={str(k): [int(p) for p in v] for k, v in d.get("skipped", {}).items()},
+                policy_version=d.get("policy_version"),
+                trained_rounds=d.get("trained_rounds"),
+                refused=d.get("reason"),
+                detail=d.get("detail"),
+                nonfinite_in_a_row=d.get("nonfinite_in_a_row"),
+                metrics=d.get("metrics", {}),
+            )
         elif event.kind == "trainer_published":
             stream.emit("release_published", version=d.get("version"))
         else:
