@@ -59,6 +59,7 @@ from yeto_core.head_islands import (  # noqa: F401 (re-exported)
     _host,
     _NoProvider,
 )
+from yeto_core.head_lease import HeadBusyError, HeadFencedError, HeadLease, LeasedStore
 from yeto_core.ports import IslandProvider, LifecycleContext, TrainerLifecycle
 from yeto_core.records import StopReason
 from yeto_core.run_dir import (  # noqa: F401 (the run-dir protocol, re-exported)
@@ -71,6 +72,7 @@ from yeto_core.run_dir import (  # noqa: F401 (the run-dir protocol, re-exported
     EXIT_CODES,
     EXIT_CONFIG,
     EXIT_FAILED,
+    EXIT_FENCED,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_PREFLIGHT,
@@ -164,7 +166,9 @@ class Head(HeadIslands):
             else plugins.island_provider(name).create(self.run_dir)
             for name in config.providers()
         }
-        self.store = plugins.open_store(config.store_url())
+        # every write of the head checks its lease first (a fenced head writes nothing)
+        self.store = LeasedStore(plugins.open_store(config.store_url()))
+        self.lease: Optional[HeadLease] = None
         # Every path the config names, absolute: the run dir's config.json and the store's
         # run/config.json mean the same from any working directory.
         config = attrs.evolve(
@@ -232,12 +236,32 @@ class Head(HeadIslands):
         say(f"base model ready in {self.clock() - t0:.1f} s")
 
     def claim(self) -> None:
-        """Become this run dir's head (refuses while another head lives)."""
+        """Become this run's head: take the store's head lease (refused while another head
+        holds a live one; a lapsed lease is taken over and its holder fenced)."""
         other = live_head(self.run_dir)
-        if other is not None and int(other["pid"]) != os.getpid():
+        lease = HeadLease(
+            self.store.inner,
+            ttl_s=self.config.scheduler.head_lease_s,
+            clock=self.clock,
+            host=_host(),
+        )
+        taken = lease.acquire()
+        if other is not None and int(other["pid"]) != os.getpid() and taken is None:
+            lease.release()  # a live head that holds no lease in this store
             raise HeadBusyError(
                 f"another head (pid {other['pid']}) runs on {self.run_dir}; stop it with "
                 f"`yeto run down {self.run_dir}` or wait for it"
+            )
+        self.lease = lease
+        self.store.lease = lease
+        lease.start_renewing()
+        if taken is not None:
+            self.events.emit(
+                "head_lease_taken_over",
+                lapsed=taken,
+                now=self.clock(),
+                message=f"the previous head's lease had lapsed; it is fenced: it stops "
+                f"without writing when it wakes (pid {taken.get('pid')} on {taken.get('host')})",
             )
         write_json_atomic(
             self.run_dir / HEAD_FILE, {"pid": os.getpid(), "started_at": self.state.started_at}
@@ -476,6 +500,8 @@ class Head(HeadIslands):
             last_rewards = 0.0
             outage: Optional[tuple[float, int, str]] = None  # (since, ticks, last error)
             while self._stop_requested is None and self.trainer_loop.finished is None:
+                if self.lease is not None:
+                    self.lease.check()  # fenced (the renewal thread found out): stop here
                 try:
                     if self.clock() - last_rewards >= 2.0:
                         self.observe_streams()
@@ -517,9 +543,16 @@ class Head(HeadIslands):
                 code = EXIT_FAILED
         except KeyboardInterrupt:
             reason, code = "interrupt", EXIT_INTERRUPTED
+        except HeadBusyError as exc:
+            say(f"yeto: {exc}")
+            return EXIT_BUSY  # nothing of this run is ours: no shutdown
         except Exception as exc:
+            if isinstance(exc, HeadFencedError) or (self.lease and self.lease.fenced):
+                return self._fenced(say, exc)
             reason, code = f"error: {type(exc).__name__}: {exc}", EXIT_FAILED
             say(f"yeto: the head failed: {exc}; stopping the run cleanly")
+        if self.lease is not None and self.lease.fenced:
+            return self._fenced(say, HeadFencedError(self.lease.fenced))
         say(f"stopping: {reason}")
         try:
             self.shutdown(reason, code)
@@ -527,6 +560,14 @@ class Head(HeadIslands):
             say("interrupted again while stopping; islands may be left (run `yeto run up` again)")
             return EXIT_INTERRUPTED
         return code
+
+    def _fenced(self, say: Callable[[str], None], exc: BaseException) -> int:
+        """Another head took the lease: stop now, writing nothing (not even a shutdown)."""
+        if self.lease is not None:
+            self.lease.stop_renewing()
+        msg = self.lease.fenced if self.lease is not None and self.lease.fenced else str(exc)
+        say(f"yeto: {msg}")
+        return EXIT_FENCED
 
     def shutdown(self, reason: str, code: int) -> dict[str, Any]:
         """Stop samplers (verified), final cut of the trainer, the summary."""
@@ -551,6 +592,11 @@ class Head(HeadIslands):
         status["exit_code"] = code
         write_json_atomic(self.run_dir / STATUS_FILE, status)
         self.events.emit("run_down", reason=reason, exit_code=code, errors=errors)
+        if self.lease is not None:
+            try:
+                self.lease.release()  # the next `yeto run up` takes it at once
+            except Exception:  # a lease left to lapse is still safe
+                pass
         (self.run_dir / HEAD_FILE).unlink(missing_ok=True)
         (self.run_dir / DOWN_FILE).unlink(missing_ok=True)
         return summary
@@ -588,10 +634,6 @@ class Head(HeadIslands):
 
 def _mean(xs: list[float]) -> Optional[float]:
     return round(sum(xs) / len(xs), 4) if xs else None
-
-
-class HeadBusyError(YetoError):
-    """Another head runs on this run dir."""
 
 
 def _ceil_tenth(n: int) -> int:

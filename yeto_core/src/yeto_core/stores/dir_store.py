@@ -20,6 +20,7 @@ are yielded lazily in lexicographic order.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import tempfile
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from urllib.parse import unquote, urlsplit
 
 from yeto_core.errors import InvalidKeyError, NotFoundError, StoreError
 from yeto_core.ports import ObjectStore
+from yeto_core.ports.store import content_version
 from yeto_core.stores.fsync import fsync_dir
 from yeto_core.stores.keys import check_key, check_prefix
 
@@ -223,6 +225,35 @@ class DirStore(ObjectStore):
                 f.flush()
                 os.fsync(f.fileno())
         return True
+
+    ATOMIC_CAS = True
+
+    def put_if_match(self, key: str, data: bytes, version: Optional[str]) -> Optional[str]:
+        """Compare-and-swap under an exclusive ``flock`` of the key's directory.
+
+        Versions are content digests (:func:`content_version`); every conditional
+        writer of a directory takes its lock, so two of them (threads or processes on
+        this machine or a POSIX mount with working locks) never both win.
+        """
+        path = self._path(key)
+        payload = bytes(data)
+        self._ensure_parent(key, path)
+        self._refuse_prefix_dir(key, path)
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if version is None:
+                return content_version(payload) if self.put_if_absent(key, payload) else None
+            try:
+                current = path.read_bytes()
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            if content_version(current) != version:
+                return None
+            self.put(key, payload)
+            return content_version(payload)
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
