@@ -186,14 +186,15 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
 
     from yeto_core.fences import StoreFences
 
+    bridge = trainer_event_bridge(stream, recorder)
     driver = DriverLifecycle(
         factory,
         buffer,
-        CutStore(store),
+        CutStore(store, emit=bridge),  # cut_invalid / cut_fallback reach the trainer stream
         ReleaseStore(store),
         groups_per_round=config.trainer.groups_per_round,
         max_policy_age=config.trainer.max_policy_age,
-        emit=trainer_event_bridge(stream, recorder),
+        emit=bridge,
         workdir=work,
         partial_last_round=True,
         ledger_set_aside_before=head_started_at(store),

@@ -48,6 +48,7 @@ import attrs
 
 from yeto_core import run_store
 from yeto_core.breakers import Breakers, BreakerWatch
+from yeto_core.clock_skew import ClockSkewWatch
 from yeto_core.config import RunConfig, config_to_dict
 from yeto_core.cost import CostLedger
 from yeto_core.errors import ConfigError, StoreError, YetoError
@@ -194,6 +195,7 @@ class Head(HeadIslands):
         )
         self.state = HeadState(started_at=clock())
         self.breakers = BreakerWatch(Breakers(config.breakers))
+        self.clock_skew = ClockSkewWatch()
         self.sampler_handles: dict[str, str] = {}
         self._stop_requested: Optional[str] = None
         self.trainer_loop: Any = None
@@ -425,6 +427,8 @@ class Head(HeadIslands):
         streams = read_all(self.store)
         self.update_rewards(streams.get(self.config.trainer.name, []))
         self.check_breakers(streams)
+        for kind, data in self.clock_skew.poll(streams, self.clock(), skip=("head",)):
+            self.events.emit(kind, **data)
 
     def check_breakers(self, streams: dict[str, list[Any]]) -> None:
         """Stop the run cleanly when a run health breaker tripped (an event with its inputs)."""
