@@ -107,3 +107,36 @@ def test_a_release_whose_pointer_moved_meanwhile_is_refused(store, tmp_path):
         with pytest.raises(ReleaseError, match="changed while release"):
             mine.publish(tmp_path / "a", {**info, "weight_checksum": "sha256:a"})
     assert ReleaseStore(store).latest().weight_checksum == "sha256:b"
+
+
+def test_a_dir_writer_paused_inside_a_swap_blocks_nobody_and_never_wins_back(tmp_path):
+    """The dir store's swap holds no lock: a writer stopped (SIGSTOP) right after it created
+    its version, before it copied it to the key's file, delays no other writer, and its late
+    copy never hides the newer version."""
+    import threading
+
+    from yeto_core.stores.dir_store import DirStore
+
+    store = DirStore(tmp_path / "s", fsync=False)
+    v1 = store.put_if_match("run/lease.json", b"A1", None)
+    paused, resume = threading.Event(), threading.Event()
+    real = store._mirror
+
+    def stalled(key, path, payload):
+        if payload == b"A2":
+            paused.set()
+            resume.wait(30)
+        real(key, path, payload)
+
+    store._mirror = stalled
+    t = threading.Thread(target=lambda: store.put_if_match("run/lease.json", b"A2", v1))
+    t.start()
+    assert paused.wait(30)
+    data, v2 = store.get_versioned("run/lease.json")  # A2 is the newest version already
+    assert data == b"A2"
+    assert store.put_if_match("run/lease.json", b"B", v2) is not None  # not blocked
+    resume.set()
+    t.join(30)
+    assert store.get("run/lease.json") == b"B"
+    assert store.put_if_match("run/lease.json", b"stale", v1) is None
+    assert list(store.list("run/")) == ["run/lease.json"]
