@@ -34,3 +34,21 @@ def test_a_quiet_island_and_flush_delays_are_not_skew():
     assert w.poll(streams, 500.0) == []  # nothing new: silence is not skew
     streams["a"].append(_ev(495.0))
     assert w.poll(streams, 500.0) == []
+
+
+def test_an_island_whose_clock_jumps_back_keeps_flushing_its_stream(tmp_path):
+    """Found by `yeto bench chaos --faults clock`: the flush window was measured on the
+    wall clock, so a sampler whose clock jumped back minutes flushed nothing until it
+    stopped (the head saw none of its events)."""
+    from yeto_core.event_stream import EventStream, read_events
+    from yeto_core.stores.dir_store import DirStore
+
+    store = DirStore(tmp_path)
+    t = [1000.0]
+    s = EventStream(store, "sampler-0", clock=lambda: t[0], flush_s=1.0)
+    s.emit("a")
+    t[0] += 2.0
+    s.emit("b")  # due: flushed
+    t[0] -= 400.0  # the clock jumps back
+    s.emit("c")
+    assert [e.kind for e in read_events(store, "sampler-0")] == ["a", "b", "c"]

@@ -156,8 +156,14 @@ def lineage_counts(
     return {"lost": lost, "twice": twice}
 
 
-def check_run(run_dir: Path, *, replay: bool = True, store_url: str = "") -> dict[str, Any]:
-    """The checks of one finished (or abandoned) run dir; see the module docstring."""
+def check_run(
+    run_dir: Path, *, replay: bool = True, store_url: str = "", corrupted: Any = frozenset()
+) -> dict[str, Any]:
+    """The checks of one finished (or abandoned) run dir; see the module docstring.
+
+    ``corrupted``: payload keys the bench damaged on purpose (``--faults corrupt``): a
+    load failure there is the damage being detected, not a torn record.
+    """
     from yeto_core.cut import CutStore
     from yeto_core.event_stream import read_events
     from yeto_core.ledger import BatchLedger, LedgerError
@@ -174,6 +180,8 @@ def check_run(run_dir: Path, *, replay: bool = True, store_url: str = "") -> dic
             try:
                 buf.load(entry)
             except Exception as exc:  # a listed entry that does not load is torn
+                if entry.payload in corrupted:
+                    continue
                 torn += 1
                 problems.append(f"buffer position {entry.position}: {exc}")
         watermark = int(buf.backlog().watermark)
@@ -482,13 +490,20 @@ def run_campaign(
         )
         outcome = chaos.run()
         left -= len(outcome["kills"])
-        checks = check_run(run_dir, replay=replay, store_url=inner_url)
+        corrupted = {
+            str(x.get("key"))
+            for x in outcome["faults_injected"]
+            if x.get("kind") == "corrupt" and x.get("target") == "payload"
+        }
+        checks = check_run(run_dir, replay=replay, store_url=inner_url, corrupted=corrupted)
         if fault_kinds:
             from yeto_bench.chaos_faults import evaluate
             from yeto_core.event_stream import read_events
 
             rounds = [e for e in read_events(store_handle, "trainer") if e.kind == "round_trained"]
-            evaluate(store_handle, outcome["faults_injected"], final_lineage(rounds))
+            evaluate(
+                store_handle, outcome["faults_injected"], final_lineage(rounds), checks["watermark"]
+            )
         if faulty:
             faults = injected_faults(run_dir / "faults")
             checks["store_faults_injected"] = len(faults)
@@ -571,7 +586,7 @@ def campaign_report(
     if "faults" in report:
         report["faults_injected_total"] = sum(int(v["injected"]) for v in report["faults"].values())
         report["faults_undetected"] = sum(
-            int(v["injected"]) - int(v["detected"])
+            int(v["injected"]) - int(v["detected"]) - int(v.get("not_reached", 0))
             for k, v in report["faults"].items()
             if k != "store"
         )

@@ -213,7 +213,9 @@ def _newest_entry(store: Any) -> Any:
         entries = buf.entries(buf.backlog().watermark)
     finally:
         buf.close()
-    return entries[-1] if entries else None
+    # a group the trainer takes soon (a round or so past the watermark), not the newest one,
+    # which the data end may leave untaken
+    return entries[min(len(entries) - 1, 3)] if entries else None
 
 
 def _corrupt_payload(run: Any) -> dict[str, Any]:
@@ -230,8 +232,13 @@ def _corrupt_index(run: Any) -> dict[str, Any]:
     jsonl = Path(root) / "buffer" / "index.jsonl" if root is not None else None
     if jsonl is not None and jsonl.is_file():
         data = jsonl.read_bytes()
-        end = data.rfind(b"\n")
-        start = data.rfind(b"\n", 0, end) + 1
+        lines = data.split(b"\n")[:-1]
+        wm = _watermark(run.store)
+        k = next(
+            (i for i, ln in enumerate(lines) if (_position(ln) or -1) >= wm + 3), len(lines) - 1
+        )
+        start = sum(len(ln) + 1 for ln in lines[:k])
+        end = start + len(lines[k]) if lines else -1
         line = data[start:end]
         i = line.find(b'"group_id":"')
         if end <= 0 or i < 0:
@@ -245,14 +252,30 @@ def _corrupt_index(run: Any) -> dict[str, Any]:
         finally:
             os.close(fd)
         return {"position": pos, "key": "buffer/index.jsonl", "at": time.time()}
-    keys = list(run.store.list("buffer/index/"))
+    wm = _watermark(run.store)
+    keys = [k for k in run.store.list("buffer/index/") if k.rsplit("/", 1)[1][:12].isdigit()]
+    later = [k for k in keys if int(k.rsplit("/", 1)[1][:12]) >= wm + 3]
     if not keys:
         return {"skipped": "no index record"}
-    key = keys[-1]
+    key = later[0] if later else keys[-1]
     data = run.store.get(key)
     i = data.find(b'"group_id"')
     run.store.put(key, _flip(data, run.rng, lo=max(0, i + 13)))
     return {"position": int(key.rsplit("/", 1)[1].split(".")[0]), "key": key, "at": time.time()}
+
+
+def _position(line: bytes) -> Optional[int]:
+    try:
+        return int(json.loads(line)["position"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _watermark(store: Any) -> int:
+    try:
+        return int(json.loads(store.get("buffer/consumed.json"))["watermark"])
+    except Exception:
+        return 0
 
 
 def _next_pointer(store: Any, key: str, deadline_s: float = 40.0) -> Optional[bytes]:
@@ -327,8 +350,15 @@ INJECTORS: dict[str, Callable[[Any, subprocess.Popen], tuple[dict[str, Any], Any
 # -- evaluation ---------------------------------------------------------------------------
 
 
-def evaluate(store: Any, records: list[dict[str, Any]], lineage: dict[int, Any]) -> None:
-    """Fill ``detected`` / ``used`` of the corrupt and clock records from the run's events."""
+def evaluate(
+    store: Any, records: list[dict[str, Any]], lineage: dict[int, Any], watermark: int
+) -> None:
+    """Fill ``detected`` / ``used`` of the corrupt and clock records from the run's events.
+
+    A corrupted group at or past the final watermark was never read (the data ended
+    first): ``not_reached``. One trained in a round written before the flip was trained
+    intact (``raced``); ``used`` counts only rounds after it.
+    """
     from yeto_core.event_stream import read_all
 
     streams = read_all(store)
@@ -354,7 +384,16 @@ def evaluate(store: Any, records: list[dict[str, Any]], lineage: dict[int, Any])
             if t in ("payload", "index"):
                 p = rec.get("position")
                 rec["detected"] = p in skipped
-                rec["used"] = int(p in trained)
+                after = [
+                    e
+                    for e in streams.get("trainer", [])
+                    if e.kind == "round_trained" and p in (e.data.get("positions") or ())
+                ]
+                rec["used"] = sum(1 for e in after if float(e.time) > float(rec["at"]) + 1.0)
+                if not rec["detected"] and p in trained and not rec["used"]:
+                    rec["raced"] = True  # trained before the flip landed
+                elif not rec["detected"] and p not in trained and (p or 0) >= watermark:
+                    rec["not_reached"] = True
             elif t == "cut":
                 rec["detected"] = any(
                     e.kind == "cut_invalid" and e.data.get("cut_id") == rec["cut_id"]
@@ -402,6 +441,9 @@ def per_kind(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             )
             row["injected"] += len(mine)
             row["detected"] += sum(1 for x in mine if x.get("detected"))
+            row["not_reached"] = row.get("not_reached", 0) + sum(
+                1 for x in mine if x.get("not_reached") or x.get("raced")
+            )
             row["not_injected"] += sum(1 for x in recs if x["kind"] == kind and "skipped" in x)
             row["used_after_corruption"] += sum(int(x.get("used", 0)) for x in mine)
             row["runs"] += 1
