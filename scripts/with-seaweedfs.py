@@ -26,7 +26,8 @@ def main(argv: list[str]) -> int:
     try:
         create_bucket_when_ready(endpoint, bucket)
         print(f"SeaweedFS S3 at {endpoint}, bucket {bucket}", file=sys.stderr, flush=True)
-        return subprocess.call(cmd, env={**os.environ, **s3_env(endpoint)})
+        env = {**os.environ, **s3_env(endpoint), "YETO_STORE_S3_LIST_ORDER": "sorted"}
+        return subprocess.call(cmd, env=env)
     finally:
         stop()
 

@@ -140,3 +140,33 @@ def test_a_dir_writer_paused_inside_a_swap_blocks_nobody_and_never_wins_back(tmp
     assert store.get("run/lease.json") == b"B"
     assert store.put_if_match("run/lease.json", b"stale", v1) is None
     assert list(store.list("run/")) == ["run/lease.json"]
+
+
+def test_the_run_summary_survives_a_quarantined_index_line_and_a_damaged_payload(tmp_path):
+    """Found by `yeto bench chaos --faults corrupt`: the head's summary loaded the first
+    groups of the buffer and failed on a quarantined index line ('' is no key) or a payload
+    that fails its digest, so a finished run wrote no summary and no FINISHED."""
+    import math
+    from pathlib import Path
+
+    from yeto_core.run import Head
+    from yeto_core.stores.dir_store import DirStore
+
+    store = DirStore(tmp_path / "s", fsync=False)
+    buf = FileSampleBuffer(store, layout="jsonl")
+    for i in range(20):
+        buf.append(_group(i))
+    buf.close()
+    index = Path(tmp_path / "s" / "buffer" / "index.jsonl")
+    lines = index.read_bytes().split(b"\n")
+    lines[0] = lines[0].replace(b'"group_id":"g0"', b'"group_id":"h0"')  # fails its checksum
+    index.write_bytes(b"\n".join(lines))
+    reader = FileSampleBuffer(store, layout="jsonl", read_only=True)
+    entries = reader.entries(0)
+    store.put(entries[1].payload, b"not a payload")
+
+    class Fake:
+        buffer = reader
+
+    out = Head.appended_rewards(Fake())
+    assert 0 not in out and math.isnan(out[1]) and len(out) == 19

@@ -628,7 +628,13 @@ class Head(HeadIslands):
         n = _ceil_tenth(len(entries))
         out: dict[int, float] = {}
         for entry in entries[:n]:
-            group = self.buffer.load(entry)
+            if not entry.payload:  # a quarantined index line's stand-in: no group to read
+                continue
+            try:
+                group = self.buffer.load(entry)
+            except YetoError:  # a damaged payload (skipped as unconvertible by the trainer)
+                out[entry.position] = math.nan
+                continue
             rewards = [float(s.reward) for s in group.samples]
             out[entry.position] = sum(rewards) / len(rewards) if rewards else 0.0
         for entry in entries[n:]:

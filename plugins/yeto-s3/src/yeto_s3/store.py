@@ -49,6 +49,8 @@ ENV = {
     "session_token": "YETO_STORE_S3_SESSION_TOKEN",
     "endpoint_url": "YETO_STORE_S3_ENDPOINT_URL",
     "region": "YETO_STORE_S3_REGION",
+    # "sorted" for servers that list in directory-tree order (SeaweedFS); islands inherit it
+    "list_order": "YETO_STORE_S3_LIST_ORDER",
 }
 OPTIONS = (
     "access_key_id",
@@ -294,7 +296,7 @@ class S3Store(ObjectStore):
             region=region or DEFAULT_REGION,
             max_attempts=int(options.get("max_attempts", 6)),
             secrets=(secret, session_token or ""),
-            list_order=str(options.get("list_order") or "s3"),
+            list_order=str(opt("list_order") or "s3"),
         )
         store._credentials_env = {
             ENV[name]: value
@@ -304,6 +306,7 @@ class S3Store(ObjectStore):
                 ("session_token", session_token),
                 ("endpoint_url", endpoint_url),
                 ("region", region),
+                ("list_order", opt("list_order")),
             )
             if value
         }
