@@ -210,7 +210,7 @@ def _newest_entry(store: Any) -> Any:
 
     buf = open_buffer(store, read_only=True)
     try:
-        entries = buf.entries(buf.backlog().watermark)
+        entries = buf.entries(_watermark(store))
     finally:
         buf.close()
     # a group the trainer takes soon (a round or so past the watermark), not the newest one,
@@ -272,10 +272,21 @@ def _position(line: bytes) -> Optional[int]:
 
 
 def _watermark(store: Any) -> int:
+    """The first position no lineage trained yet (a restore moves the watermark back, and a
+    group trained once must stay readable for ``yeto ledger replay``)."""
+    from yeto_core.event_stream import read_events
+
     try:
-        return int(json.loads(store.get("buffer/consumed.json"))["watermark"])
+        wm = int(json.loads(store.get("buffer/consumed.json"))["watermark"])
     except Exception:
-        return 0
+        wm = 0
+    try:
+        for e in read_events(store, "trainer"):
+            if e.kind == "round_trained":
+                wm = max([wm, *(int(p) + 1 for p in e.data.get("positions") or ())])
+    except Exception:
+        pass
+    return wm
 
 
 def _next_pointer(store: Any, key: str, deadline_s: float = 40.0) -> Optional[bytes]:
