@@ -563,6 +563,8 @@ class Head(HeadIslands):
         except KeyboardInterrupt:
             say("interrupted again while stopping; islands may be left (run `yeto run up` again)")
             return EXIT_INTERRUPTED
+        except HeadFencedError as exc:  # found out while stopping: the rest is the new head's
+            return self._fenced(say, exc)
         return code
 
     def _fenced(self, say: Callable[[str], None], exc: BaseException) -> int:
@@ -575,6 +577,8 @@ class Head(HeadIslands):
 
     def shutdown(self, reason: str, code: int) -> dict[str, Any]:
         """Stop samplers (verified), final cut of the trainer, the summary."""
+        if self.lease is not None and self.lease.fenced:
+            raise HeadFencedError(self.lease.fenced)  # the run is another head's now
         errors = []
         try:
             self.stop_samplers()
