@@ -512,6 +512,8 @@ def run_campaign(
             checks["store_faults_by_mode"] = _count(faults, "mode")
             checks["store_faults_by_op"] = _count(faults, "op")
         results.append({"run": run_dir.name, **outcome, **checks})
+        # each run's result as soon as it is known: a campaign cut short keeps what it did
+        (run_dir / "result.json").write_text(json.dumps(results[-1], sort_keys=True, default=str))
         i += 1
         if not outcome["kills"] and quota and not outcome["completed"]:
             break  # nothing to kill and not finishing: do not loop
@@ -650,6 +652,14 @@ def campaign_report(
     help="Run on this store URL prefix (run-NNN under it), e.g. s3://bucket/chaos; "
     "credentials and endpoint from YETO_STORE_S3_*. Default: a dir store in each run dir.",
 )
+@click.option(
+    "--run-deadline",
+    "run_deadline_s",
+    type=float,
+    default=900.0,
+    show_default=True,
+    help="Seconds one run may take (kills, faults and operator restarts included).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def command(
     kills: int,
@@ -663,6 +673,7 @@ def command(
     store_fault_rate: float,
     faults_per_run: int,
     store_base: str,
+    run_deadline_s: float,
     as_json: bool,
 ) -> None:
     """SIGKILL random processes (head, samplers, trainer) of real runs; check nothing is lost.
@@ -693,6 +704,7 @@ def command(
             fault_kinds=[k for k in KINDS if k in kinds],
             faults_per_run=faults_per_run,
             store_base=store_base,
+            run_deadline_s=run_deadline_s,
         )
     if as_json:
         click.echo(json.dumps(report, sort_keys=True))
