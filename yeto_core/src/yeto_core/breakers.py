@@ -26,7 +26,12 @@ The breakers (``[breakers]`` in the run config; 0 turns one off):
   ``sampler_error``, ``follower_error`` or a ``sampler_exited`` with a
   non-zero code is an error), the error fraction above the bound;
 - ``release_refusals_max``: that many ``release_refused`` events in a row on
-  one island (a sampler that cannot load what the trainer publishes).
+  one island (a sampler that cannot load what the trainer publishes);
+- ``nonfinite_rounds``: that many rounds in a row refused by the trainer
+  backend because their loss or gradient norm was not finite (a
+  ``round_trained`` with ``refused = "nonfinite_loss"``; the weights were kept,
+  the round's groups skipped as ``nonfinite_loss``): the model or the data has
+  gone bad and further rounds would only skip more data.
 
 Pure: no clock, no I/O; the head owns both.
 """
@@ -64,6 +69,7 @@ class BreakersConfig:
     sampler_error_rate_max: float = 0.5
     sampler_window: int = 20
     release_refusals_max: int = 5
+    nonfinite_rounds: int = 3
 
 
 def validate_breakers(b: BreakersConfig, errors: list[str], path: str = "breakers") -> None:
@@ -80,11 +86,10 @@ def validate_breakers(b: BreakersConfig, errors: list[str], path: str = "breaker
         v = getattr(b, name)
         if not 1 <= v <= 1_000_000:
             errors.append(f"{path}.{name} = {v!r}; it must be in [1, 1000000]")
-    if not 0 <= b.release_refusals_max <= 1_000_000:
-        errors.append(
-            f"{path}.release_refusals_max = {b.release_refusals_max!r}; "
-            "it must be in [0, 1000000] (0: off)"
-        )
+    for name in ("release_refusals_max", "nonfinite_rounds"):
+        v = getattr(b, name)
+        if not 0 <= v <= 1_000_000:
+            errors.append(f"{path}.{name} = {v!r}; it must be in [0, 1000000] (0: off)")
 
 
 @attrs.frozen
@@ -117,6 +122,7 @@ class Breakers:
         self._best_reward: Optional[float] = None
         self._sampler: deque[bool] = deque(maxlen=max(1, config.sampler_window))  # True: error
         self._refusals: dict[str, int] = {}
+        self._nonfinite_streak = 0
         self._trip: Optional[Trip] = None
 
     # -- feeding -------------------------------------------------------------------------
@@ -152,6 +158,21 @@ class Breakers:
 
     def _round(self, d: Mapping[str, Any]) -> None:
         c = self.config
+        if d.get("refused") == "nonfinite_loss":
+            self._nonfinite_streak += 1
+            if c.nonfinite_rounds > 0 and self._nonfinite_streak >= c.nonfinite_rounds:
+                self._set(
+                    "nonfinite_rounds",
+                    c.nonfinite_rounds,
+                    {"rounds_in_a_row": self._nonfinite_streak, "last_detail": d.get("detail")},
+                    f"the trainer refused {self._nonfinite_streak} rounds in a row for a "
+                    "non-finite loss or gradient norm (the weights were kept, their groups "
+                    "skipped as nonfinite_loss): lower the learning rate, check the rewards "
+                    "and the data, then resume from the last cut",
+                )
+                return
+        elif d.get("positions"):
+            self._nonfinite_streak = 0
         metrics = d.get("metrics") or {}
         kl = metrics.get("mismatch_kl", metrics.get("kl"))
         if c.kl_max > 0 and isinstance(kl, (int, float)):

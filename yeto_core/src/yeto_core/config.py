@@ -195,6 +195,8 @@ class SchedulerConfig:
     name: str = "s1"
     options: dict[str, Any] = attrs.field(factory=dict)
     tick_s: float = 0.5
+    #: seconds a head's lease in the store lasts unless renewed (every third of it)
+    head_lease_s: float = 30.0
 
 
 @attrs.frozen
@@ -410,6 +412,7 @@ def validate(config: RunConfig) -> list[str]:
     if not config.scheduler.name:
         errors.append(f"scheduler.name is empty; allowed: {', '.join(SCHEDULERS)}")
     _positive(errors, "scheduler.tick_s", config.scheduler.tick_s)
+    _positive(errors, "scheduler.head_lease_s", config.scheduler.head_lease_s, most=86400.0)
     b = config.backstops
     _positive(errors, "backstops.budget_usd", b.budget_usd, zero_ok=True)
     _positive(errors, "backstops.wall_clock_s", b.wall_clock_s, zero_ok=True)

@@ -187,6 +187,10 @@ class CutStore:
 
         :returns: the committed record (with ``cut_id``, ``files`` and ``created_at``).
         """
+        try:
+            _, pointer_version = self.store.get_versioned(self.pointer_key)
+        except NotFoundError:
+            pointer_version = None
         files = digest_dir(local_dir)
         dirs = self._cut_dirs()
         seq = (_seq(dirs[-1]) + 1) if dirs else 1
@@ -199,7 +203,13 @@ class CutStore:
                 f"{manifest_key} already exists: another trainer committed cut {cut_id} at the "
                 "same time. Only one trainer incarnation may run per store; release the other."
             )
-        self.store.put(self.pointer_key, cut_id.encode())
+        if self.store.put_if_match(self.pointer_key, cut_id.encode(), pointer_version) is None:
+            delete_dir(self.store, self._dir(cut_id))  # ours, never pointed at
+            raise CutError(
+                f"{self.pointer_key} changed while cut {cut_id} was committed: another trainer "
+                "committed a cut meanwhile (only one trainer incarnation may run per store; a "
+                f"head fenced by a newer one must stop). Cut {cut_id} was removed"
+            )
         self._event(
             "cut_committed",
             cut_id=cut_id,

@@ -128,7 +128,9 @@ class EventStream:
         with self._lock:
             self._lines.append(line)
             self._dirty = True
-            due = self.clock() - self._last_flush >= self.flush_s
+            elapsed = self.clock() - self._last_flush
+            # a clock that jumped back (a host's time reset) must not hold the stream back
+            due = elapsed >= self.flush_s or elapsed < 0
         if self.observer is not None:
             self.observer(event)
         if due:

@@ -186,14 +186,15 @@ class HeadIslands:
             recorder["backend"] = RecordingBackend(backend)
             return recorder["backend"]
 
+        bridge = trainer_event_bridge(stream, recorder)
         return DriverLifecycle(
             factory,
             open_run_buffer(self.plugins, config, self.store, config.trainer.name),
-            CutStore(self.store),
+            CutStore(self.store, emit=bridge),  # cut_invalid / cut_fallback in the stream
             release_store(self.plugins, config, self.store),
             groups_per_round=config.trainer.groups_per_round,
             max_policy_age=config.trainer.max_policy_age,
-            emit=trainer_event_bridge(stream, recorder),
+            emit=bridge,
             workdir=self.run_dir / "work" / config.trainer.name,
             partial_last_round=True,
             ledger_set_aside_before=self.state.started_at,

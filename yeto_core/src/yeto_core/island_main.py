@@ -145,6 +145,19 @@ def trainer_event_bridge(stream: EventStream, recorder: dict[str, RecordingBacke
                 policy_version=d.get("policy_version"),
                 trained_rounds=d.get("trained_rounds"),
             )
+        elif event.kind == "trainer_round_refused":
+            stream.emit(
+                "round_trained",
+                positions=[],
+                rewards=[],
+                skipped={str(k): [int(p) for p in v] for k, v in d.get("skipped", {}).items()},
+                policy_version=d.get("policy_version"),
+                trained_rounds=d.get("trained_rounds"),
+                refused=d.get("reason"),
+                detail=d.get("detail"),
+                nonfinite_in_a_row=d.get("nonfinite_in_a_row"),
+                metrics=d.get("metrics", {}),
+            )
         elif event.kind == "trainer_published":
             stream.emit(
                 "release_published",
@@ -192,14 +205,15 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
 
     from yeto_core.fences import StoreFences
 
+    bridge = trainer_event_bridge(stream, recorder)
     driver = DriverLifecycle(
         factory,
         buffer,
-        CutStore(store),
+        CutStore(store, emit=bridge),  # cut_invalid / cut_fallback reach the trainer stream
         release_store(plugins, config, store),
         groups_per_round=config.trainer.groups_per_round,
         max_policy_age=config.trainer.max_policy_age,
-        emit=trainer_event_bridge(stream, recorder),
+        emit=bridge,
         workdir=work,
         partial_last_round=True,
         ledger_set_aside_before=head_started_at(store),

@@ -27,6 +27,7 @@ SKIP_REASONS: tuple[str, ...] = (
     "too_small",
     "unconvertible",
     "nonfinite_reward",
+    "nonfinite_loss",
 )
 
 

@@ -312,14 +312,14 @@ class ReleaseStore:
         version = int(info["version"])
         checksum = str(info["weight_checksum"])
         extra = {k: v for k, v in info.items() if k not in ("version", "kind", "weight_checksum")}
-        latest = self.latest()
+        latest, pointer_version = self._latest_versioned()
         ids, max_seq = self._publisher_view(latest)
         same_version = [i for i in ids if _id_key(i)[0] == version]
         for rid in same_version:
             existing = self._read(rid)
             if existing is not None and existing.weight_checksum == checksum:
                 if latest is None or latest.release_id != existing.release_id:
-                    self.store.put(self.pointer_key, serde.dumps(existing).encode())
+                    self._swap_pointer(existing, pointer_version)
                 self._keep_parent(local_dir, existing)
                 self._event("release_republished", existing)
                 return existing
@@ -384,7 +384,7 @@ class ReleaseStore:
                 f"{manifest_key} was committed by another publisher at the same time; only one "
                 "trainer incarnation may publish per store"
             )
-        self.store.put(self.pointer_key, serde.dumps(rel).encode())
+        self._swap_pointer(rel, pointer_version)
         self._view = (ids + [release_id], seq)
         self._keep_parent(local_dir, rel)
         self.last_publish = {
@@ -453,6 +453,22 @@ class ReleaseStore:
         max_seq = max([r.seq for r in self.list()] or [0])
         self._view = (list(ids), max_seq)
         return ids, max_seq
+
+    def _latest_versioned(self) -> tuple[Optional[Release], Optional[str]]:
+        try:
+            _, version = self.store.get_versioned(self.pointer_key)
+        except NotFoundError:
+            return None, None
+        return self.latest(), version
+
+    def _swap_pointer(self, rel: Release, version: Optional[str]) -> None:
+        """Point ``LATEST.json`` at ``rel`` if it still holds what this publisher read."""
+        if self.store.put_if_match(self.pointer_key, serde.dumps(rel).encode(), version) is None:
+            raise ReleaseError(
+                f"{self.pointer_key} changed while release {rel.release_id} was published: "
+                "another publisher moved it (only one trainer incarnation may publish per store; "
+                "a head fenced by a newer one must stop). The pointer was left as that one wrote it"
+            )
 
     def _event(self, kind: str, rel: Release, **extra: Any) -> None:
         self._emit(

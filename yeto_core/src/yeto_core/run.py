@@ -48,6 +48,7 @@ import attrs
 
 from yeto_core import run_store
 from yeto_core.breakers import Breakers, BreakerWatch
+from yeto_core.clock_skew import ClockSkewWatch
 from yeto_core.config import RunConfig, config_to_dict
 from yeto_core.cost import CostLedger
 from yeto_core.errors import ConfigError, StoreError, YetoError
@@ -59,6 +60,7 @@ from yeto_core.head_islands import (  # noqa: F401 (re-exported)
     _host,
     _NoProvider,
 )
+from yeto_core.head_lease import HeadBusyError, HeadFencedError, HeadLease, LeasedStore
 from yeto_core.ports import IslandProvider, LifecycleContext, TrainerLifecycle
 from yeto_core.records import StopReason
 from yeto_core.run_dir import (  # noqa: F401 (the run-dir protocol, re-exported)
@@ -71,6 +73,7 @@ from yeto_core.run_dir import (  # noqa: F401 (the run-dir protocol, re-exported
     EXIT_CODES,
     EXIT_CONFIG,
     EXIT_FAILED,
+    EXIT_FENCED,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_PREFLIGHT,
@@ -165,7 +168,9 @@ class Head(HeadIslands):
             else plugins.island_provider(name).create(self.run_dir)
             for name in config.providers()
         }
-        self.store = plugins.open_store(config.store_url())
+        # every write of the head checks its lease first (a fenced head writes nothing)
+        self.store = LeasedStore(plugins.open_store(config.store_url()))
+        self.lease: Optional[HeadLease] = None
         # Every path the config names, absolute: the run dir's config.json and the store's
         # run/config.json mean the same from any working directory.
         config = attrs.evolve(
@@ -191,6 +196,7 @@ class Head(HeadIslands):
         )
         self.state = HeadState(started_at=clock())
         self.breakers = BreakerWatch(Breakers(config.breakers))
+        self.clock_skew = ClockSkewWatch()
         self.sampler_handles: dict[str, str] = {}
         self._stop_requested: Optional[str] = None
         self.trainer_loop: Any = None
@@ -234,12 +240,32 @@ class Head(HeadIslands):
         say(f"base model ready in {self.clock() - t0:.1f} s")
 
     def claim(self) -> None:
-        """Become this run dir's head (refuses while another head lives)."""
+        """Become this run's head: take the store's head lease (refused while another head
+        holds a live one; a lapsed lease is taken over and its holder fenced)."""
         other = live_head(self.run_dir)
-        if other is not None and int(other["pid"]) != os.getpid():
+        lease = HeadLease(
+            self.store.inner,
+            ttl_s=self.config.scheduler.head_lease_s,
+            clock=self.clock,
+            host=_host(),
+        )
+        taken = lease.acquire()
+        if other is not None and int(other["pid"]) != os.getpid() and taken is None:
+            lease.release()  # a live head that holds no lease in this store
             raise HeadBusyError(
                 f"another head (pid {other['pid']}) runs on {self.run_dir}; stop it with "
                 f"`yeto run down {self.run_dir}` or wait for it"
+            )
+        self.lease = lease
+        self.store.lease = lease
+        lease.start_renewing()
+        if taken is not None:
+            self.events.emit(
+                "head_lease_taken_over",
+                lapsed=taken,
+                now=self.clock(),
+                message=f"the previous head's lease had lapsed; it is fenced: it stops "
+                f"without writing when it wakes (pid {taken.get('pid')} on {taken.get('host')})",
             )
         write_json_atomic(
             self.run_dir / HEAD_FILE, {"pid": os.getpid(), "started_at": self.state.started_at}
@@ -408,6 +434,8 @@ class Head(HeadIslands):
         streams = read_all(self.store)
         self.update_rewards(streams.get(self.config.trainer.name, []))
         self.check_breakers(streams)
+        for kind, data in self.clock_skew.poll(streams, self.clock(), skip=("head",)):
+            self.events.emit(kind, **data)
 
     def check_breakers(self, streams: dict[str, list[Any]]) -> None:
         """Stop the run cleanly when a run health breaker tripped (an event with its inputs)."""
@@ -486,6 +514,8 @@ class Head(HeadIslands):
             woken, last_house = False, -math.inf
             outage: Optional[tuple[float, int, str]] = None  # (since, ticks, last error)
             while self._stop_requested is None and self.trainer_loop.finished is None:
+                if self.lease is not None:
+                    self.lease.check()  # fenced (the renewal thread found out): stop here
                 try:
                     if self.clock() - last_rewards >= 2.0:
                         with stage("head.observe_streams"):
@@ -534,15 +564,24 @@ class Head(HeadIslands):
                 code = EXIT_FAILED
         except KeyboardInterrupt:
             reason, code = "interrupt", EXIT_INTERRUPTED
+        except HeadBusyError as exc:
+            say(f"yeto: {exc}")
+            return EXIT_BUSY  # nothing of this run is ours: no shutdown
         except Exception as exc:
+            if isinstance(exc, HeadFencedError) or (self.lease and self.lease.fenced):
+                return self._fenced(say, exc)
             reason, code = f"error: {type(exc).__name__}: {exc}", EXIT_FAILED
             say(f"yeto: the head failed: {exc}; stopping the run cleanly")
+        if self.lease is not None and self.lease.fenced:
+            return self._fenced(say, HeadFencedError(self.lease.fenced))
         say(f"stopping: {reason}")
         try:
             self.shutdown(reason, code)
         except KeyboardInterrupt:
             say("interrupted again while stopping; islands may be left (run `yeto run up` again)")
             return EXIT_INTERRUPTED
+        except HeadFencedError as exc:  # found out while stopping: the rest is the new head's
+            return self._fenced(say, exc)
         return code
 
     def _wait_tick(self, tick_s: float) -> bool:
@@ -556,8 +595,18 @@ class Head(HeadIslands):
             self._tick_watch = self.buffer.watch()
         return bool(self._tick_watch.wait(tick_s))
 
+    def _fenced(self, say: Callable[[str], None], exc: BaseException) -> int:
+        """Another head took the lease: stop now, writing nothing (not even a shutdown)."""
+        if self.lease is not None:
+            self.lease.stop_renewing()
+        msg = self.lease.fenced if self.lease is not None and self.lease.fenced else str(exc)
+        say(f"yeto: {msg}")
+        return EXIT_FENCED
+
     def shutdown(self, reason: str, code: int) -> dict[str, Any]:
         """Stop samplers (verified), final cut of the trainer, the summary."""
+        if self.lease is not None and self.lease.fenced:
+            raise HeadFencedError(self.lease.fenced)  # the run is another head's now
         errors = []
         try:
             self.stop_samplers()
@@ -580,6 +629,11 @@ class Head(HeadIslands):
         write_json_atomic(self.run_dir / STATUS_FILE, status)
         emit_snapshot(self.events.emit)
         self.events.emit("run_down", reason=reason, exit_code=code, errors=errors)
+        if self.lease is not None:
+            try:
+                self.lease.release()  # the next `yeto run up` takes it at once
+            except Exception:  # a lease left to lapse is still safe
+                pass
         (self.run_dir / HEAD_FILE).unlink(missing_ok=True)
         (self.run_dir / DOWN_FILE).unlink(missing_ok=True)
         return summary
@@ -607,7 +661,13 @@ class Head(HeadIslands):
         n = _ceil_tenth(len(entries))
         out: dict[int, float] = {}
         for entry in entries[:n]:
-            group = self.buffer.load(entry)
+            if not entry.payload:  # a quarantined index line's stand-in: no group to read
+                continue
+            try:
+                group = self.buffer.load(entry)
+            except YetoError:  # a damaged payload (skipped as unconvertible by the trainer)
+                out[entry.position] = math.nan
+                continue
             rewards = [float(s.reward) for s in group.samples]
             out[entry.position] = sum(rewards) / len(rewards) if rewards else 0.0
         for entry in entries[n:]:
@@ -617,10 +677,6 @@ class Head(HeadIslands):
 
 def _mean(xs: list[float]) -> Optional[float]:
     return round(sum(xs) / len(xs), 4) if xs else None
-
-
-class HeadBusyError(YetoError):
-    """Another head runs on this run dir."""
 
 
 def _ceil_tenth(n: int) -> int:

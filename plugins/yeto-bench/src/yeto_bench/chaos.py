@@ -162,25 +162,34 @@ def lineage_counts(
     return {"lost": lost, "twice": twice}
 
 
-def check_run(run_dir: Path, *, replay: bool = True) -> dict[str, Any]:
-    """The checks of one finished (or abandoned) run dir; see the module docstring."""
+def check_run(
+    run_dir: Path, *, replay: bool = True, store_url: str = "", corrupted: Any = frozenset()
+) -> dict[str, Any]:
+    """The checks of one finished (or abandoned) run dir; see the module docstring.
+
+    ``corrupted``: payload keys the bench damaged on purpose (``--faults corrupt``): a
+    load failure there is the damage being detected, not a torn record.
+    """
     from yeto_core.cut import CutStore
     from yeto_core.event_stream import read_events
     from yeto_core.ledger import BatchLedger, LedgerError
     from yeto_core.plugins import get_plugins
     from yeto_core.sample_buffer import open_buffer
 
-    store_url = str(run_dir / "store")
-    store = get_plugins().open_store(store_url)
+    store = get_plugins().open_store(store_url or str(run_dir / "store"))
     problems: list[str] = []
     torn = 0
     buf = open_buffer(store, read_only=True)
     try:
         entries = buf.entries(0)
         for entry in entries:
+            if not entry.payload:
+                continue  # a quarantined index line's stand-in (a detected damage, counted)
             try:
                 buf.load(entry)
             except Exception as exc:  # a listed entry that does not load is torn
+                if entry.payload in corrupted:
+                    continue
                 torn += 1
                 problems.append(f"buffer position {entry.position}: {exc}")
         watermark = int(buf.backlog().watermark)
@@ -315,9 +324,16 @@ class ChaosRun:
         launcher: Callable[..., subprocess.Popen] = subprocess.Popen,
         clock: Callable[[], float] = time.monotonic,
         env: Optional[dict[str, str]] = None,
+        faults: Optional[dict[str, int]] = None,
+        store: Any = None,
     ) -> None:
         self.run_dir = run_dir
         self.env = env
+        #: faults beyond SIGKILL still to inject in this run (kind -> count)
+        self.faults_left = dict(faults or {})
+        self.store = store  # the run's store, without injected store faults
+        self.corrupt_turn = 0
+        self.fault_records: list[dict[str, Any]] = []
         self.rng = rng
         self.kills_left = kills
         self.gap_s = gap_s
@@ -347,7 +363,15 @@ class ChaosRun:
             head = self.start_head()
             next_kill = self.clock() + self.rng.uniform(*self.gap_s)
             while head.poll() is None and self.clock() - t0 < self.deadline_s:
-                if self.kills_left > 0 and self.clock() >= next_kill:
+                actions = (["kill"] if self.kills_left > 0 else []) + [
+                    k for k, n in sorted(self.faults_left.items()) if n > 0 and self._live()
+                ]
+                if actions and self.clock() >= next_kill:
+                    action = self.rng.choice(actions)
+                    if action != "kill":
+                        head = self._inject(action, head, t0)
+                        next_kill = self.clock() + self.rng.uniform(*self.gap_s)
+                        continue
                     victims = live_processes(self.run_dir, head.pid)
                     if victims:
                         role, pid = self.rng.choice(victims)
@@ -375,11 +399,34 @@ class ChaosRun:
                 break
         return {
             "completed": completed,
+            "faults_injected": self.fault_records,
             "head_exit_codes": codes,
             "heads_started": len(self.heads),
             "kills": self.kills,
             "wall_s": round(self.clock() - t0, 1),
         }
+
+    def _live(self) -> bool:
+        """Whether the run trains (faults beyond SIGKILL wait for a live run, not a start)."""
+        try:
+            status = json.loads((self.run_dir / "status.json").read_text())
+        except (OSError, ValueError):
+            return False
+        return int(status.get("trained_rounds") or 0) >= 1 and status.get("state") != "stopped"
+
+    def _inject(self, kind: str, head: subprocess.Popen, t0: float) -> subprocess.Popen:
+        """Inject one fault of ``kind``; the head to watch from now on."""
+        from yeto_bench.chaos_faults import INJECTORS
+
+        self.faults_left[kind] -= 1
+        rec, new_head = INJECTORS[kind](self, head)
+        rec["at_s"] = round(self.clock() - t0, 2)
+        self.fault_records.append(rec)
+        if new_head is not None:
+            if head.returncode is not None:
+                pass  # the fenced head's exit is in the record, not in head_exit_codes
+            return new_head
+        return head
 
 
 def run_campaign(
@@ -395,6 +442,10 @@ def run_campaign(
     replay: bool = True,
     store_fault_rate: float = 0.0,
     deltas: str = "auto",
+    fault_kinds: Sequence[str] = (),
+    faults_per_run: int = 4,
+    store_base: str = "",
+    head_lease_s: float = 4.0,
 ) -> dict[str, Any]:
     """``kills`` SIGKILLs spread over at least ``runs`` runs; the JSON report.
 
@@ -412,46 +463,73 @@ def run_campaign(
         run_dir = work_dir / f"run-{i:03d}"
         run_dir.mkdir(parents=True, exist_ok=True)
         faulty = store_fault_rate > 0
-        store = f"{FAULTY_SCHEME}://{(run_dir / 'store').absolute()}" if faulty else ""
-        env = None
+        inner = f"{store_base.rstrip('/')}/run-{i:03d}" if store_base else ""
+        inner_url = inner or str((run_dir / "store").absolute())
+        store = f"{FAULTY_SCHEME}://{inner_url}" if faulty else inner
+        env: Optional[dict[str, str]] = None
         if faulty:
             env = {
                 FAULTS_ENV: json.dumps({"rate": store_fault_rate, "seed": seed + i}),
                 FAULTS_LOG_ENV: str((run_dir / "faults").absolute()),
             }
-        (run_dir / "run.toml").write_text(
-            chaos_config(
-                run_dir,
-                base_dir=base_dir,
-                seed=seed + i,
-                total_rounds=total_rounds,
-                store=store,
-                deltas=deltas,
-            )
+        if "clock" in fault_kinds:
+            from yeto_bench.chaos_faults import clock_env
+
+            env = {**(env or {}), **clock_env(run_dir)}
+        text = chaos_config(
+            run_dir,
+            base_dir=base_dir,
+            seed=seed + i,
+            total_rounds=total_rounds,
+            store=store,
+            deltas=deltas,
         )
+        if fault_kinds:  # a short lease: a paused head is taken over in seconds
+            text = text.replace("[scheduler]\n", f"[scheduler]\nhead_lease_s = {head_lease_s}\n", 1)
+        (run_dir / "run.toml").write_text(text)
+        from yeto_core.plugins import get_plugins
+
+        store_handle = get_plugins().open_store(inner_url) if fault_kinds else None
         quota = min(left, per_run)
         chaos = ChaosRun(
             run_dir,
             rng=rng,
             kills=quota,
             gap_s=gap_s,
-            max_heads=quota + (25 if faulty else 5),
+            max_heads=quota + (25 if faulty else 5) + 2 * faults_per_run,
             deadline_s=run_deadline_s,
             env=env,
+            faults={k: faults_per_run for k in fault_kinds},
+            store=store_handle,
         )
         outcome = chaos.run()
         left -= len(outcome["kills"])
-        checks = check_run(run_dir, replay=replay)
+        corrupted = {
+            str(x.get("key"))
+            for x in outcome["faults_injected"]
+            if x.get("kind") == "corrupt" and x.get("target") == "payload"
+        }
+        checks = check_run(run_dir, replay=replay, store_url=inner_url, corrupted=corrupted)
+        if fault_kinds:
+            from yeto_bench.chaos_faults import evaluate
+            from yeto_core.event_stream import read_events
+
+            rounds = [e for e in read_events(store_handle, "trainer") if e.kind == "round_trained"]
+            evaluate(
+                store_handle, outcome["faults_injected"], final_lineage(rounds), checks["watermark"]
+            )
         if faulty:
             faults = injected_faults(run_dir / "faults")
             checks["store_faults_injected"] = len(faults)
             checks["store_faults_by_mode"] = _count(faults, "mode")
             checks["store_faults_by_op"] = _count(faults, "op")
         results.append({"run": run_dir.name, **outcome, **checks})
+        # each run's result as soon as it is known: a campaign cut short keeps what it did
+        (run_dir / "result.json").write_text(json.dumps(results[-1], sort_keys=True, default=str))
         i += 1
         if not outcome["kills"] and quota and not outcome["completed"]:
             break  # nothing to kill and not finishing: do not loop
-        if faulty and i >= runs and left <= 0:
+        if (faulty or fault_kinds) and i >= runs and left <= 0:
             break
     return campaign_report(results, seed=seed, kills=kills, replay=replay)
 
@@ -501,13 +579,36 @@ def campaign_report(
         "per_run": results,
     }
     if any("store_faults_injected" in r for r in results):
+        store_runs = [r for r in results if "store_faults_injected" in r]
         report["faults"] = {
             "store": {
                 "injected": sum(r.get("store_faults_injected", 0) for r in results),
+                # every injected error is raised to its caller; what counts is the invariants
+                "detected": "raised to the caller (each one)",
                 "by_mode": _merge_counts(r.get("store_faults_by_mode", {}) for r in results),
                 "by_op": _merge_counts(r.get("store_faults_by_op", {}) for r in results),
+                "runs": len(store_runs),
+                "groups_lost": sum(r["groups_lost"] for r in store_runs),
+                "groups_trained_twice": sum(r["groups_trained_twice"] for r in store_runs),
+                "replay_mismatches": sum(
+                    int(r.get("ledger_replay_mismatch") or 0) for r in store_runs
+                ),
             }
         }
+    if any(r.get("faults_injected") for r in results):
+        from yeto_bench.chaos_faults import per_kind
+
+        report.setdefault("faults", {}).update(per_kind(results))
+    if "faults" in report:
+        report["faults_injected_total"] = sum(int(v["injected"]) for v in report["faults"].values())
+        report["faults_undetected"] = sum(
+            int(v["injected"]) - int(v["detected"]) - int(v.get("not_reached", 0))
+            for k, v in report["faults"].items()
+            if k != "store"
+        )
+        report["faults_used_after_corruption"] = sum(
+            int(v.get("used_after_corruption", 0)) for v in report["faults"].values()
+        )
     report["ok"] = (
         report["runs_completed"] == report["runs"]
         and report["groups_lost"] == 0
@@ -515,6 +616,8 @@ def campaign_report(
         and (not replay or report["ledger_replay_mismatches"] == 0)
         and report["torn_records_visible"] == 0
         and report["ledger_check_failures"] == 0
+        and report.get("faults_undetected", 0) == 0
+        and report.get("faults_used_after_corruption", 0) == 0
     )
     return report
 
@@ -541,7 +644,10 @@ def campaign_report(
     default="",
     show_default=True,
     help="Faults beyond SIGKILL, comma-separated: 'store' (every store operation of every "
-    "role fails with probability --store-fault-rate).",
+    "role fails with probability --store-fault-rate), 'pause' (the head SIGSTOPped past its "
+    "lease, a second head takes over), 'second-head' (a second `yeto run up`: refused), "
+    "'clock' (a sampler's clock skewed by minutes), 'corrupt' (a flipped byte in a group "
+    "payload, an index record, a cut shard, a release file).",
 )
 @click.option("--store-fault-rate", type=float, default=0.002, show_default=True)
 @click.option(
@@ -550,6 +656,28 @@ def campaign_report(
     default="auto",
     show_default=True,
     help="[releases] deltas of every run ('on': delta releases, a full one every 3).",
+)
+@click.option(
+    "--faults-per-run",
+    type=int,
+    default=4,
+    show_default=True,
+    help="Faults of each kind (other than store) per run.",
+)
+@click.option(
+    "--store",
+    "store_base",
+    default="",
+    help="Run on this store URL prefix (run-NNN under it), e.g. s3://bucket/chaos; "
+    "credentials and endpoint from YETO_STORE_S3_*. Default: a dir store in each run dir.",
+)
+@click.option(
+    "--run-deadline",
+    "run_deadline_s",
+    type=float,
+    default=900.0,
+    show_default=True,
+    help="Seconds one run may take (kills, faults and operator restarts included).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def command(
@@ -563,6 +691,9 @@ def command(
     faults: str,
     store_fault_rate: float,
     deltas: str,
+    faults_per_run: int,
+    store_base: str,
+    run_deadline_s: float,
     as_json: bool,
 ) -> None:
     """SIGKILL random processes (head, samplers, trainer) of real runs; check nothing is lost.
@@ -570,10 +701,12 @@ def command(
     Exits 1 when a check fails or a run does not complete.
     """
     kinds = {k.strip() for k in faults.split(",") if k.strip()}
-    unknown = sorted(kinds - {"store"})
+    from yeto_bench.chaos_faults import KINDS
+
+    unknown = sorted(kinds - {"store", *KINDS})
     if unknown:
         raise click.BadParameter(
-            f"unknown fault kinds {unknown}; built so far: store (SIGKILLs: --kills)",
+            f"unknown fault kinds {unknown}; known: store, {', '.join(KINDS)} (SIGKILLs: --kills)",
             param_hint="--faults",
         )
     runs = runs or max(1, math.ceil(kills / 5))
@@ -589,6 +722,10 @@ def command(
             replay=not no_replay,
             store_fault_rate=store_fault_rate if "store" in kinds else 0.0,
             deltas=deltas,
+            fault_kinds=[k for k in KINDS if k in kinds],
+            faults_per_run=faults_per_run,
+            store_base=store_base,
+            run_deadline_s=run_deadline_s,
         )
     if as_json:
         click.echo(json.dumps(report, sort_keys=True))

@@ -49,7 +49,7 @@ from yeto_core.stage_profile import PROFILE
 ENV = "YETO_FAULTS"
 ENV_LOG = "YETO_FAULTS_LOG"
 SCHEME = "faulty"
-OPS = ("get", "put", "put_if_absent", "exists", "list", "delete")
+OPS = ("get", "put", "put_if_absent", "exists", "list", "delete", "get_versioned", "put_if_match")
 MODES = ("before", "after")
 
 
@@ -92,6 +92,7 @@ class FaultyStore(ObjectStore):
             raise ValueError(f"latency_ms {latency_ms!r} must be >= 0")
         self.latency_s = float(latency_ms) / 1000.0
         self.remote = bool(remote)
+        self.ATOMIC_CAS = inner.ATOMIC_CAS  # type: ignore[misc]
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> FaultyStore:
@@ -161,6 +162,12 @@ class FaultyStore(ObjectStore):
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         return self._call("put_if_absent", key, lambda: self.inner.put_if_absent(key, data))
+
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        return self._call("get_versioned", key, lambda: self.inner.get_versioned(key))
+
+    def put_if_match(self, key: str, data: bytes, version: Optional[str]) -> Optional[str]:
+        return self._call("put_if_match", key, lambda: self.inner.put_if_match(key, data, version))
 
     def exists(self, key: str) -> bool:
         return self._call("exists", key, lambda: self.inner.exists(key))

@@ -49,6 +49,8 @@ ENV = {
     "session_token": "YETO_STORE_S3_SESSION_TOKEN",
     "endpoint_url": "YETO_STORE_S3_ENDPOINT_URL",
     "region": "YETO_STORE_S3_REGION",
+    # "sorted" for servers that list in directory-tree order (SeaweedFS); islands inherit it
+    "list_order": "YETO_STORE_S3_LIST_ORDER",
 }
 OPTIONS = (
     "access_key_id",
@@ -294,7 +296,7 @@ class S3Store(ObjectStore):
             region=region or DEFAULT_REGION,
             max_attempts=int(options.get("max_attempts", 6)),
             secrets=(secret, session_token or ""),
-            list_order=str(options.get("list_order") or "s3"),
+            list_order=str(opt("list_order") or "s3"),
         )
         store._credentials_env = {
             ENV[name]: value
@@ -304,6 +306,7 @@ class S3Store(ObjectStore):
                 ("session_token", session_token),
                 ("endpoint_url", endpoint_url),
                 ("region", region),
+                ("list_order", opt("list_order")),
             )
             if value
         }
@@ -450,6 +453,90 @@ class S3Store(ObjectStore):
                         "index needs them (AWS S3, MinIO, R2 and moto >= 5.2.1 have them)"
                     ) from None
                 raise self._fail("put_if_absent", key, exc) from None
+
+    ATOMIC_CAS = True
+
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        """The object's bytes and its ETag (the version :meth:`put_if_match` compares)."""
+        full = self._key(key)
+
+        def once() -> tuple[bytes, str]:
+            resp = self._client.get_object(Bucket=self.bucket, Key=full)
+            with resp["Body"] as body:
+                return body.read(), str(resp["ETag"])
+
+        try:
+            return self._retrying("get", key, once)
+        except botocore.exceptions.ClientError as exc:
+            code, status = _error_code(exc)
+            if code in ("NoSuchKey", "404") or (status == 404 and code != "NoSuchBucket"):
+                raise NotFoundError(f"no object {key!r} in {self.url()}") from None
+            raise self._fail("get", key, exc) from None
+
+    def put_if_match(self, key: str, data: bytes, version: Optional[str]) -> Optional[str]:
+        """``put_object(IfMatch=version)`` (``IfNoneMatch="*"`` for None); the new ETag.
+
+        A 412 means another writer changed the object: None. An attempt whose answer
+        was lost (a timeout, a 5xx) and a later 412 is resolved like
+        :meth:`put_if_absent`: by reading this call's token back.
+        """
+        full = self._key(key)
+        body = bytes(data)
+        token = os.urandom(16).hex()
+        cond = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        ambiguous = False
+        transient = conflicts = 0
+        while True:
+            try:
+                resp = self._client.put_object(
+                    Bucket=self.bucket, Key=full, Body=body, Metadata={TOKEN_META: token}, **cond
+                )
+                return str(resp["ETag"])
+            except Exception as exc:
+                code, status = _error_code(exc)
+                if code == "PreconditionFailed" or status == 412:
+                    if ambiguous:
+                        return self._etag_if_token(key, full, token)
+                    return None
+                if code in ("NoSuchKey", "404") or status == 404:
+                    return None  # IfMatch on an object that is gone
+                if code == "ConditionalRequestConflict" or status == 409:
+                    conflicts += 1
+                    if conflicts < self.max_attempts:
+                        self._sleep(self._backoff(conflicts - 1))
+                        continue
+                    raise self._fail("put_if_match", key, exc) from None
+                if is_transient(exc):
+                    ambiguous = True
+                    transient += 1
+                    if transient >= self.max_attempts:
+                        raise self._fail("put_if_match", key, exc) from None
+                    self._sleep(self._backoff(transient - 1))
+                    continue
+                if code == "NotImplemented" or status == 501:
+                    raise StoreError(
+                        f"s3 put_if_match {self._where(key)}: the server does not support "
+                        "conditional writes (If-Match / If-None-Match); the run's consumed state, "
+                        "pointers and head lease need them (AWS S3, MinIO, R2, SeaweedFS and "
+                        "moto >= 5.2.1 have them)"
+                    ) from None
+                raise self._fail("put_if_match", key, exc) from None
+
+    def _etag_if_token(self, key: str, full: str, token: str) -> Optional[str]:
+        try:
+            head = self._retrying(
+                "put_if_match",
+                key,
+                lambda: self._client.head_object(Bucket=self.bucket, Key=full),
+            )
+        except botocore.exceptions.ClientError as exc:
+            _code, status = _error_code(exc)
+            if status == 404:
+                return None
+            raise self._fail("put_if_match", key, exc) from None
+        if head.get("Metadata", {}).get(TOKEN_META) == token:
+            return str(head["ETag"])
+        return None
 
     def _has_token(self, key: str, full: str, token: str) -> bool:
         try:

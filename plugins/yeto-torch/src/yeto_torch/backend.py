@@ -72,6 +72,12 @@ def lr_at(
     return floor + (lr - floor) * 0.5 * (1.0 + math.cos(math.pi * frac))
 
 
+def _grad_norm(params: list[torch.nn.Parameter]) -> float:
+    """The total L2 norm of the gradients (what clipping would measure)."""
+    norms = [torch.linalg.vector_norm(p.grad.detach()) for p in params if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+
+
 def group_advantages(
     rewards: np.ndarray, *, std_normalize: bool, eps: float, ddof: int = 0
 ) -> np.ndarray:
@@ -552,6 +558,10 @@ class TorchBackend(TrainerBackend):
                             it.proximal = prox[row, it.prompt_len - 1 : n - 1].numpy().copy()
         lr = grad_norm = 0.0
         n_steps = 0
+        # a round with more than one update is refused whole: keep its start to go back to
+        snapshot = self._snapshot() if sum(1 for s in steps if s) > 1 else None
+        steps_before = self.counters["optimizer_steps"]
+        refused: Optional[tuple[float, float]] = None
         for items in steps:
             lr = lr_at(
                 self.counters["optimizer_steps"],
@@ -563,17 +573,28 @@ class TorchBackend(TrainerBackend):
             )
             if not items:
                 continue  # nothing to run: no optimizer step (moments and schedule stay)
+            loss_before = stats.loss
             for start in range(0, len(items), mb):
                 self._micro_step(items[start : start + mb], stats)
             params = [p for _, p in self._trainable()]
             if o["max_grad_norm"] > 0:
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, o["max_grad_norm"]))
+            else:
+                grad_norm = _grad_norm(params)
+            step_loss = stats.loss - loss_before
+            if not (math.isfinite(step_loss) and math.isfinite(grad_norm)):
+                # refused before optimizer.step(): these weights never see a NaN/inf update
+                self.optimizer.zero_grad(set_to_none=True)
+                refused = (step_loss, grad_norm)
+                break
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.counters["optimizer_steps"] += 1
             n_steps += 1
+        if refused is not None:
+            return self._refuse(snapshot, steps_before, refused, batch, rewards, lr)
         self.counters["rounds"] += 1
         self.counters["groups_trained"] += len(batch.groups) - skipped
         self.counters["groups_skipped_equal"] += skipped
@@ -591,10 +612,62 @@ class TorchBackend(TrainerBackend):
             grad_norm=grad_norm,
             lr=lr,
             stepped=float(n_steps > 0),
+            nonfinite=0.0,
             updates=float(n_steps),
             optimizer_steps=float(self.counters["optimizer_steps"]),
         )
         return out
+
+    def _snapshot(self) -> dict[str, Any]:
+        """The trainable weights and AdamW moments, to go back to (a copy on the host)."""
+        params = [p for _, p in self._trainable()]
+        return {
+            "weights": [p.detach().to("cpu", copy=True) for p in params],
+            "moments": [
+                {k: v.detach().to("cpu", copy=True) for k, v in self.optimizer.state[p].items()}
+                if p in self.optimizer.state
+                else None
+                for p in params
+            ],
+        }
+
+    def _refuse(
+        self,
+        snapshot: Optional[dict[str, Any]],
+        steps_before: int,
+        refused: tuple[float, float],
+        batch: Batch,
+        rewards: list[float],
+        lr: float,
+    ) -> dict[str, float]:
+        """Undo the round's earlier updates (if any) and report it refused (``nonfinite``)."""
+        if snapshot is not None:
+            params = [p for _, p in self._trainable()]
+            with torch.no_grad():
+                for p, w in zip(params, snapshot["weights"], strict=True):
+                    p.copy_(w)
+            for p, m in zip(params, snapshot["moments"], strict=True):
+                if m is None:
+                    self.optimizer.state.pop(p, None)
+                else:
+                    self.optimizer.state[p] = {k: v.to(p.device) for k, v in m.items()}
+        self.optimizer.zero_grad(set_to_none=True)
+        self.counters["optimizer_steps"] = steps_before
+        self.counters["nonfinite_rounds"] = self.counters.get("nonfinite_rounds", 0) + 1
+        loss, norm = refused
+        finite_rewards = [r for r in rewards if math.isfinite(r)]
+        return {
+            "nonfinite": 1.0,
+            "loss_finite": float(math.isfinite(loss)),
+            "grad_norm_finite": float(math.isfinite(norm)),
+            "groups": float(len(batch.groups)),
+            "reward_mean": float(np.mean(finite_rewards)) if finite_rewards else 0.0,
+            "lr": lr,
+            "stepped": 0.0,
+            "updates": 0.0,
+            "optimizer_steps": float(steps_before),
+            "nonfinite_rounds": float(self.counters["nonfinite_rounds"]),
+        }
 
     @staticmethod
     def _tensors(items: list) -> tuple[torch.Tensor, ...]:

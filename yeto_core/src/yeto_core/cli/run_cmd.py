@@ -137,7 +137,7 @@ def up(config_path: str, run_dir: Optional[str], dry_run: bool) -> None:
         click.echo("yeto: preflight failed; nothing was started", err=True)
         sys.exit(run_mod.EXIT_PREFLIGHT)
     other = run_mod.live_head(Path(config.run_dir))
-    if other is not None:
+    if other is not None and not _lease_lapsed(plugins, config):
         click.echo(
             f"yeto: another head (pid {other['pid']}) runs on {config.run_dir}; "
             f"`yeto run down {config.run_dir}` stops it",
@@ -292,3 +292,17 @@ def down(run_ref: str, wait: bool, timeout_s: float) -> None:
         time.sleep(0.2)
     st = run_mod.read_json(run_dir / run_mod.STATUS_FILE) or {}
     click.echo(f"stopped: {st.get('stop_reason', 'down')}")
+
+
+def _lease_lapsed(plugins: Any, config: Any) -> bool:
+    """Whether the run's head lease in the store lapsed (its holder paused or hung): then a
+    new head takes the run over and the old one is fenced (docs/reliability.md)."""
+    import socket
+
+    from yeto_core.head_lease import lease_lapsed, read_lease
+
+    try:
+        rec = read_lease(plugins.open_store(config.store_url()))
+    except Exception:  # the store is unreachable: the head's own claim decides
+        return False
+    return rec is not None and lease_lapsed(rec, time.time(), socket.gethostname())

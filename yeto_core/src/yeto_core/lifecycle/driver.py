@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -133,6 +134,8 @@ class DriverLifecycle(TrainerLifecycle):
         self.overlap_uploads = bool(overlap_uploads)
         self._uploader: Any = None
         self._upload_pending: Any = None
+        #: rounds the backend refused for a non-finite loss or gradient norm, in a row
+        self.nonfinite_in_a_row = 0
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -376,6 +379,10 @@ class DriverLifecycle(TrainerLifecycle):
             return False
         with stage("trainer.train"):
             metrics = self.backend.train_round(batch)
+        if float(metrics.get("nonfinite", 0.0)) > 0:
+            self._refuse_round(reader, batch, metrics)
+            return True
+        self.nonfinite_in_a_row = 0
         with stage("trainer.ledger"):
             self.ledger.record(
                 batch,
@@ -413,6 +420,59 @@ class DriverLifecycle(TrainerLifecycle):
                 **attrs.asdict(self.counters),
             )
         return True
+
+    def _refuse_round(self, reader: BatchReader, batch: Any, metrics: Mapping[str, Any]) -> None:
+        """The backend refused ``batch`` (its loss or gradient norm was not finite) and kept
+        its weights: commit the round's groups as skipped (``nonfinite_loss``), publish
+        nothing, keep the policy version. The ledger gets a skip-only record, so a replay
+        skips the round as the trainer did. The ``nonfinite_rounds`` breaker stops the run
+        after ``[breakers] nonfinite_rounds`` such rounds in a row.
+        """
+        assert self.incarnation is not None
+        c = self.counters
+        skipped = {r: tuple(ps) for r, ps in batch.skipped.items() if ps}
+        skipped["nonfinite_loss"] = tuple(
+            sorted(set(skipped.get("nonfinite_loss", ())) | set(batch.positions))
+        )
+        refused = attrs.evolve(
+            batch, groups=(), positions=(), padding=(), padding_from=None, skipped=skipped
+        )
+        self.ledger.record_skips(
+            refused,
+            seq=c.trained_rounds,
+            incarnation=self.incarnation,
+            parent_cut=self.restored_cut.cut_id if self.restored_cut else None,
+        )
+        watermark = reader.commit(refused)
+        out = {r: list(ps) for r, ps in sorted(skipped.items())}
+        counts = {r: len(ps) for r, ps in out.items()}
+        for r, n in counts.items():
+            self.skipped_by_reason[r] = self.skipped_by_reason.get(r, 0) + n
+        self.nonfinite_in_a_row += 1
+        self.counters = attrs.evolve(
+            c,
+            buffer_watermark=watermark,
+            stale_groups=c.stale_groups + counts.get("stale", 0),
+            skipped_groups=c.skipped_groups + sum(counts.values()),
+        )
+        what = [
+            name
+            for name, key in (("loss", "loss_finite"), ("gradient norm", "grad_norm_finite"))
+            if float(metrics.get(key, 1.0)) == 0.0
+        ]
+        self._event(
+            "trainer_round_refused",
+            reason="nonfinite_loss",
+            detail=f"the round's {' and '.join(what) or 'loss'} was not finite; "
+            "the optimizer step was refused and the weights kept",
+            positions=list(batch.positions),
+            skipped=out,
+            skipped_counts=counts,
+            nonfinite_in_a_row=self.nonfinite_in_a_row,
+            watermark_before=batch.watermark_before,
+            metrics={k: float(v) for k, v in metrics.items() if math.isfinite(float(v))},
+            **attrs.asdict(self.counters),
+        )
 
     def _commit_skips_at_data_end(self, reader: BatchReader) -> None:
         """The data ended with only skipped groups (a stale tail) left: commit their skips.

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import abc
+import hashlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Optional
 
+from yeto_core.errors import NotFoundError
 from yeto_core.ports.base import Port
 
 
@@ -44,6 +46,11 @@ class SleepWatch(Watch):
         if timeout > 0:
             self._sleep(timeout)
         return False
+
+
+def content_version(data: bytes) -> str:
+    """The version token of an object holding ``data`` on stores that version by content."""
+    return "sha256:" + hashlib.sha256(bytes(data)).hexdigest()
 
 
 class ObjectStore(Port):
@@ -138,6 +145,41 @@ class ObjectStore(Port):
     @abc.abstractmethod
     def delete(self, key: str) -> None:
         """Remove ``key``; removing a missing key is not an error."""
+
+    # -- compare-and-swap ----------------------------------------------------------------
+
+    #: Whether :meth:`put_if_match` is atomic against other writers of this store (the
+    #: default implementation below is not; ``dir`` and ``s3`` override it).
+    ATOMIC_CAS: ClassVar[bool] = False
+
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        """The object's bytes and its version token (raise :class:`NotFoundError`).
+
+        A version token is opaque: pass it back to :meth:`put_if_match`. Default: a
+        digest of the content.
+        """
+        data = self.get(key)
+        return data, content_version(data)
+
+    def put_if_match(self, key: str, data: bytes, version: Optional[str]) -> Optional[str]:
+        """Write ``key`` only if its current version is ``version`` (None: only if absent).
+
+        Returns the new version token when this call wrote, None when the object had
+        changed (or existed, for ``version`` None): the caller lost the race and must
+        read again. Default: :meth:`put_if_absent` for a create, else read, compare and
+        write (not atomic: ``ATOMIC_CAS`` is False; a store that can do better
+        overrides it).
+        """
+        if version is None:
+            return content_version(data) if self.put_if_absent(key, data) else None
+        try:
+            _, current = self.get_versioned(key)
+        except NotFoundError:
+            return None
+        if current != version:
+            return None
+        self.put(key, data)
+        return content_version(data)
 
     # -- optional capabilities ---------------------------------------------------------
 

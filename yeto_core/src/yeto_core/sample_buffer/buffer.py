@@ -118,6 +118,9 @@ class FileSampleBuffer(DurableSampleBuffer):
         self._pending: collections.deque[tuple[GroupEntry, bool]] = collections.deque()
         self._state = ConsumedState()
         self._state_raw: Optional[bytes] = None
+        #: the store's version of consumed.json as last read or written (None: absent);
+        #: every write is a compare-and-swap from it (one committer per buffer)
+        self._state_version: Optional[str] = None
         self._arrivals: Optional[collections.deque[GroupEntry]] = None
         self._data_ended = False
         self._state = self._read_state()
@@ -165,9 +168,11 @@ class FileSampleBuffer(DurableSampleBuffer):
 
     def _read_state(self) -> ConsumedState:
         try:
-            raw = self.store.get(self._consumed_key)
+            raw, version = self.store.get_versioned(self._consumed_key)
         except NotFoundError:
+            self._state_version = None
             return ConsumedState()
+        self._state_version = version
         if raw == self._state_raw:
             return self._state
         state = serde.loads(raw, ConsumedState, what="buffer consumed state", root="consumed.json")
@@ -430,7 +435,14 @@ class FileSampleBuffer(DurableSampleBuffer):
 
     def _write_state(self, state: ConsumedState) -> None:
         raw = serde.dumps(state).encode()
-        self.store.put(self._consumed_key, raw)
+        version = self.store.put_if_match(self._consumed_key, raw, self._state_version)
+        if version is None:
+            raise SampleBufferError(
+                f"{self._consumed_key} changed in the store since this trainer read it: another "
+                "trainer or head committed to this buffer meanwhile (only one may; a head fenced "
+                "by a newer one must stop). Nothing was written; read the buffer again"
+            )
+        self._state_version = version
         self._state_raw = raw
         self._apply_state(state)
 

@@ -207,6 +207,95 @@ class ObjectStoreContract:
             assert len(winners) == 1, f"round {r}: winners {winners}"
             assert store.get(key) == f"writer-{winners[0]}".encode()
 
+    # -- compare-and-swap (put_if_match) -------------------------------------------------
+
+    def test_put_if_match_creates_only_when_absent(self, store: ObjectStore) -> None:
+        v1 = store.put_if_match("cas/new", b"one", None)
+        assert isinstance(v1, str) and v1
+        assert store.put_if_match("cas/new", b"two", None) is None
+        data, version = store.get_versioned("cas/new")
+        assert data == b"one" and version == v1
+
+    def test_put_if_match_swaps_only_from_the_version_read(self, store: ObjectStore) -> None:
+        store.put("cas/k", b"first")
+        data, v1 = store.get_versioned("cas/k")
+        assert data == b"first"
+        v2 = store.put_if_match("cas/k", b"second", v1)
+        assert v2 is not None and v2 != v1
+        assert store.get("cas/k") == b"second"
+        # a writer still holding the old version loses and changes nothing
+        assert store.put_if_match("cas/k", b"stale writer", v1) is None
+        assert store.get_versioned("cas/k") == (b"second", v2)
+        assert store.put_if_match("cas/k", b"third", v2) is not None
+        assert store.get("cas/k") == b"third"
+
+    def test_put_if_match_on_a_missing_key_with_a_version_is_refused(
+        self, store: ObjectStore
+    ) -> None:
+        store.put("cas/gone", b"x")
+        _, v = store.get_versioned("cas/gone")
+        store.delete("cas/gone")
+        assert store.put_if_match("cas/gone", b"y", v) is None
+        assert not store.exists("cas/gone")
+        with pytest.raises(NotFoundError):
+            store.get_versioned("cas/gone")
+
+    def test_concurrent_put_if_match_from_one_version_has_exactly_one_winner(
+        self, store: ObjectStore
+    ) -> None:
+        if not store.ATOMIC_CAS:
+            pytest.skip(f"{type(store).__name__}.put_if_match is not atomic (ATOMIC_CAS False)")
+        store.put("cas/race", b"start")
+        _, v0 = store.get_versioned("cas/race")
+        n = 8
+        barrier = threading.Barrier(n)
+        won: list[int] = []
+        errors: list[BaseException] = []
+
+        def contender(i: int) -> None:
+            try:
+                barrier.wait(timeout=30)
+                if store.put_if_match("cas/race", f"writer-{i}".encode(), v0) is not None:
+                    won.append(i)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=contender, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not errors, errors
+        assert len(won) == 1, won
+        assert store.get("cas/race") == f"writer-{won[0]}".encode()
+
+    def test_read_modify_cas_loops_lose_no_update(self, store: ObjectStore) -> None:
+        if not store.ATOMIC_CAS:
+            pytest.skip(f"{type(store).__name__}.put_if_match is not atomic (ATOMIC_CAS False)")
+        store.put("cas/counter", b"0")
+        n, per = 4, 5
+        errors: list[BaseException] = []
+
+        def incrementer() -> None:
+            try:
+                for _ in range(per):
+                    for _attempt in range(1000):
+                        data, v = store.get_versioned("cas/counter")
+                        if store.put_if_match("cas/counter", b"%d" % (int(data) + 1), v):
+                            break
+                    else:
+                        raise AssertionError("a CAS loop never won in 1000 tries")
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=incrementer) for _ in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert not errors, errors
+        assert int(store.get("cas/counter")) == n * per
+
     # -- exists ----------------------------------------------------------------------------
 
     def test_exists(self, store: ObjectStore) -> None:

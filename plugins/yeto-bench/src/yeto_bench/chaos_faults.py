@@ -1,0 +1,470 @@
+"""Faults of ``yeto bench chaos`` beyond SIGKILL and a failing store.
+
+Each injector acts on one live run (a :class:`~yeto_bench.chaos.ChaosRun`) and
+returns a record; :func:`evaluate` decides after the run, from what the store
+holds, whether the run detected each fault and whether a corrupted object was
+used anyway.
+
+- ``pause``: SIGSTOP the head until its lease (``[scheduler] head_lease_s``)
+  lapsed, start a second ``yeto run up`` (it takes the run over), then SIGCONT
+  the first: detected when the first exits 9 (fenced) by itself.
+- ``second-head``: ``yeto run up`` on the live run: detected when it is refused
+  with exit 7 and the first head runs on.
+- ``clock``: a live sampler island's wall clock jumps by minutes (a
+  ``sitecustomize`` the bench puts on the islands' ``PYTHONPATH`` reads
+  ``clock_skew.json`` in the run dir): detected when the head records
+  ``island_clock_skew`` for that island.
+- ``corrupt``: a flipped byte in, in turn, the newest group payload, the newest
+  buffer index record, the next cut's largest shard (then the trainer is
+  killed so that it restores) and the next release's largest file. Detected
+  when the group is skipped (``unconvertible`` / ``quarantined``), the cut is
+  refused (``cut_invalid``) or the release is refused (``release_refused``);
+  ``used`` counts a corrupted group trained, cut restored or release loaded
+  after the flip (each must stay 0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Optional
+
+KINDS = ("pause", "second-head", "clock", "corrupt")
+CORRUPT_TARGETS = ("payload", "index", "cut", "release")
+CLOCK_FILE_ENV = "YETO_CHAOS_CLOCK_FILE"
+
+_SITECUSTOMIZE = '''"""yeto bench chaos: skew this island's wall clock by what clock_skew.json says."""
+import json as _json
+import os as _os
+import time as _t
+
+_file = _os.environ.get("YETO_CHAOS_CLOCK_FILE")
+_island = _os.environ.get("YETO_ISLAND")
+if _file and _island:
+    _real, _mono = _t.time, _t.monotonic
+    _state = {"at": -1e18, "skew": 0.0}
+
+    def _time():
+        now = _mono()
+        if now - _state["at"] > 0.5:
+            _state["at"] = now
+            try:
+                with open(_file) as f:
+                    _state["skew"] = float(_json.load(f).get(_island, 0.0))
+            except (OSError, ValueError):
+                pass
+        return _real() + _state["skew"]
+
+    _t.time = _time
+'''
+
+
+def clock_env(run_dir: Path) -> dict[str, str]:
+    """The environment that lets ``clock`` faults skew an island's clock."""
+    hook = run_dir / "pyhook"
+    hook.mkdir(parents=True, exist_ok=True)
+    (hook / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    path = os.environ.get("PYTHONPATH", "")
+    return {
+        "PYTHONPATH": str(hook.absolute()) + (os.pathsep + path if path else ""),
+        CLOCK_FILE_ENV: str((run_dir / "clock_skew.json").absolute()),
+    }
+
+
+def _wait(pred: Callable[[], bool], deadline_s: float, step_s: float = 0.05) -> bool:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(step_s)
+    return bool(pred())
+
+
+def _lease(store: Any) -> Optional[dict[str, Any]]:
+    from yeto_core.head_lease import read_lease
+
+    try:
+        return read_lease(store)
+    except Exception:
+        return None
+
+
+def _flip(data: bytes, rng: random.Random, lo: int = 0) -> bytes:
+    """``data`` with one byte XOR-ed (from ``lo`` on; a hex digit stays printable)."""
+    b = bytearray(data)
+    i = rng.randrange(lo, len(b)) if len(b) > lo else max(0, len(b) - 1)
+    b[i] ^= 0x01
+    return bytes(b)
+
+
+# -- injectors ----------------------------------------------------------------------------
+
+
+def inject_pause(run: Any, head: subprocess.Popen) -> tuple[dict[str, Any], Any]:
+    """SIGSTOP the head past its lease, start the next head, SIGCONT: the first must exit 9."""
+    rec: dict[str, Any] = {"kind": "pause", "old_pid": head.pid}
+    lease = _lease(run.store)
+    if lease is None or head.poll() is not None:
+        return {**rec, "skipped": "no live head with a lease"}, None
+    os.kill(head.pid, signal.SIGSTOP)
+    rec["at"] = time.time()
+    ttl = float(lease.get("ttl_s", 30.0))
+    lapsed = _wait(
+        lambda: float((_lease(run.store) or {}).get("expires_at", 0.0)) < time.time(), ttl + 15
+    )
+    new = run.start_head()
+    took = _wait(
+        lambda: (
+            (_lease(run.store) or {}).get("holder") not in (None, lease.get("holder"))
+            or new.poll() is not None
+        ),
+        120,
+    )
+    rec.update(lapsed=lapsed, taken_over=took and new.poll() is None, new_pid=new.pid)
+    os.kill(head.pid, signal.SIGCONT)
+    try:
+        rc: Optional[int] = head.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        rc = None
+        head.kill()
+        head.wait()
+    rec["old_exit"] = rc
+    rec["detected"] = rc == 9
+    return rec, new
+
+
+def inject_second_head(run: Any, head: subprocess.Popen) -> tuple[dict[str, Any], Any]:
+    """``yeto run up`` on the live run: it must be refused (exit 7) and change nothing."""
+    from yeto_bench.chaos import YETO
+
+    rec: dict[str, Any] = {"kind": "second-head", "at": time.time()}
+    cmd = [*YETO, "run", "up", str(run.run_dir / "run.toml"), "--run-dir", str(run.run_dir)]
+    env = {**os.environ, **(run.env or {})}
+    try:
+        p = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL
+        )
+        rc, out = p.returncode, p.stdout + p.stderr
+    except subprocess.TimeoutExpired:
+        rc, out = None, "timed out"
+    rec.update(
+        exit=rc,
+        detected=rc == 7 and "another head" in out,
+        first_alive=head.poll() is None,
+        message=out.strip().splitlines()[-1][:200] if out.strip() else "",
+    )
+    return rec, None
+
+
+def inject_clock(run: Any, head: subprocess.Popen) -> tuple[dict[str, Any], Any]:
+    """Skew one live sampler island's clock by minutes (ahead or behind)."""
+    islands = []
+    for path in sorted((run.run_dir / "islands").glob("*.json")):
+        try:
+            name = str(json.loads(path.read_text()).get("island", ""))
+        except (OSError, ValueError):
+            continue
+        if name and not name.startswith("trainer"):
+            islands.append(name)
+    if not islands:
+        return {"kind": "clock", "skipped": "no live sampler island"}, None
+    island = run.rng.choice(islands)
+    skew = run.rng.choice([-1, 1]) * run.rng.uniform(120, 600)
+    path = run.run_dir / "clock_skew.json"
+    try:
+        skews = json.loads(path.read_text())
+    except (OSError, ValueError):
+        skews = {}
+    skews[island] = skew
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(skews))
+    os.replace(tmp, path)
+    return {"kind": "clock", "island": island, "skew_s": round(skew, 1), "at": time.time()}, None
+
+
+def inject_corrupt(run: Any, head: subprocess.Popen) -> tuple[dict[str, Any], Any]:
+    """Flip a byte in the next target object (payload, index record, cut, release)."""
+    target = CORRUPT_TARGETS[run.corrupt_turn % len(CORRUPT_TARGETS)]
+    run.corrupt_turn += 1
+    fn = {
+        "payload": _corrupt_payload,
+        "index": _corrupt_index,
+        "cut": _corrupt_cut,
+        "release": _corrupt_release,
+    }[target]
+    try:
+        rec = fn(run)
+    except Exception as exc:  # the run moved under us: say so, count it as not injected
+        rec = {"skipped": f"{type(exc).__name__}: {exc}"}
+    return {"kind": "corrupt", "target": target, **rec}, None
+
+
+def _newest_entry(store: Any) -> Any:
+    from yeto_core.sample_buffer import open_buffer
+
+    buf = open_buffer(store, read_only=True)
+    try:
+        entries = buf.entries(_watermark(store))
+    finally:
+        buf.close()
+    # a group the trainer takes soon (a round or so past the watermark), not the newest one,
+    # which the data end may leave untaken
+    return entries[min(len(entries) - 1, 3)] if entries else None
+
+
+def _corrupt_payload(run: Any) -> dict[str, Any]:
+    e = _newest_entry(run.store)
+    if e is None:
+        return {"skipped": "no group waits past the watermark"}
+    data = run.store.get(e.payload)
+    run.store.put(e.payload, _flip(data, run.rng, lo=min(len(data) - 1, 16)))
+    return {"position": int(e.position), "key": e.payload, "at": time.time()}
+
+
+def _corrupt_index(run: Any) -> dict[str, Any]:
+    root = run.store.local_root()
+    jsonl = Path(root) / "buffer" / "index.jsonl" if root is not None else None
+    if jsonl is not None and jsonl.is_file():
+        data = jsonl.read_bytes()
+        lines = data.split(b"\n")[:-1]
+        wm = _watermark(run.store)
+        k = next(
+            (i for i, ln in enumerate(lines) if (_position(ln) or -1) >= wm + 3), len(lines) - 1
+        )
+        start = sum(len(ln) + 1 for ln in lines[:k])
+        end = start + len(lines[k]) if lines else -1
+        line = data[start:end]
+        i = line.find(b'"group_id":"')
+        if end <= 0 or i < 0:
+            return {"skipped": "no complete index line"}
+        offset = start + i + len(b'"group_id":"') + 1
+        pos = json.loads(line).get("position")
+        fd = os.open(jsonl, os.O_WRONLY)
+        try:  # in place: samplers append to this file at the same time
+            os.pwrite(fd, bytes([data[offset] ^ 0x01]), offset)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return {"position": pos, "key": "buffer/index.jsonl", "at": time.time()}
+    wm = _watermark(run.store)
+    keys = [k for k in run.store.list("buffer/index/") if k.rsplit("/", 1)[1][:12].isdigit()]
+    later = [k for k in keys if int(k.rsplit("/", 1)[1][:12]) >= wm + 3]
+    if not keys:
+        return {"skipped": "no index record"}
+    key = later[0] if later else keys[-1]
+    data = run.store.get(key)
+    i = data.find(b'"group_id"')
+    run.store.put(key, _flip(data, run.rng, lo=max(0, i + 13)))
+    return {"position": int(key.rsplit("/", 1)[1].split(".")[0]), "key": key, "at": time.time()}
+
+
+def _position(line: bytes) -> Optional[int]:
+    try:
+        return int(json.loads(line)["position"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _watermark(store: Any) -> int:
+    """The first position no lineage trained yet (a restore moves the watermark back, and a
+    group trained once must stay readable for ``yeto ledger replay``)."""
+    from yeto_core.event_stream import read_events
+
+    try:
+        wm = int(json.loads(store.get("buffer/consumed.json"))["watermark"])
+    except Exception:
+        wm = 0
+    try:
+        for e in read_events(store, "trainer"):
+            if e.kind == "round_trained":
+                wm = max([wm, *(int(p) + 1 for p in e.data.get("positions") or ())])
+    except Exception:
+        pass
+    return wm
+
+
+def _next_pointer(store: Any, key: str, deadline_s: float = 40.0) -> Optional[bytes]:
+    try:
+        before = store.get(key)
+    except Exception:
+        before = None
+    got: dict[str, bytes] = {}
+
+    def moved() -> bool:
+        try:
+            now = store.get(key)
+        except Exception:
+            return False
+        if now != before:
+            got["v"] = now
+            return True
+        return False
+
+    return got["v"] if _wait(moved, deadline_s, step_s=0.02) else None
+
+
+def _largest(store: Any, prefix: str) -> Optional[str]:
+    keys = [k for k in store.list(prefix) if not k.endswith("manifest.json")]
+    if not keys:
+        return None
+    return max(keys, key=lambda k: len(store.get(k)))
+
+
+def _corrupt_cut(run: Any) -> dict[str, Any]:
+    from yeto_bench.chaos import live_processes
+
+    raw = _next_pointer(run.store, "cuts/LATEST")
+    if raw is None:
+        return {"skipped": "no new cut within 40 s"}
+    cut_id = raw.decode().strip()
+    key = _largest(run.store, f"cuts/{cut_id}/")
+    if key is None:
+        return {"skipped": f"cut {cut_id} has no shard"}
+    run.store.put(key, _flip(run.store.get(key), run.rng, lo=64))
+    rec: dict[str, Any] = {"cut_id": cut_id, "key": key, "at": time.time()}
+    trainers = [pid for role, pid in live_processes(run.run_dir, -1) if role == "trainer"]
+    if trainers:  # a restore must read the corrupted cut
+        try:
+            os.kill(trainers[0], signal.SIGKILL)
+            rec["trainer_killed"] = trainers[0]
+        except ProcessLookupError:
+            pass
+    return rec
+
+
+def _corrupt_release(run: Any) -> dict[str, Any]:
+    raw = _next_pointer(run.store, "releases/LATEST.json")
+    if raw is None:
+        return {"skipped": "no new release within 40 s"}
+    release_id = str(json.loads(raw)["release_id"])
+    key = _largest(run.store, f"releases/{release_id}/")
+    if key is None:
+        return {"skipped": f"release {release_id} has no file"}
+    run.store.put(key, _flip(run.store.get(key), run.rng, lo=64))
+    return {"release_id": release_id, "key": key, "at": time.time()}
+
+
+INJECTORS: dict[str, Callable[[Any, subprocess.Popen], tuple[dict[str, Any], Any]]] = {
+    "pause": inject_pause,
+    "second-head": inject_second_head,
+    "clock": inject_clock,
+    "corrupt": inject_corrupt,
+}
+
+
+# -- evaluation ---------------------------------------------------------------------------
+
+
+def evaluate(
+    store: Any, records: list[dict[str, Any]], lineage: dict[int, Any], watermark: int
+) -> None:
+    """Fill ``detected`` / ``used`` of the corrupt and clock records from the run's events.
+
+    A corrupted group at or past the final watermark was never read (the data ended
+    first): ``not_reached``. One trained in a round written before the flip was trained
+    intact (``raced``); ``used`` counts only rounds after it.
+    """
+    from yeto_core.event_stream import read_all
+
+    streams = read_all(store)
+    events = [e for evs in streams.values() for e in evs]
+    trained = {p for r in lineage.values() for p in r["positions"]}
+    skipped = {
+        p
+        for r in lineage.values()
+        for reason, ps in r["skipped"].items()
+        if reason in ("unconvertible", "quarantined")
+        for p in ps
+    }
+    for rec in records:
+        if "skipped" in rec:
+            continue
+        if rec["kind"] == "clock":
+            rec["detected"] = any(
+                e.kind == "island_clock_skew" and e.data.get("island") == rec["island"]
+                for e in streams.get("head", [])
+            )
+        elif rec["kind"] == "corrupt":
+            t = rec["target"]
+            if t in ("payload", "index"):
+                p = rec.get("position")
+                rec["detected"] = p in skipped
+                after = [
+                    e
+                    for e in streams.get("trainer", [])
+                    if e.kind == "round_trained" and p in (e.data.get("positions") or ())
+                ]
+                rec["used"] = sum(1 for e in after if float(e.time) > float(rec["at"]) + 1.0)
+                if not rec["detected"] and p in trained and not rec["used"]:
+                    rec["raced"] = True  # trained before the flip landed
+                elif not rec["detected"] and p not in trained and (p or 0) >= watermark:
+                    rec["not_reached"] = True
+            elif t == "cut":
+                rec["detected"] = any(
+                    e.kind == "cut_invalid" and e.data.get("cut_id") == rec["cut_id"]
+                    for e in events
+                )
+                rec["used"] = sum(
+                    1
+                    for e in events
+                    if e.kind == "trainer_start_summary" and e.data.get("cut_id") == rec["cut_id"]
+                )
+            elif t == "release":
+                rid = rec["release_id"]
+                rec["detected"] = any(
+                    e.kind == "release_refused" and str(e.data.get("release_id")) == rid
+                    for e in events
+                )
+                rec["used"] = sum(
+                    1
+                    for e in events
+                    if e.kind == "release_loaded"
+                    and str(e.data.get("release_id")) == rid
+                    and float(e.time) > float(rec["at"]) + 1.0
+                )
+
+
+def per_kind(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per fault kind: injected, detected, used, and the run invariants where it was injected."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in results:
+        recs = r.get("faults_injected", [])
+        for kind in sorted({x["kind"] for x in recs}):
+            mine = [x for x in recs if x["kind"] == kind and "skipped" not in x]
+            row = out.setdefault(
+                kind,
+                {
+                    "injected": 0,
+                    "detected": 0,
+                    "not_injected": 0,
+                    "used_after_corruption": 0,
+                    "runs": 0,
+                    "groups_lost": 0,
+                    "groups_trained_twice": 0,
+                    "replay_mismatches": 0,
+                },
+            )
+            row["injected"] += len(mine)
+            row["detected"] += sum(1 for x in mine if x.get("detected"))
+            row["not_reached"] = row.get("not_reached", 0) + sum(
+                1 for x in mine if x.get("not_reached") or x.get("raced")
+            )
+            row["not_injected"] += sum(1 for x in recs if x["kind"] == kind and "skipped" in x)
+            row["used_after_corruption"] += sum(int(x.get("used", 0)) for x in mine)
+            row["runs"] += 1
+            row["groups_lost"] += r["groups_lost"]
+            row["groups_trained_twice"] += r["groups_trained_twice"]
+            row["replay_mismatches"] += int(r.get("ledger_replay_mismatch") or 0)
+            if kind == "corrupt":
+                by = row.setdefault("by_target", {})
+                for x in mine:
+                    t = by.setdefault(x["target"], {"injected": 0, "detected": 0})
+                    t["injected"] += 1
+                    t["detected"] += int(bool(x.get("detected")))
+    return out
