@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from yeto_core.errors import ConfigError
 from yeto_core.records import Batch, Sample, SampleGroup, SamplingParams
 from yeto_torch import model as tiny
 from yeto_torch import moe
@@ -257,3 +258,80 @@ def test_routed_experts_on_a_dense_model_are_a_clear_error(moe_base, tmp_path):
     b.restore(None)
     with pytest.raises(moe.RoutingShapeError, match="routes no experts"):
         b.train_round(batch)
+
+
+class VariedReward:
+    """sort4 prompts with a reward that varies between samples (the response's length mod
+    3), so that an untrained model's groups have advantages and are trained."""
+
+    PLUGIN_NAME = "varied"
+
+    def __init__(self):
+        self.task = SortDigits(seed=0)
+
+    def prompt(self, i):
+        return self.task.prompt(i)
+
+    def reward(self, answer, text):
+        return float(len(text) % 3)
+
+
+def test_routed_experts_flow_from_the_hf_engine_through_the_buffer_into_the_trainer(
+    moe_base, tmp_path, monkeypatch
+):
+    from yeto_core.batch_reader import BatchReader
+    from yeto_core.sample_buffer import FileSampleBuffer
+    from yeto_core.sampler_loop import SamplerLoop
+    from yeto_core.stores.dir_store import DirStore
+    from yeto_torch.engine import HFEngine
+
+    eng = HFEngine(str(moe_base), seed=1, routed_experts=True)
+    store = DirStore(tmp_path / "store")
+    loop = SamplerLoop(
+        FileSampleBuffer(store, host="s0"),
+        eng,
+        VariedReward(),
+        host="s0",
+        incarnation=0,
+        group_size=4,
+        prompts_per_call=2,
+        sampling=SamplingParams(max_new_tokens=6, temperature=1.0),
+    )
+    loop.run_round()
+    reader = BatchReader(
+        FileSampleBuffer(store, host="trainer"),
+        group_size=4,
+        groups_per_round=2,
+        max_policy_age=2,
+        expected_layers=2,
+        top_k=2,
+        num_experts=4,
+    )
+    batch = reader.take(0)
+    assert len(batch.groups) == 2
+    model = tiny.load_model(moe_base)
+    for g in batch.groups:
+        for s in g.samples:
+            assert s.routed_experts.shape == (len(s.tokens) - 1, 2, 2)
+            want = moe.own_routing(model, torch.from_numpy(s.tokens))
+            np.testing.assert_array_equal(s.routed_experts, want)
+    replays = []
+    real = moe.replay
+
+    def counting(model, experts, mask):
+        replays.append(int(mask.sum()))
+        return real(model, experts, mask)
+
+    monkeypatch.setattr(moe, "replay", counting)
+    on = backend(moe_base).train_round(batch)
+    tokens = sum(len(s.tokens) - 1 for g in batch.groups for s in g.samples)
+    assert on["stepped"] == 1.0 and sum(replays) == tokens  # every routed position replayed
+    replays.clear()
+    off = backend(moe_base, routing_replay=False).train_round(batch)
+    assert replays == []
+    assert on["loss"] == pytest.approx(off["loss"], abs=1e-6)
+    dense = tmp_path / "dense"
+    tiny.build_model(tiny.build_config(), 0).save_pretrained(dense)
+    tiny.build_tokenizer().save_pretrained(dense)
+    with pytest.raises(ConfigError, match="dense model"):
+        HFEngine(str(dense), routed_experts=True)
