@@ -157,13 +157,12 @@ def make_base(out_dir: str | Path, task: str, seed: int = 0, **options: Any) -> 
     :param seed: the seed of the initialisation, the data order and the evaluations.
     :returns: ``out_dir``.
     """
-    if options.get("arch") == "llama":
-        options.pop("arch")  # the default: not recorded in the info of a dense base
     out = Path(out_dir)
     info_path = out / BASE_INFO
     if info_path.exists():
         have = json.loads(info_path.read_text())
-        want = {"task": task, "seed": seed, **options}
+        have.setdefault("arch", "llama")  # the info of a dense base does not name it
+        want = {"task": task, "seed": seed, "arch": "llama", **options}
         if all(have.get(k) == v for k, v in want.items()):
             return out
         raise FileExistsError(
