@@ -133,3 +133,61 @@ def test_server_flags():
     assert "--tokenizer /m" in joined and "--logprobs-mode processed_logprobs" in joined
     assert "--enable-scale-out" in args and "--dtype float32" in joined
     assert "--enable-lora" in args and "--enforce-eager" not in args
+
+
+def npy_b64(arr):
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+@pytest.fixture
+def offline_moe_engine(tmp_path):
+    from yeto_torch import model as tiny
+
+    tiny.build_tokenizer().save_pretrained(tmp_path)
+    tiny.build_moe_config(layers=2, experts=4, top_k=2).save_pretrained(tmp_path)
+    return VLLMEngine(str(tmp_path), python="/nonexistent", start=False, routed_experts=True)
+
+
+def test_routed_experts_option_starts_the_server_returning_them(offline_moe_engine, tmp_path):
+    from yeto_core.errors import ConfigError
+
+    assert offline_moe_engine.moe == (2, 2, 4)
+    assert "--enable-return-routed-experts" in offline_moe_engine.server.argv
+    assert "--enable-return-routed-experts" not in server_args("/m")
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    from yeto_torch import model as tiny
+
+    tiny.build_tokenizer().save_pretrained(dense)
+    tiny.build_config().save_pretrained(dense)
+    with pytest.raises(ConfigError, match="routes no experts"):
+        VLLMEngine(str(dense), python="/nonexistent", start=False, routed_experts=True)
+
+
+def test_generate_checks_the_routed_experts_of_every_sample(offline_moe_engine, monkeypatch):
+    # a prompt of 3 tokens and 4 sampled: 6 routed positions, 2 layers, top-2 (uint8 as vLLM
+    # encodes up to 256 experts)
+    good = np.random.default_rng(1).integers(0, 4, size=(6, 2, 2)).astype(np.uint8)
+    answers = {
+        "ok": {"choices": [dict(CHOICE, routed_experts=npy_b64(good))]},
+        "short": {"choices": [dict(CHOICE, routed_experts=npy_b64(good[:-1]))]},
+        "layers": {"choices": [dict(CHOICE, routed_experts=npy_b64(good[:, :1]))]},
+        "none": {"choices": [dict(CHOICE)]},
+    }
+    which = {"k": "ok"}
+    monkeypatch.setattr(offline_moe_engine, "_generate_one", lambda body: answers[which["k"]])
+    out = offline_moe_engine.generate([[71, 72, 73]], 1)
+    np.testing.assert_array_equal(out[0][0].routed_experts, good.astype(np.int32))
+    for k, msg in [
+        (
+            "short",
+            r"shape \(5, 2, 2\); a prompt of 3 and a response of 4 tokens .* need \(6, 2, 2\)",
+        ),
+        ("layers", r"shape \(6, 1, 2\)"),
+        ("none", "has no routed_experts"),
+    ]:
+        which["k"] = k
+        with pytest.raises(ReleaseError, match=msg):
+            offline_moe_engine.generate([[71, 72, 73]], 1)

@@ -37,7 +37,7 @@ from safetensors.torch import load_file, save_file
 from yeto_core.errors import ConfigError, CutError
 from yeto_core.ports import TrainerBackend
 from yeto_core.records import Batch, Trigger
-from yeto_torch import export
+from yeto_torch import export, moe
 from yeto_torch import lora as lora_mod
 from yeto_torch import model as tiny
 from yeto_torch.checksum import weight_checksum
@@ -103,10 +103,12 @@ class _Item:
         "proc",
         "on_policy",
         "proximal",
+        "routed",
     )
 
     def __init__(self, **kw: Any) -> None:
         self.proximal: Optional[np.ndarray] = None
+        self.routed: Optional[np.ndarray] = None  # (tokens - 1, layers, top_k) to replay
         for k, v in kw.items():
             setattr(self, k, v)
 
@@ -235,6 +237,7 @@ class TorchBackend(TrainerBackend):
         seed: int = 0,
         threads: Optional[int] = None,
         export_dtype: Optional[str] = None,
+        routing_replay: bool = True,
     ):
         def bad(path: str, value: Any, allowed: str) -> ConfigError:
             return ConfigError(f"trainer.backend_options.{path} = {value!r}: {allowed}")
@@ -314,6 +317,7 @@ class TorchBackend(TrainerBackend):
             micro_batch=int(micro_batch),
             seed=int(seed),
             export_dtype=export_dtype,
+            routing_replay=bool(routing_replay),
         )
         if threads:
             torch.set_num_threads(int(threads))
@@ -322,6 +326,7 @@ class TorchBackend(TrainerBackend):
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.counters: dict[str, int] = {}
         self.base_checksum = ""
+        self.moe_shape: Optional[tuple[int, int, int]] = None  # (layers, top_k, experts)
 
     # -- set-up -----------------------------------------------------------------------
 
@@ -332,6 +337,7 @@ class TorchBackend(TrainerBackend):
         o = self.opts
         self.model = tiny.load_model(self.model_dir)
         self.model.train()
+        self.moe_shape = moe.moe_shape(self.model)
         self.base_checksum = weight_checksum(self.model.named_parameters())
         if o["tuning"] == "lora":
             lora_mod.apply_lora(
@@ -442,12 +448,31 @@ class TorchBackend(TrainerBackend):
             )
         return key
 
+    def _routing(self, items: list) -> Optional[list]:
+        """The routed experts to replay for ``items`` (None when no item carries any)."""
+        if all(it.routed is None for it in items):
+            return None
+        return [it.routed for it in items]
+
     def _logprobs(
-        self, model: Any, ids: torch.Tensor, attn: torch.Tensor, procs: list[tuple]
+        self,
+        model: Any,
+        ids: torch.Tensor,
+        attn: torch.Tensor,
+        procs: list[tuple],
+        routed: Optional[list] = None,
     ) -> torch.Tensor:
         """Log-prob of token t+1 at every position t (``[B, T-1]``), row ``r`` under the
-        processing ``procs[r]`` (temperature, top-k, top-p: the sampler's own function)."""
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        processing ``procs[r]`` (temperature, top-k, top-p: the sampler's own function).
+        With ``routed`` (per row: ``(tokens - 1, layers, top_k)`` or None), every MoE layer
+        uses those experts (routing replay, :mod:`yeto_torch.moe`)."""
+        if routed is None:
+            logits = model(input_ids=ids, attention_mask=attn).logits
+        else:
+            experts, where = moe.replay_tensors(routed, ids.shape[1], self.moe_shape)
+            with moe.replay(model, experts, where):
+                logits = model(input_ids=ids, attention_mask=attn).logits
+        logits = logits[:, :-1].float()
         targets = ids[:, 1:, None]
         by_key: dict[tuple, list[int]] = {}
         for row, key in enumerate(procs):
@@ -524,6 +549,14 @@ class TorchBackend(TrainerBackend):
                     n_tok = float(mask.sum())
                     if n_tok == 0:
                         continue
+                    routed = None
+                    if o["routing_replay"] and s.routed_experts is not None:
+                        routed = moe.check_routed(
+                            s.routed_experts,
+                            n_tokens=len(s.tokens),
+                            shape=self.moe_shape,
+                            where=f"group {g.group_id}, sample {g.samples.index(s)}",
+                        )
                     if o["loss_agg"] == "token-mean":
                         w = 1.0 / total_tokens
                     elif o["loss_agg"] == "seq-mean-token-mean":
@@ -540,6 +573,7 @@ class TorchBackend(TrainerBackend):
                             weight=w,
                             proc=proc,
                             on_policy=int(s.weight_version) == int(batch.policy_version),
+                            routed=routed,
                         )
                     )
             steps.append(items)
@@ -552,7 +586,9 @@ class TorchBackend(TrainerBackend):
                     for start in range(0, len(items), mb):
                         part = items[start : start + mb]
                         ids, attn, *_ = self._tensors(part)
-                        prox = self._logprobs(self.model, ids, attn, [it.proc for it in part])
+                        prox = self._logprobs(
+                            self.model, ids, attn, [it.proc for it in part], self._routing(part)
+                        )
                         for row, it in enumerate(part):
                             n = len(it.tokens)
                             it.proximal = prox[row, it.prompt_len - 1 : n - 1].numpy().copy()
@@ -697,7 +733,7 @@ class TorchBackend(TrainerBackend):
         adv = torch.tensor([[it.adv] for it in items], dtype=torch.float32)
         weight = torch.tensor([[it.weight] for it in items], dtype=torch.float32)
         procs = [it.proc for it in items]
-        new = self._logprobs(self.model, ids, attn, procs)
+        new = self._logprobs(self.model, ids, attn, procs, self._routing(items))
         if all(it.proximal is None for it in items):
             prox = new.detach()  # one step per round: the weights are still those of its start
         loss_kind = o["loss"]

