@@ -178,6 +178,23 @@ class ConversionConfig:
 
 
 @attrs.frozen
+class DispenserConfig:
+    """How sampler islands get their prompts (``docs/dispenser.md``).
+
+    ``offsets``: each incarnation walks its own seeded range of task indices.
+    ``store``: dispense positions claimed from the store in ranges, exactly once per
+    run (:mod:`yeto_core.dispenser`); ``rows`` is the task's row count (0: unbounded),
+    ``range_size`` the positions per claim (0: the group's ``prompts_per_call``),
+    ``lease_s`` how long a claim is held before others may re-dispense it.
+    """
+
+    kind: str = "offsets"
+    rows: int = 0
+    range_size: int = 0
+    lease_s: float = 600.0
+
+
+@attrs.frozen
 class SchedulerConfig:
     """Which rule starts and stops the trainer, and its knobs."""
 
@@ -212,6 +229,7 @@ class RunConfig:
     buffer: BufferConfig = attrs.field(factory=BufferConfig)
     conversion: ConversionConfig = attrs.field(factory=ConversionConfig)
     breakers: BreakersConfig = attrs.field(factory=BreakersConfig)
+    dispenser: DispenserConfig = attrs.field(factory=DispenserConfig)
     #: Where the config was read from (set by :func:`load_config`; not a TOML key).
     source: str = ""
 
@@ -390,6 +408,12 @@ def validate(config: RunConfig) -> list[str]:
     _positive(errors, "backstops.wall_clock_s", b.wall_clock_s, zero_ok=True)
     _positive(errors, "backstops.silence_s", b.silence_s, zero_ok=True)
     validate_breakers(config.breakers, errors)
+    d = config.dispenser
+    if d.kind not in ("offsets", "store"):
+        errors.append(f"dispenser.kind = {d.kind!r}; allowed: offsets, store")
+    _positive(errors, "dispenser.rows", d.rows, zero_ok=True)
+    _positive(errors, "dispenser.range_size", d.range_size, zero_ok=True, most=1_000_000)
+    _positive(errors, "dispenser.lease_s", d.lease_s)
     return errors
 
 

@@ -243,6 +243,19 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         emit=on_event,
         source=island,
     )
+    dispenser = None
+    if config.dispenser.kind == "store":
+        from yeto_core.dispenser import StoreDispenser
+
+        dispenser = StoreDispenser(
+            store,
+            island=island,
+            incarnation=incarnation,
+            range_size=config.dispenser.range_size or scfg.prompts_per_call,
+            rows=config.dispenser.rows,
+            lease_s=config.dispenser.lease_s,
+            emit=on_event,
+        )
     loop = SamplerLoop(
         buffer,
         engine,
@@ -261,6 +274,7 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         sync_rounds=scfg.sync_rounds,
         stop=stop,
         emit=on_event,
+        dispenser=dispenser,
     )
     if hasattr(engine, "add_restart_listener"):
         # a restarted server got the current release back: check that it serves it
@@ -270,6 +284,8 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         follower.start(poll_s=0.05 if scfg.sync_rounds else 0.2)
         run_with_pauses(loop, stop, scfg.pause_every_s, scfg.pause_s, on_event)
     finally:
+        if dispenser is not None:
+            dispenser.close()  # claims not acked: re-dispensed by others
         follower.stop()
         stream.flush()
         engine.close()
