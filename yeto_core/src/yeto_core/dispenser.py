@@ -46,6 +46,7 @@ import attrs
 
 from yeto_core.errors import NotFoundError
 from yeto_core.fences import StoreFences
+from yeto_core.fences import fenced as fenced_set
 from yeto_core.ports import ObjectStore
 from yeto_core.records import Event
 
@@ -320,9 +321,10 @@ def _json(body: dict[str, Any]) -> bytes:
 def dispense_report(store: ObjectStore) -> dict[str, Any]:
     """What the claims say: ranges claimed, re-dispensed (by why), acked, and double holds.
 
-    ``double_holds`` counts ranges whose generation ``g+1`` was claimed while the holder of
-    ``g`` was neither gone (fenced, its own island's successor, released) nor past its lease:
-    a duplicate dispatch. It must be 0.
+    ``double_holds`` counts re-dispenses whose stated reason does not hold in the store (the
+    holder of generation ``g`` was not fenced, not an earlier incarnation of the claimer's
+    island, gave nothing back, and its lease had not passed): a duplicate dispatch. It must
+    be 0.
     """
     claims: dict[int, list[dict[str, Any]]] = {}
     for key in store.list(CLAIMS):
@@ -330,17 +332,22 @@ def dispense_report(store: ObjectStore) -> dict[str, Any]:
         if parsed:
             claims.setdefault(parsed[0], []).append(json.loads(store.get(key)))
     acks = {p[0] for p in (_parse(k, ACKS) for k in store.list(ACKS)) if p}
+    fences = fenced_set(store)
     why: dict[str, int] = {}
     double = 0
-    for gens in claims.values():
+    for rng, gens in claims.items():
         gens.sort(key=lambda b: b["gen"])
         for prev, nxt in zip(gens, gens[1:], strict=False):
             reason = (nxt.get("adopted_from") or {}).get("why", "")
             why[reason] = why.get(reason, 0) + 1
-            if reason == "lease_expired" and float(prev["lease_until"]) > float(nxt["at"]):
-                double += 1
-            if not reason:
-                double += 1
+            holder = (prev["island"], int(prev["incarnation"]))
+            ok = {
+                "predecessor": holder[0] == nxt["island"] and holder[1] < int(nxt["incarnation"]),
+                "fenced": holder in fences,
+                "released": store.exists(released_key(rng, int(prev["gen"]))),
+                "lease_expired": float(prev["lease_until"]) <= float(nxt["at"]),
+            }.get(reason, False)
+            double += not ok
     return {
         "ranges": len(claims),
         "claims": sum(len(g) for g in claims.values()),
