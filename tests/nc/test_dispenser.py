@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from yeto_core.dispenser import CLAIMS, StoreDispenser, claim_key, dispense_report
+from yeto_core.dispenser import CLAIMS, StoreDispenser, claim_key, dispense_report, mark_gone
 from yeto_core.fences import write_fence
 from yeto_core.records import Sample, SampleGroup, SamplingParams
 from yeto_core.sample_buffer import FileSampleBuffer
@@ -103,7 +103,11 @@ def test_crash_between_claim_and_ack_is_redispensed_to_the_replacement(tmp_path:
     other = _disp(store, "node-1", 0)
     # another island does not take a live holder's range
     assert [s.position for s in other.take(4)] == [4, 5, 6, 7]
-    nxt = _disp(store, "node-0", 1)
+    # a replacement started while its predecessor still runs takes nothing of it
+    early = _disp(store, "node-0", 1)
+    assert [s.position for s in early.take(4)] == [8, 9, 10, 11]
+    mark_gone(store, "node-0", 0)  # the head verified the crashed incarnation gone
+    nxt = _disp(store, "node-0", 2)
     got = nxt.take(4)
     assert [s.position for s in got] == [0, 1, 2, 3] and got[0].gen == 1
     nxt.done(got)
@@ -113,9 +117,9 @@ def test_crash_between_claim_and_ack_is_redispensed_to_the_replacement(tmp_path:
         "island": "node-0",
         "incarnation": 0,
         "gen": 0,
-        "why": "predecessor",
+        "why": "gone",
     }
-    assert dispense_report(store)["redispensed"] == {"predecessor": 1}
+    assert dispense_report(store)["redispensed"] == {"gone": 1}
 
 
 def test_fenced_released_and_expired_claims_are_redispensed(tmp_path: Path) -> None:
@@ -194,6 +198,7 @@ def test_sampler_loop_with_a_dispenser_appends_each_position_once(tmp_path: Path
 
     first = loop(0)
     first.run(max_rounds=2)
+    mark_gone(store, "node-0", 0)  # what the head writes after the verified release
     # crash of incarnation 0 mid-range: two groups of range 2 appended, no ack
     slots = first.dispenser.take(4)
     for s in slots[:2]:
@@ -205,4 +210,4 @@ def test_sampler_loop_with_a_dispenser_appends_each_position_once(tmp_path: Path
     assert len(gids) == len(set(gids)) == 16
     assert sorted(int(g.rsplit("-d", 1)[1]) for g in gids) == list(range(16))
     rep = dispense_report(store)
-    assert rep["unacked"] == [] and rep["redispensed"] == {"predecessor": 1}
+    assert rep["unacked"] == [] and rep["redispensed"] == {"gone": 1}

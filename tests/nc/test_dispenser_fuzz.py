@@ -30,7 +30,7 @@ from hypothesis.stateful import (
 )
 
 from yeto_core.batch_reader import BatchReader
-from yeto_core.dispenser import StoreDispenser, dispense_report
+from yeto_core.dispenser import StoreDispenser, dispense_report, mark_gone
 from yeto_core.fences import StoreFences, write_fence
 from yeto_core.records import Sample, SampleGroup
 from yeto_core.sample_buffer import FileSampleBuffer
@@ -125,8 +125,23 @@ class DispenseMachine(RuleBasedStateMachine):
         d, _b = self.islands[name]
         slots = d.take(self.ppc)
         self._append(name, slots[:appended])
+        mark_gone(self.store, name, d.incarnation)  # the head's verified release
         self.incs[name] += 1
         self.islands[name] = self._island(name)
+
+    @rule(name=st.sampled_from(ISLANDS))
+    def replace_early(self, name: str) -> None:
+        """A replacement starts before its predecessor's lease ends (both sample a while)."""
+        old, _b = self.islands[name]
+        slots = old.take(self.ppc)
+        self._append(name, slots)
+        self.incs[name] += 1
+        new = self._island(name)
+        self.islands[name] = new
+        slots = new[0].take(self.ppc)
+        self._append(name, slots)
+        new[0].done(slots)
+        write_fence(self.store, name, old.incarnation)  # then the old lease ended
 
     @rule(name=st.sampled_from(ISLANDS), appended=st.integers(0, 4))
     def fence_and_replace(self, name: str, appended: int) -> None:

@@ -89,3 +89,78 @@ def test_store_fences_predicate(tmp_path):
     assert not fences("node-0", 0)  # listed at most once a second
     now[0] = 1.5
     assert fences("node-0", 0) and not fences("node-0", 1) and not fences("node-1", 0)
+
+
+class Expiring(Losing):
+    """``soon``: islands about to be lost (the head starts their replacement early)."""
+
+    PLUGIN_NAME = "expiring"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.soon: set[str] = set()
+
+    def replace_soon(self, handle: str) -> bool:
+        return handle in self.soon
+
+
+def test_a_replacement_starts_before_the_lease_ends_and_takes_over_at_the_loss(tmp_path):
+    provider = Expiring()
+    head = _head(tmp_path, provider)
+    head.launch_sampler("node-0")
+    head.check_samplers()
+    assert [x.incarnation for x in provider.launches] == [0]  # nothing ends: no standby
+    provider.soon.add("node-0-i0")
+    head.check_samplers()
+    head.check_samplers()  # one standby, however many ticks until the loss
+    assert [x.incarnation for x in provider.launches] == [0, 1]
+    assert head.sampler_handles["node-0"] == "node-0-i0"  # the old node still samples
+    assert head.sampler_standby == {"node-0": "node-0-i1"}
+    provider.lose.add("node-0-i0")
+    head.check_samplers()
+    assert head.sampler_handles["node-0"] == "node-0-i1" and head.sampler_standby == {}
+    assert fenced(head.store) == {("node-0", 0)}
+    assert [x.incarnation for x in provider.launches] == [0, 1]  # no launch at the loss
+    head.events.flush()
+    kinds = [e.kind for e in read_events(head.store, "head")]
+    assert kinds.count("sampler_replace_early") == 1 and kinds.count("sampler_promoted") == 1
+    head.stop_samplers()
+    assert set(provider.released) == {"node-0-i0", "node-0-i1"}
+
+
+def test_a_standby_lost_before_it_took_over_is_fenced_and_dropped(tmp_path):
+    provider = Expiring()
+    head = _head(tmp_path, provider)
+    head.launch_sampler("node-0")
+    provider.soon.add("node-0-i0")
+    head.check_samplers()
+    provider.lose.add("node-0-i1")
+    head.check_samplers()
+    assert head.sampler_standby == {"node-0": "node-0-i2"}  # dropped, and started again
+    assert fenced(head.store) == {("node-0", 1)}
+
+
+def test_a_verified_release_marks_the_incarnation_gone_for_the_dispenser(tmp_path):
+    from yeto_core.dispenser import StoreDispenser
+
+    config = parse_config(
+        {
+            "name": "gone-test",
+            "run_dir": str(tmp_path / "run"),
+            "model": {"path": str(tmp_path / "model")},
+            "task": {"name": "sort4"},
+            "samplers": [{"name": "node", "engine": "hf", "count": 1}],
+            "trainer": {"backend": "torch"},
+            "dispenser": {"kind": "store"},
+        }
+    )
+    provider = Losing()
+    head = Head(config, Plugins(), provider=provider)
+    head.launch_sampler("node-0")
+    crashed = StoreDispenser(head.store, island="node-0", incarnation=0, range_size=2)
+    crashed.take(1)
+    successor = StoreDispenser(head.store, island="node-0", incarnation=1, range_size=2)
+    assert [s.position for s in successor.take(2)] == [2, 3]  # not gone yet: not taken
+    head.release_island("node-0", head.sampler_handles["node-0"])
+    later = StoreDispenser(head.store, island="node-0", incarnation=1, range_size=2)
+    assert [s.position for s in later.take(2)] == [0, 1]

@@ -145,7 +145,11 @@ def test_renewal_before_expiry(market, tmp_path):
 @pytest.mark.parametrize("market", [{"renew_refuse_p": 1.0}], indirect=True)
 def test_refused_renewal_then_expiry_is_lost(market, tmp_path):
     p = NcIslands(tmp_path / "run")
-    h = p.launch(_launch(market, lease_s=0.8, renew_before_s=0.5))
+    h = p.launch(_launch(market, lease_s=3.0, renew_before_s=2.5))
+    assert not p.replace_soon(h)
+    # the refused renewal comes before the end: the head may start the replacement then
+    wait_for(lambda: p.status(h) == IslandStatus.RUNNING and p.replace_soon(h), what="refusal")
+    assert market.leases[p.record(h)["lease_id"]].state == "running"
     wait_for(lambda: p.status(h) == IslandStatus.LOST, what="expired")
     kinds = _kinds(p, h)
     assert "nc_renew_refused" in kinds and market.counts["expired"] == 1

@@ -9,14 +9,16 @@ position ``p`` is row ``p % rows`` of the task in epoch ``p // rows`` (``rows =
     dispense/claims/<range:012d>-<gen:04d>.json    put_if_absent: island, incarnation, lease
     dispense/acks/<range:012d>.json                put_if_absent: every group of the range appended
     dispense/released/<range:012d>-<gen:04d>.json  the holder gave the claim back (it stopped)
+    dispense/gone/<island>/<incarnation:06d>.json  the head verified the incarnation gone
 
 A claim is exclusive: only the ``put_if_absent`` that created the key holds it.
 A range without an ack is **re-dispensed** (a claim of the next generation)
 when its latest claim's holder
 
-- is an earlier incarnation of the claimer's own island (the head launches a
-  replacement only after the predecessor is verified gone, or fenced): the
-  replacement continues its predecessor's place;
+- is verified gone: the head writes ``gone`` after a verified release (a crashed
+  island, one it stopped), before it launches the replacement, which then
+  continues its predecessor's place (a replacement started *before* its
+  predecessor's lease ends takes nothing of it until then);
 - is fenced (``fences/<island>/<incarnation>.json``, see :mod:`yeto_core.fences`);
 - gave it back (``released``), or let its lease (``lease_s`` from the claim) pass.
 
@@ -54,6 +56,7 @@ PREFIX = "dispense/"
 CLAIMS = "dispense/claims/"
 ACKS = "dispense/acks/"
 RELEASED = "dispense/released/"
+GONE = "dispense/gone/"
 
 
 def claim_key(rng: int, gen: int) -> str:
@@ -66,6 +69,16 @@ def ack_key(rng: int) -> str:
 
 def released_key(rng: int, gen: int) -> str:
     return f"{RELEASED}{int(rng):012d}-{int(gen):04d}.json"
+
+
+def gone_key(island: str, incarnation: int) -> str:
+    return f"{GONE}{island}/{int(incarnation):06d}.json"
+
+
+def mark_gone(store: ObjectStore, island: str, incarnation: int, **data: Any) -> bool:
+    """The head verified ``island``'s ``incarnation`` gone: its claims are re-dispensed."""
+    body = {"island": island, "incarnation": int(incarnation), **data}
+    return store.put_if_absent(gone_key(island, incarnation), _json(body))
 
 
 def _parse(key: str, prefix: str) -> Optional[tuple[int, int]]:
@@ -299,11 +312,11 @@ class StoreDispenser:
 
     def _gone(self, holder: dict[str, Any], rng: int, gen: int, now: float) -> str:
         island, inc = holder["island"], int(holder["incarnation"])
-        if island == self.island and inc < self.incarnation:
-            return "predecessor"
         if self.fenced(island, inc):
             return "fenced"
-        self.requests += 1
+        self.requests += 2
+        if self.store.exists(gone_key(island, inc)):
+            return "gone"
         if self.store.exists(released_key(rng, gen)):
             return "released"
         if float(holder.get("lease_until", now)) < now:
@@ -322,8 +335,7 @@ def dispense_report(store: ObjectStore) -> dict[str, Any]:
     """What the claims say: ranges claimed, re-dispensed (by why), acked, and double holds.
 
     ``double_holds`` counts re-dispenses whose stated reason does not hold in the store (the
-    holder of generation ``g`` was not fenced, not an earlier incarnation of the claimer's
-    island, gave nothing back, and its lease had not passed): a duplicate dispatch. It must
+    holder of generation ``g`` was not fenced, not verified gone, gave nothing back, and its lease had not passed): a duplicate dispatch. It must
     be 0.
     """
     claims: dict[int, list[dict[str, Any]]] = {}
@@ -342,7 +354,7 @@ def dispense_report(store: ObjectStore) -> dict[str, Any]:
             why[reason] = why.get(reason, 0) + 1
             holder = (prev["island"], int(prev["incarnation"]))
             ok = {
-                "predecessor": holder[0] == nxt["island"] and holder[1] < int(nxt["incarnation"]),
+                "gone": store.exists(gone_key(*holder)),
                 "fenced": holder in fences,
                 "released": store.exists(released_key(rng, int(prev["gen"]))),
                 "lease_expired": float(prev["lease_until"]) <= float(nxt["at"]),

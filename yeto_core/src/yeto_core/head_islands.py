@@ -32,6 +32,8 @@ class HeadIslands:
     events: Any
     state: Any
     sampler_handles: dict[str, str]
+    sampler_standby: dict[str, str]
+    sampler_incarnations: dict[str, int]
     run_dir: Path
     clock: Any
 
@@ -82,13 +84,17 @@ class HeadIslands:
     def _incarnation_of(self, island: str) -> int:
         return sum(1 for ln in self.costs.lines() if ln.event == "start" and ln.island == island)
 
-    def launch_sampler(self, island: str) -> str:
+    def launch_sampler(self, island: str, *, standby: bool = False) -> str:
         incarnation = self._incarnation_of(island)
         launch = self.launch_record("sampler", island, incarnation)
         handle = self.provider_of(island).launch(launch)
         self.costs.started(island, handle)
-        self.sampler_handles[island] = handle
-        self.events.emit("sampler_launch", island=island, incarnation=incarnation, handle=handle)
+        self.sampler_incarnations[handle] = incarnation
+        (self.sampler_standby if standby else self.sampler_handles)[island] = handle
+        extra = {"standby": True} if standby else {}
+        self.events.emit(
+            "sampler_launch", island=island, incarnation=incarnation, handle=handle, **extra
+        )
         return handle
 
     def release_island(self, island: str, handle: str) -> None:
@@ -96,6 +102,11 @@ class HeadIslands:
         if not provider.release(handle):
             raise YetoError(f"island {handle} could not be verified gone; kill it by hand")
         self.costs.stopped(island, handle)
+        if self.config.dispenser.kind == "store" and handle in self.sampler_incarnations:
+            from yeto_core.dispenser import mark_gone
+
+            # its claims not acked are re-dispensed (to its replacement, or to others)
+            mark_gone(self.store, island, self.sampler_incarnations[handle], handle=handle)
         for event in provider.events(handle):
             self.events.emit(event.kind, island=island, handle=handle, **dict(event.data))
 
@@ -103,11 +114,22 @@ class HeadIslands:
         """Relaunch a sampler island that exited (up to ``MAX_SAMPLER_RESTARTS`` times)."""
         if self.state.finishing:
             return
+        self.check_standby()
         for island, handle in list(self.sampler_handles.items()):
             provider = self.provider_of(island)
             status = provider.status(handle)
             for event in provider.events(handle):  # lease renewals, eviction notices, ...
                 self.events.emit(event.kind, island=island, handle=handle, **dict(event.data))
+            if (
+                status in (IslandStatus.STARTING, IslandStatus.RUNNING)
+                and island not in self.sampler_standby
+                and provider.replace_soon(handle)
+            ):
+                # lost soon (notice, an unrenewable lease): its replacement starts now
+                standby = self.launch_sampler(island, standby=True)
+                self.events.emit(
+                    "sampler_replace_early", island=island, handle=handle, standby=standby
+                )
             if status == IslandStatus.LOST:
                 self.replace_lost(island, handle)
                 continue
@@ -147,13 +169,41 @@ class HeadIslands:
         """
         from yeto_core.fences import write_fence
 
-        incarnation = self._incarnation_of(island) - 1
+        incarnation = self.sampler_incarnations.get(handle, self._incarnation_of(island) - 1)
         write_fence(self.store, island, incarnation, at=self.clock(), handle=handle)
         self.events.emit("sampler_fenced", island=island, incarnation=incarnation, handle=handle)
         self.release_island(island, handle)
-        self.launch_sampler(island)
+        standby = self.sampler_standby.pop(island, None)
+        if standby is None:
+            self.launch_sampler(island)
+            return
+        self.sampler_handles[island] = standby  # launched before the loss: it takes over
+        self.events.emit("sampler_promoted", island=island, handle=standby, replaced=handle)
+
+    def check_standby(self) -> None:
+        """A replacement launched early that is lost or exited before it took over: dropped."""
+        for island, handle in list(self.sampler_standby.items()):
+            provider = self.provider_of(island)
+            status = provider.status(handle)
+            for event in provider.events(handle):
+                self.events.emit(event.kind, island=island, handle=handle, **dict(event.data))
+            if status in (IslandStatus.STARTING, IslandStatus.RUNNING):
+                continue
+            del self.sampler_standby[island]
+            if status == IslandStatus.LOST:
+                from yeto_core.fences import write_fence
+
+                inc = self.sampler_incarnations.get(handle, -1)
+                write_fence(self.store, island, inc, at=self.clock(), handle=handle)
+                self.events.emit("sampler_fenced", island=island, incarnation=inc, handle=handle)
+            self.release_island(island, handle)
+            self.events.emit("sampler_standby_dropped", island=island, handle=handle)
 
     def stop_samplers(self) -> None:
+        for island, handle in list(self.sampler_standby.items()):
+            self.release_island(island, handle)
+            del self.sampler_standby[island]
+            self.events.emit("sampler_released", island=island, handle=handle)
         for island, handle in list(self.sampler_handles.items()):
             self.release_island(island, handle)
             del self.sampler_handles[island]

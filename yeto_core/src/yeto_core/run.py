@@ -191,6 +191,9 @@ class Head(HeadIslands):
         self.state = HeadState(started_at=clock())
         self.breakers = BreakerWatch(Breakers(config.breakers))
         self.sampler_handles: dict[str, str] = {}
+        #: replacements launched before their island was lost (island -> handle)
+        self.sampler_standby: dict[str, str] = {}
+        self.sampler_incarnations: dict[str, int] = {}  # handle -> incarnation
         self._stop_requested: Optional[str] = None
         self.trainer_loop: Any = None
         self.lifecycle: Optional[TrainerLifecycle] = None

@@ -396,6 +396,14 @@ class NcIslands(IslandProvider):
         last = self._last.get(handle)
         return None if last is None else last.get("exit_code")
 
+    def replace_soon(self, handle: str) -> bool:
+        """The lease will end: its renewal was refused, or the node got an eviction notice."""
+        rec = self.record(handle)
+        if rec is None or rec.get("lease_id") is None:
+            return False
+        last = self._last.get(handle) or {}
+        return bool(rec.get("renew_refused") or last.get("eviction"))
+
     def log_hint(self, handle: str) -> str:
         rec = self.record(handle)
         if rec is None or rec.get("lease_id") is None:

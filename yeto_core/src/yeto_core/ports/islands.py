@@ -172,3 +172,9 @@ class IslandProvider(Port):
     def log_hint(self, handle: str) -> str:
         """Where a user finds the island's output (a path, a console URL); default: ``""``."""
         return ""
+
+    def replace_soon(self, handle: str) -> bool:
+        """Whether the island will be lost soon (an eviction notice, a lease that cannot be
+        renewed): the head then launches its replacement now, so capacity does not drop,
+        and hands over when the island is lost. Default: False."""
+        return False
