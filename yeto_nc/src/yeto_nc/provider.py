@@ -420,6 +420,28 @@ class NcIslands(IslandProvider):
             return None
         return round(sum(float(b["usd"]) for b in data["records"]), 6)
 
+    def billed(self) -> dict[str, dict[str, Any]]:
+        """The marketplace's billing records per released handle (``yeto cost`` shows them).
+
+        ``{handle: {"island", "lease_id", "usd", "seconds", "records"}}``; ``usd`` is the sum
+        of the records' ``usd`` (rounded to 1e-6 USD, as the marketplace states it).
+        """
+        out: dict[str, dict[str, Any]] = {}
+        for p in sorted((self.dir / "billing").glob("*.json")):
+            try:
+                data = json.loads(p.read_text())
+            except (OSError, ValueError):
+                continue
+            recs = data.get("records", [])
+            out[p.stem] = {
+                "island": data.get("island", ""),
+                "lease_id": data.get("lease_id", ""),
+                "usd": round(sum(float(b["usd"]) for b in recs), 6),
+                "seconds": sum(float(b.get("seconds", 0)) for b in recs),
+                "records": len(recs),
+            }
+        return out
+
     def costs(self) -> dict[str, float]:
         """Billed USD per released handle."""
         out = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from yeto_core.ports.base import Port
 from yeto_core.records import (
@@ -178,3 +178,13 @@ class IslandProvider(Port):
         renewed): the head then launches its replacement now, so capacity does not drop,
         and hands over when the island is lost. Default: False."""
         return False
+
+    def billed(self) -> dict[str, dict[str, Any]]:
+        """What the platform itself billed, per handle (``yeto cost`` shows it).
+
+        ``{handle: {"island": str, "usd": float, "seconds": float}}`` from the platform's
+        own records (a marketplace's per-second billing), for the handles this provider's
+        ``state_dir`` knows, beside the cost ledger's estimate (held time x the configured
+        ``price_per_hour``). Default: ``{}`` (nothing the provider can read back).
+        """
+        return {}
