@@ -34,6 +34,7 @@ class HeadIslands:
     sampler_handles: dict[str, str]
     sampler_standby: dict[str, str]
     sampler_incarnations: dict[str, int]
+    sampler_early_failed: set[str]
     run_dir: Path
     clock: Any
 
@@ -123,13 +124,21 @@ class HeadIslands:
             if (
                 status in (IslandStatus.STARTING, IslandStatus.RUNNING)
                 and island not in self.sampler_standby
+                and handle not in self.sampler_early_failed
                 and provider.replace_soon(handle)
             ):
                 # lost soon (notice, an unrenewable lease): its replacement starts now
-                standby = self.launch_sampler(island, standby=True)
-                self.events.emit(
-                    "sampler_replace_early", island=island, handle=handle, standby=standby
-                )
+                try:
+                    standby = self.launch_sampler(island, standby=True)
+                except YetoError as exc:  # no node now: replaced at the loss instead
+                    self.sampler_early_failed.add(handle)
+                    self.events.emit(
+                        "sampler_replace_early_failed", island=island, handle=handle, error=str(exc)
+                    )
+                else:
+                    self.events.emit(
+                        "sampler_replace_early", island=island, handle=handle, standby=standby
+                    )
             if status == IslandStatus.LOST:
                 self.replace_lost(island, handle)
                 continue

@@ -194,6 +194,7 @@ class Head(HeadIslands):
         #: replacements launched before their island was lost (island -> handle)
         self.sampler_standby: dict[str, str] = {}
         self.sampler_incarnations: dict[str, int] = {}  # handle -> incarnation
+        self.sampler_early_failed: set[str] = set()  # handles whose early launch failed
         self._stop_requested: Optional[str] = None
         self.trainer_loop: Any = None
         self.lifecycle: Optional[TrainerLifecycle] = None

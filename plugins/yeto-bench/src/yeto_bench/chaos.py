@@ -532,6 +532,13 @@ def campaign_report(
     "role fails with probability --store-fault-rate).",
 )
 @click.option("--store-fault-rate", type=float, default=0.002, show_default=True)
+@click.option(
+    "--evictions",
+    type=int,
+    default=20,
+    show_default=True,
+    help="With --faults evict: evictions in all (runs follow each other until then).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def command(
     kills: int,
@@ -543,6 +550,7 @@ def command(
     no_replay: bool,
     faults: str,
     store_fault_rate: float,
+    evictions: int,
     as_json: bool,
 ) -> None:
     """SIGKILL random processes (head, samplers, trainer) of real runs; check nothing is lost.
@@ -550,25 +558,37 @@ def command(
     Exits 1 when a check fails or a run does not complete.
     """
     kinds = {k.strip() for k in faults.split(",") if k.strip()}
-    unknown = sorted(kinds - {"store"})
+    unknown = sorted(kinds - {"store", "evict"})
     if unknown:
         raise click.BadParameter(
-            f"unknown fault kinds {unknown}; built so far: store (SIGKILLs: --kills)",
+            f"unknown fault kinds {unknown}; built so far: store, evict (SIGKILLs: --kills)",
             param_hint="--faults",
         )
     runs = runs or max(1, math.ceil(kills / 5))
     with tempfile.TemporaryDirectory(prefix="yeto-chaos-") as tmp:
         root = Path(work_dir) if work_dir else Path(tmp)
-        report = run_campaign(
-            kills=kills,
-            runs=runs,
-            seed=seed,
-            work_dir=root,
-            base_dir=Path(base_dir).absolute(),
-            total_rounds=total_rounds,
-            replay=not no_replay,
-            store_fault_rate=store_fault_rate if "store" in kinds else 0.0,
-        )
+        if "evict" in kinds:  # its own campaign: yeto_bench.chaos_evict
+            from yeto_bench.chaos_evict import run_evict_campaign
+
+            report = run_evict_campaign(
+                evictions=evictions,
+                seed=seed,
+                work_dir=root,
+                base_dir=Path(base_dir).absolute(),
+                total_rounds=total_rounds,
+                replay=not no_replay,
+            )
+        else:
+            report = run_campaign(
+                kills=kills,
+                runs=runs,
+                seed=seed,
+                work_dir=root,
+                base_dir=Path(base_dir).absolute(),
+                total_rounds=total_rounds,
+                replay=not no_replay,
+                store_fault_rate=store_fault_rate if "store" in kinds else 0.0,
+            )
     if as_json:
         click.echo(json.dumps(report, sort_keys=True))
     else:
