@@ -164,3 +164,80 @@ def test_a_verified_release_marks_the_incarnation_gone_for_the_dispenser(tmp_pat
     head.release_island("node-0", head.sampler_handles["node-0"])
     later = StoreDispenser(head.store, island="node-0", incarnation=1, range_size=2)
     assert [s.position for s in later.take(2)] == [0, 1]
+
+
+class Pooled(Losing):
+    """A pool provider: 1..3 islands of the group join and leave."""
+
+    PLUGIN_NAME = "pooled"
+
+    def pool_bounds(self, options):
+        return (1, 3)
+
+
+def _pool_head(tmp_path, provider, **backstops):
+    now = [1000.0]
+    config = parse_config(
+        {
+            "name": "pool-test",
+            "run_dir": str(tmp_path / "run"),
+            "model": {"path": str(tmp_path / "model")},
+            "task": {"name": "sort4"},
+            "samplers": [
+                {
+                    "name": "node",
+                    "engine": "hf",
+                    "count": 3,
+                    "backlog_cap": 10,
+                    "price_per_hour": 1.0,
+                }
+            ],
+            "trainer": {"backend": "torch", "groups_per_round": 4},
+            "backstops": backstops,
+        }
+    )
+    head = Head(config, Plugins(), provider=provider, clock=lambda: now[0])
+    for island in ("node-0", "node-1", "node-2"):
+        head.launch_sampler(island)
+    return head, now
+
+
+def test_pool_islands_leave_on_a_full_backlog_and_join_when_it_drains(tmp_path):
+    from yeto_core.head_islands import POOL_LEAVE_AFTER_S
+
+    provider = Pooled()
+    head, now = _pool_head(tmp_path, provider)
+    full = {"backlog_groups": 10, "cost_usd": 0.0, "elapsed_s": 1.0}
+    head.check_pool(full)
+    assert sorted(head.sampler_handles) == ["node-0", "node-1", "node-2"]  # not full long enough
+    now[0] += POOL_LEAVE_AFTER_S
+    head.check_pool(full)
+    assert sorted(head.sampler_handles) == ["node-0", "node-1"] and "node-2-i0" in provider.released
+    for _ in range(3):
+        now[0] += POOL_LEAVE_AFTER_S
+        head.check_pool(full)
+    assert sorted(head.sampler_handles) == ["node-0"]  # never below min
+    head.check_pool({"backlog_groups": 5, "cost_usd": 0.0, "elapsed_s": 50.0})
+    assert sorted(head.sampler_handles) == ["node-0"]  # neither full nor starved
+    head.check_pool({"backlog_groups": 0, "cost_usd": 0.0, "elapsed_s": 51.0})
+    assert len(head.sampler_handles) == 2
+    rejoined = [x for x in provider.launches if x.incarnation == 1]
+    assert len(rejoined) == 1  # the parked island's next incarnation
+    head.events.flush()
+    events = [e for e in read_events(head.store, "head") if e.kind.startswith("pool_")]
+    assert [e.kind for e in events] == ["pool_leave", "pool_leave", "pool_join"]
+    assert events[0].data["reason"] == "backlog_full" and events[0].data["backlog_groups"] == 10
+
+
+def test_pool_islands_leave_when_the_budget_would_run_out(tmp_path):
+    provider = Pooled()
+    # 3 islands at $1/h, 1 h left, $2.5 budget: one leaves; 2 at $1/h fit
+    head, _now = _pool_head(tmp_path, provider, budget_usd=2.5, wall_clock_s=3600.0)
+    status = {"backlog_groups": 0, "cost_usd": 0.0, "elapsed_s": 0.0}
+    head.check_pool(status)
+    assert len(head.sampler_handles) == 2
+    head.check_pool(status)
+    assert len(head.sampler_handles) == 2  # stays: a third would pass the budget
+    head.events.flush()
+    kinds = [(e.kind, e.data.get("reason")) for e in read_events(head.store, "head")]
+    assert ("pool_leave", "budget") in kinds and not any(k == "pool_join" for k, _ in kinds)

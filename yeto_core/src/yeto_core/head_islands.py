@@ -15,6 +15,8 @@ from yeto_core.records import IslandLaunch, IslandStatus
 
 #: A sampler island that exits this many times is not relaunched again.
 MAX_SAMPLER_RESTARTS = 3
+#: A pool island leaves after the backlog stayed full this long (its samplers idle).
+POOL_LEAVE_AFTER_S = 10.0
 
 
 class HeadIslands:
@@ -35,6 +37,8 @@ class HeadIslands:
     sampler_standby: dict[str, str]
     sampler_incarnations: dict[str, int]
     sampler_early_failed: set[str]
+    sampler_parked: dict[str, float]
+    pool_full_since: dict[str, float]
     run_dir: Path
     clock: Any
 
@@ -207,6 +211,86 @@ class HeadIslands:
                 self.events.emit("sampler_fenced", island=island, incarnation=inc, handle=handle)
             self.release_island(island, handle)
             self.events.emit("sampler_standby_dropped", island=island, handle=handle)
+
+    def check_pool(self, status: dict[str, Any]) -> None:
+        """Pool groups (``IslandProvider.pool_bounds``): islands join and leave.
+
+        An island leaves (released, its claims given back) when the backlog stayed at
+        the group's ``backlog_cap`` for ``POOL_LEAVE_AFTER_S`` (its nodes idle), or when
+        the budget would run out before the wall clock at the group's spend rate; one
+        joins (a parked island's next incarnation) when the backlog holds less than a
+        trainer round and the budget allows one more. Never below ``min`` or above
+        ``max`` (and ``count``) active islands. Each decision is an event with its inputs.
+        """
+        if self.state.finishing:
+            return
+        now = self.clock()
+        backlog = int(status.get("backlog_groups") or 0)
+        b = self.config.backstops
+        left_s = (b.wall_clock_s - float(status.get("elapsed_s") or 0.0)) if b.wall_clock_s else 0
+        spend = float(status.get("cost_usd") or 0.0)
+
+        def over_budget(usd_per_hour: float) -> bool:
+            """Spending at this rate until the wall clock ends would pass the budget."""
+            return (
+                b.budget_usd > 0
+                and left_s > 0
+                and spend + usd_per_hour * left_s / 3600 > b.budget_usd
+            )
+
+        for group in self.config.samplers:
+            provider = self.providers[group.provider]
+            bounds = provider.pool_bounds(dict(group.provider_options))
+            if bounds is None:
+                continue
+            lo, hi = int(bounds[0]), min(int(bounds[1]), group.count)
+            names = group.island_names()
+            active = [n for n in names if n in self.sampler_handles]
+            parked = [n for n in names if n in self.sampler_parked]
+            rate = sum(self.config.island_prices().get(n, 0.0) for n in active)
+            inputs = {
+                "group": group.name,
+                "backlog_groups": backlog,
+                "backlog_cap": group.backlog_cap,
+                "active": len(active),
+                "min": lo,
+                "max": hi,
+                "cost_usd": status.get("cost_usd"),
+                "budget_usd": b.budget_usd,
+                "usd_per_hour": rate,
+            }
+            if backlog >= group.backlog_cap:
+                self.pool_full_since.setdefault(group.name, now)
+            else:
+                self.pool_full_since.pop(group.name, None)
+            full_for = now - self.pool_full_since.get(group.name, now)
+            why = ""
+            if len(active) > lo and full_for >= POOL_LEAVE_AFTER_S:
+                why = "backlog_full"
+            elif len(active) > lo and over_budget(rate):
+                why = "budget"
+            if why:
+                island = active[-1]
+                handle = self.sampler_handles.pop(island)
+                self.release_island(island, handle)
+                standby = self.sampler_standby.pop(island, None)
+                if standby is not None:
+                    self.release_island(island, standby)
+                self.sampler_parked[island] = now
+                self.pool_full_since.pop(group.name, None)
+                self.events.emit("pool_leave", island=island, handle=handle, reason=why, **inputs)
+                continue
+            one_more = rate + self.config.island_prices().get(parked[0], 0.0) if parked else rate
+            if (
+                parked
+                and len(active) < hi
+                and backlog < self.config.trainer.groups_per_round
+                and not over_budget(one_more)
+            ):
+                island = parked[0]
+                del self.sampler_parked[island]
+                handle = self.launch_sampler(island)
+                self.events.emit("pool_join", island=island, handle=handle, **inputs)
 
     def stop_samplers(self) -> None:
         for island, handle in list(self.sampler_standby.items()):

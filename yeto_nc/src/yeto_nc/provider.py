@@ -396,6 +396,11 @@ class NcIslands(IslandProvider):
         last = self._last.get(handle)
         return None if last is None else last.get("exit_code")
 
+    def pool_bounds(self, options: Mapping[str, Any]) -> Optional[tuple[int, int]]:
+        """``min_nodes``..``max_nodes`` of the group: its islands join and leave (the head)."""
+        pool = PoolOptions.parse(options)
+        return pool.min_nodes, pool.max_nodes
+
     def replace_soon(self, handle: str) -> bool:
         """The lease will end: its renewal was refused, or the node got an eviction notice."""
         rec = self.record(handle)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Optional
 
@@ -188,3 +188,9 @@ class IslandProvider(Port):
         ``price_per_hour``). Default: ``{}`` (nothing the provider can read back).
         """
         return {}
+
+    def pool_bounds(self, options: Mapping[str, Any]) -> Optional[tuple[int, int]]:
+        """``(min, max)`` islands of a sampler group whose islands join and leave by the
+        backlog and the budget (the head's pool rule, ``docs/nc.md``), given the group's
+        ``provider_options``. Default: None (the group's ``count`` islands, always)."""
+        return None
