@@ -35,12 +35,12 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "nc"
 YETO = [sys.executable, "-c", "from yeto_core.cli import main; main()"]
 
-# A learning run of about 2 minutes: run by `make examples` (YETO_SOAK=1).
+# A learning run of about 6 minutes: run by `make examples` (YETO_SOAK=1).
 pytestmark = [
     pytest.mark.soak,
     pytest.mark.skipif(
         os.environ.get("YETO_SOAK") != "1",
-        reason="a learning run under a storm (about 2 min): YETO_SOAK=1 (make examples) runs it",
+        reason="a learning run under a storm (about 6 min): YETO_SOAK=1 (make examples) runs it",
     ),
 ]
 

@@ -241,3 +241,28 @@ def test_pool_islands_leave_when_the_budget_would_run_out(tmp_path):
     head.events.flush()
     kinds = [(e.kind, e.data.get("reason")) for e in read_events(head.store, "head")]
     assert ("pool_leave", "budget") in kinds and not any(k == "pool_join" for k, _ in kinds)
+
+
+def test_orphans_of_an_earlier_head_are_marked_gone_for_the_dispenser(tmp_path):
+    from yeto_core.dispenser import gone_key
+
+    class Orphaned(Losing):
+        PLUGIN_NAME = "orphaned"
+
+        def orphans(self):
+            return ["node-0-i3"]
+
+    config = parse_config(
+        {
+            "name": "orphan-test",
+            "run_dir": str(tmp_path / "run"),
+            "model": {"path": str(tmp_path / "model")},
+            "task": {"name": "sort4"},
+            "samplers": [{"name": "node", "engine": "hf", "count": 1}],
+            "trainer": {"backend": "torch"},
+            "dispenser": {"kind": "store"},
+        }
+    )
+    head = Head(config, Plugins(), provider=Orphaned())
+    assert head.release_orphans() == ["node-0-i3"]
+    assert head.store.exists(gone_key("node-0", 3))

@@ -79,6 +79,7 @@ class HeadIslands:
                         + (f" (see {hint})" if hint else "")
                     )
                 released.append(handle)
+                self._mark_gone(handle)
         for handle, island in open_handles.items():
             if self.provider_of(island).status(handle) == IslandStatus.GONE:
                 self.costs.stopped(island, handle)
@@ -107,13 +108,27 @@ class HeadIslands:
         if not provider.release(handle):
             raise YetoError(f"island {handle} could not be verified gone; kill it by hand")
         self.costs.stopped(island, handle)
-        if self.config.dispenser.kind == "store" and handle in self.sampler_incarnations:
-            from yeto_core.dispenser import mark_gone
-
-            # its claims not acked are re-dispensed (to its replacement, or to others)
-            mark_gone(self.store, island, self.sampler_incarnations[handle], handle=handle)
+        self._mark_gone(handle, island)
         for event in provider.events(handle):
             self.events.emit(event.kind, island=island, handle=handle, **dict(event.data))
+
+    def _mark_gone(self, handle: str, island: Optional[str] = None) -> None:
+        """A verified-released sampler incarnation: its dispenser claims not acked are
+        re-dispensed (to its replacement, or to others). Orphans of an earlier head are
+        known by their handle (``<island>-i<incarnation>``)."""
+        if self.config.dispenser.kind != "store":
+            return
+        from yeto_core.dispenser import mark_gone
+
+        inc = self.sampler_incarnations.get(handle)
+        name, sep, tail = handle.rpartition("-i")
+        if inc is None:
+            if not (sep and tail.isdigit()):
+                return
+            inc = int(tail)
+        island = island or name
+        if island and island != self.config.trainer.name:
+            mark_gone(self.store, island, inc, handle=handle)
 
     def check_samplers(self) -> None:
         """Relaunch a sampler island that exited (up to ``MAX_SAMPLER_RESTARTS`` times)."""
