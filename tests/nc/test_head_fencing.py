@@ -266,3 +266,19 @@ def test_orphans_of_an_earlier_head_are_marked_gone_for_the_dispenser(tmp_path):
     head = Head(config, Plugins(), provider=Orphaned())
     assert head.release_orphans() == ["node-0-i3"]
     assert head.store.exists(gone_key("node-0", 3))
+
+
+def test_a_pool_with_min_zero_keeps_one_island(tmp_path):
+    """With no island left, unconsumable groups (stale, fenced) could hold the backlog up
+    and nothing would refill it: a chaos run stalled that way until the silence backstop."""
+    from yeto_core.head_islands import POOL_LEAVE_AFTER_S
+
+    class ZeroMin(Pooled):
+        def pool_bounds(self, options):
+            return (0, 3)
+
+    head, now = _pool_head(tmp_path, ZeroMin())
+    for _ in range(5):
+        now[0] += POOL_LEAVE_AFTER_S
+        head.check_pool({"backlog_groups": 10, "cost_usd": 0.0, "elapsed_s": 1.0})
+    assert len(head.sampler_handles) == 1

@@ -235,7 +235,8 @@ class HeadIslands:
         the budget would run out before the wall clock at the group's spend rate; one
         joins (a parked island's next incarnation) when the backlog holds less than a
         trainer round and the budget allows one more. Never below ``min`` or above
-        ``max`` (and ``count``) active islands. Each decision is an event with its inputs.
+        ``max`` (and ``count``) active islands, and never below one. Each decision is an
+        event with its inputs.
         """
         if self.state.finishing:
             return
@@ -258,7 +259,9 @@ class HeadIslands:
             bounds = provider.pool_bounds(dict(group.provider_options))
             if bounds is None:
                 continue
-            lo, hi = int(bounds[0]), min(int(bounds[1]), group.count)
+            # at least one island stays: with none, groups that cannot be trained (stale,
+            # fenced) could hold the backlog above a round and nothing would refill it
+            lo, hi = max(1, int(bounds[0])), min(int(bounds[1]), group.count)
             names = group.island_names()
             active = [n for n in names if n in self.sampler_handles]
             parked = [n for n in names if n in self.sampler_parked]
