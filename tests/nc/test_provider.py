@@ -69,6 +69,7 @@ def test_launch_status_release_and_cost(market, tmp_path):
     assert h == "hf-0-i0"
     rec = p.record(h)
     assert rec["offer"] == "dear" and rec["lease_id"]
+    assert p.price_per_hour(h) == 3.6  # the granted offer's price
     wait_for(lambda: p.status(h) == IslandStatus.RUNNING, what="running")
     lease = market.leases[rec["lease_id"]]
     assert lease.req["env"] == {"YETO_ISLAND": "hf-0", "YETO_HANDLE": h}
@@ -77,6 +78,7 @@ def test_launch_status_release_and_cost(market, tmp_path):
     assert _gone(lease.proc.pid) and p.status(h) == IslandStatus.GONE
     billed = market.billing_usd()[rec["lease_id"]]
     assert p.costs() == {h: billed} and billed > 0
+    assert p.price_per_hour(h) is None  # released: no lease
     assert "nc_lease_granted" in _kinds(p, h)
 
 

@@ -425,6 +425,15 @@ class NcIslands(IslandProvider):
             return None
         return round(sum(float(b["usd"]) for b in data["records"]), 6)
 
+    def price_per_hour(self, handle: str) -> Optional[float]:
+        """The USD per hour of the offer the handle's lease was granted on (None: no lease).
+
+        The resource ledger's price of the node when the core asks providers for it."""
+        rec = self.record(handle)
+        if rec is None or rec.get("usd_per_hour") is None:
+            return None
+        return float(rec["usd_per_hour"])
+
     def billed(self) -> dict[str, dict[str, Any]]:
         """The marketplace's billing records per released handle (``yeto cost`` shows them).
 
