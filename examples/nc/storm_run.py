@@ -29,6 +29,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run-dir", default="runs/nc-storm")
     ap.add_argument("--rounds", type=int, default=0, help="total_rounds (default: the example's)")
+    ap.add_argument("--storm", default=str(HERE / "storm.json"), help="the scenario file")
     args = ap.parse_args()
     from yeto_core.dispenser import dispense_report
     from yeto_core.event_stream import read_events
@@ -45,7 +46,7 @@ def main() -> int:
         )
     run_dir.mkdir(parents=True)
     (run_dir / "run.toml").write_text(config + "\n")
-    storm = json.loads((HERE / "storm.json").read_text())
+    storm = json.loads(Path(args.storm).read_text())
     progress = BufferProgress(run_dir / "store")
     with Marketplace(storm, work_dir=run_dir / "sim", progress=progress) as market:
         env = dict(os.environ, YETO_NC_URL=market.url, PYTHONUNBUFFERED="1")

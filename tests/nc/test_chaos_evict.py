@@ -30,6 +30,7 @@ def test_evict_config_puts_the_samplers_on_the_pool_with_the_dispenser(tmp_path:
     config = parse_config(tomllib.loads(text))
     (group,) = config.samplers
     assert group.provider == "nc" and group.provider_options["max_nodes"] == 4
+    assert group.backlog_cap == 64  # room for fenced groups (docs/nc.md)
     assert config.dispenser.kind == "store"
     assert config.trainer.provider == "local"
 
