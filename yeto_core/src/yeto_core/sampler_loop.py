@@ -12,8 +12,9 @@ others. Group ids are ``f"{host}-i{incarnation}-p{index}"`` (the buffer's
 dedup key). With a :class:`~yeto_core.dispenser.StoreDispenser` (``[dispenser]
 kind = "store"``) the positions come from claims in the store instead, exactly
 once per run: group ids ``<task>-d<position>``, prompt ids ``<task>:<row>``
-(``<task>:<row>-p<position>`` for a row dispensed again). While the buffer's backlog is at ``backlog_cap`` groups the loop
-waits on its stop event, re-reading the backlog every ``backlog_poll_s``.
+(``<task>:<row>-p<position>`` for a row dispensed again). While the buffer's
+backlog is at ``backlog_cap`` groups the loop waits on its stop event,
+re-reading the backlog every ``backlog_poll_s``.
 """
 
 from __future__ import annotations
