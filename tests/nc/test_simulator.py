@@ -190,3 +190,42 @@ def test_same_seed_replays_the_same_storm(tmp_path):
     assert a != c
     assert 0 < a[0].count("refused") < 30
     assert any(p is None for p in a[1]) and any(p and p[1] == 0 for p in a[1])
+
+
+def test_evictions_driven_by_the_nodes_progress(tmp_path):
+    """``evict_after_progress``: the eviction comes at the node's N-th unit of progress, however
+    long that takes; the notice and grace follow from then."""
+    done = {"1": 0, "2": 0}
+    asked: list[str] = []
+
+    def progress(env):
+        asked.append(env["A"])
+        return done[env["A"]]
+
+    scenario = {
+        "offers": OFFERS,
+        "start_delay_s": 0.0,
+        "evict_p": 1.0,
+        "evict_after_s": [0.0, 0.0],  # would evict at once if time drove it
+        "evict_after_progress": [3, 3],
+        "notice_p": 0.0,
+    }
+    with Marketplace(
+        scenario, work_dir=tmp_path / "sim", progress=progress, progress_poll_s=0.0
+    ) as m:
+        client = LeaseClient(m.url)
+        a = client.request_lease("cheap", duration_s=60, command=SLEEPER, env={"A": "1"}, labels={})
+        b = client.request_lease("cheap", duration_s=60, command=SLEEPER, env={"A": "2"}, labels={})
+        wait_for(lambda: asked.count("1") >= 5 and asked.count("2") >= 5, what="progress polls")
+        assert client.lease(a["id"])["state"] == "running" and m.counts["evicted"] == 0
+        done["1"] = 3
+        wait_for(lambda: client.lease(a["id"])["state"] == "evicted", what="a evicted")
+        n = asked.count("2")
+        wait_for(lambda: asked.count("2") >= n + 5, what="more polls of b")
+        assert client.lease(b["id"])["state"] == "running" and m.counts["evicted"] == 1
+        client.close()
+
+
+def test_progress_evictions_need_a_progress_callable(tmp_path):
+    with pytest.raises(ValueError, match="progress"):
+        Marketplace({"evict_after_progress": [1, 2]}, work_dir=tmp_path / "sim")

@@ -189,6 +189,23 @@ class ConversionConfig:
 
 
 @attrs.frozen
+class DispenserConfig:
+    """How sampler islands get their prompts (``docs/dispenser.md``).
+
+    ``offsets``: each incarnation walks its own seeded range of task indices.
+    ``store``: dispense positions claimed from the store in ranges, exactly once per
+    run (:mod:`yeto_core.dispenser`); ``rows`` is the task's row count (0: unbounded),
+    ``range_size`` the positions per claim (0: the group's ``prompts_per_call``),
+    ``lease_s`` how long a claim is held before others may re-dispense it.
+    """
+
+    kind: str = "offsets"
+    rows: int = 0
+    range_size: int = 0
+    lease_s: float = 600.0
+
+
+@attrs.frozen
 class SchedulerConfig:
     """Which rule starts and stops the trainer, and its knobs."""
 
@@ -239,6 +256,7 @@ class RunConfig:
     conversion: ConversionConfig = attrs.field(factory=ConversionConfig)
     breakers: BreakersConfig = attrs.field(factory=BreakersConfig)
     releases: ReleasesConfig = attrs.field(factory=ReleasesConfig)
+    dispenser: DispenserConfig = attrs.field(factory=DispenserConfig)
     #: Where the config was read from (set by :func:`load_config`; not a TOML key).
     source: str = ""
 
@@ -424,6 +442,12 @@ def validate(config: RunConfig) -> list[str]:
     if int(r.full_every) < 1:
         errors.append(f"releases.full_every = {r.full_every!r}; it must be >= 1")
     _positive(errors, "releases.delta_min_bytes", r.delta_min_bytes, zero_ok=True)
+    d = config.dispenser
+    if d.kind not in ("offsets", "store"):
+        errors.append(f"dispenser.kind = {d.kind!r}; allowed: offsets, store")
+    _positive(errors, "dispenser.rows", d.rows, zero_ok=True)
+    _positive(errors, "dispenser.range_size", d.range_size, zero_ok=True, most=1_000_000)
+    _positive(errors, "dispenser.lease_s", d.lease_s)
     errors.extend(_node_class_errors(config))
     return errors
 

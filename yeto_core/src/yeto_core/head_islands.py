@@ -15,6 +15,8 @@ from yeto_core.records import IslandLaunch, IslandStatus
 
 #: A sampler island that exits this many times is not relaunched again.
 MAX_SAMPLER_RESTARTS = 3
+#: A pool island leaves after the backlog stayed full this long (its samplers idle).
+POOL_LEAVE_AFTER_S = 10.0
 
 
 class HeadIslands:
@@ -32,6 +34,11 @@ class HeadIslands:
     events: Any
     state: Any
     sampler_handles: dict[str, str]
+    sampler_standby: dict[str, str]
+    sampler_incarnations: dict[str, int]
+    sampler_early_failed: set[str]
+    sampler_parked: dict[str, float]
+    pool_full_since: dict[str, float]
     run_dir: Path
     clock: Any
 
@@ -72,6 +79,7 @@ class HeadIslands:
                         + (f" (see {hint})" if hint else "")
                     )
                 released.append(handle)
+                self._mark_gone(handle)
         for handle, island in open_handles.items():
             if self.provider_of(island).status(handle) == IslandStatus.GONE:
                 self.costs.stopped(island, handle)
@@ -82,13 +90,17 @@ class HeadIslands:
     def _incarnation_of(self, island: str) -> int:
         return sum(1 for ln in self.costs.lines() if ln.event == "start" and ln.island == island)
 
-    def launch_sampler(self, island: str) -> str:
+    def launch_sampler(self, island: str, *, standby: bool = False) -> str:
         incarnation = self._incarnation_of(island)
         launch = self.launch_record("sampler", island, incarnation)
         handle = self.provider_of(island).launch(launch)
         self.costs.started(island, handle)
-        self.sampler_handles[island] = handle
-        self.events.emit("sampler_launch", island=island, incarnation=incarnation, handle=handle)
+        self.sampler_incarnations[handle] = incarnation
+        (self.sampler_standby if standby else self.sampler_handles)[island] = handle
+        extra = {"standby": True} if standby else {}
+        self.events.emit(
+            "sampler_launch", island=island, incarnation=incarnation, handle=handle, **extra
+        )
         return handle
 
     def release_island(self, island: str, handle: str) -> None:
@@ -96,18 +108,56 @@ class HeadIslands:
         if not provider.release(handle):
             raise YetoError(f"island {handle} could not be verified gone; kill it by hand")
         self.costs.stopped(island, handle)
+        self._mark_gone(handle, island)
         for event in provider.events(handle):
             self.events.emit(event.kind, island=island, handle=handle, **dict(event.data))
+
+    def _mark_gone(self, handle: str, island: Optional[str] = None) -> None:
+        """A verified-released sampler incarnation: its dispenser claims not acked are
+        re-dispensed (to its replacement, or to others). Orphans of an earlier head are
+        known by their handle (``<island>-i<incarnation>``)."""
+        if self.config.dispenser.kind != "store":
+            return
+        from yeto_core.dispenser import mark_gone
+
+        inc = self.sampler_incarnations.get(handle)
+        name, sep, tail = handle.rpartition("-i")
+        if inc is None:
+            if not (sep and tail.isdigit()):
+                return
+            inc = int(tail)
+        island = island or name
+        if island and island != self.config.trainer.name:
+            mark_gone(self.store, island, inc, handle=handle)
 
     def check_samplers(self) -> None:
         """Relaunch a sampler island that exited (up to ``MAX_SAMPLER_RESTARTS`` times)."""
         if self.state.finishing:
             return
+        self.check_standby()
         for island, handle in list(self.sampler_handles.items()):
             provider = self.provider_of(island)
             status = provider.status(handle)
             for event in provider.events(handle):  # lease renewals, eviction notices, ...
                 self.events.emit(event.kind, island=island, handle=handle, **dict(event.data))
+            if (
+                status in (IslandStatus.STARTING, IslandStatus.RUNNING)
+                and island not in self.sampler_standby
+                and handle not in self.sampler_early_failed
+                and provider.replace_soon(handle)
+            ):
+                # lost soon (notice, an unrenewable lease): its replacement starts now
+                try:
+                    standby = self.launch_sampler(island, standby=True)
+                except YetoError as exc:  # no node now: replaced at the loss instead
+                    self.sampler_early_failed.add(handle)
+                    self.events.emit(
+                        "sampler_replace_early_failed", island=island, handle=handle, error=str(exc)
+                    )
+                else:
+                    self.events.emit(
+                        "sampler_replace_early", island=island, handle=handle, standby=standby
+                    )
             if status == IslandStatus.LOST:
                 self.replace_lost(island, handle)
                 continue
@@ -147,13 +197,124 @@ class HeadIslands:
         """
         from yeto_core.fences import write_fence
 
-        incarnation = self._incarnation_of(island) - 1
+        incarnation = self.sampler_incarnations.get(handle, self._incarnation_of(island) - 1)
         write_fence(self.store, island, incarnation, at=self.clock(), handle=handle)
         self.events.emit("sampler_fenced", island=island, incarnation=incarnation, handle=handle)
         self.release_island(island, handle)
-        self.launch_sampler(island)
+        standby = self.sampler_standby.pop(island, None)
+        if standby is None:
+            self.launch_sampler(island)
+            return
+        self.sampler_handles[island] = standby  # launched before the loss: it takes over
+        self.events.emit("sampler_promoted", island=island, handle=standby, replaced=handle)
+
+    def check_standby(self) -> None:
+        """A replacement launched early that is lost or exited before it took over: dropped."""
+        for island, handle in list(self.sampler_standby.items()):
+            provider = self.provider_of(island)
+            status = provider.status(handle)
+            for event in provider.events(handle):
+                self.events.emit(event.kind, island=island, handle=handle, **dict(event.data))
+            if status in (IslandStatus.STARTING, IslandStatus.RUNNING):
+                continue
+            del self.sampler_standby[island]
+            if status == IslandStatus.LOST:
+                from yeto_core.fences import write_fence
+
+                inc = self.sampler_incarnations.get(handle, -1)
+                write_fence(self.store, island, inc, at=self.clock(), handle=handle)
+                self.events.emit("sampler_fenced", island=island, incarnation=inc, handle=handle)
+            self.release_island(island, handle)
+            self.events.emit("sampler_standby_dropped", island=island, handle=handle)
+
+    def check_pool(self, status: dict[str, Any]) -> None:
+        """Pool groups (``IslandProvider.pool_bounds``): islands join and leave.
+
+        An island leaves (released, its claims given back) when the backlog stayed at
+        the group's ``backlog_cap`` for ``POOL_LEAVE_AFTER_S`` (its nodes idle), or when
+        the budget would run out before the wall clock at the group's spend rate; one
+        joins (a parked island's next incarnation) when the backlog holds less than a
+        trainer round and the budget allows one more. Never below ``min`` or above
+        ``max`` (and ``count``) active islands, and never below one. Each decision is an
+        event with its inputs.
+        """
+        if self.state.finishing:
+            return
+        now = self.clock()
+        backlog = int(status.get("backlog_groups") or 0)
+        b = self.config.backstops
+        left_s = (b.wall_clock_s - float(status.get("elapsed_s") or 0.0)) if b.wall_clock_s else 0
+        spend = float(status.get("cost_usd") or 0.0)
+
+        def over_budget(usd_per_hour: float) -> bool:
+            """Spending at this rate until the wall clock ends would pass the budget."""
+            return (
+                b.budget_usd > 0
+                and left_s > 0
+                and spend + usd_per_hour * left_s / 3600 > b.budget_usd
+            )
+
+        for group in self.config.samplers:
+            provider = self.providers[group.provider]
+            bounds = provider.pool_bounds(dict(group.provider_options))
+            if bounds is None:
+                continue
+            # at least one island stays: with none, groups that cannot be trained (stale,
+            # fenced) could hold the backlog above a round and nothing would refill it
+            lo, hi = max(1, int(bounds[0])), min(int(bounds[1]), group.count)
+            names = group.island_names()
+            active = [n for n in names if n in self.sampler_handles]
+            parked = [n for n in names if n in self.sampler_parked]
+            rate = sum(self.config.island_prices().get(n, 0.0) for n in active)
+            inputs = {
+                "group": group.name,
+                "backlog_groups": backlog,
+                "backlog_cap": group.backlog_cap,
+                "active": len(active),
+                "min": lo,
+                "max": hi,
+                "cost_usd": status.get("cost_usd"),
+                "budget_usd": b.budget_usd,
+                "usd_per_hour": rate,
+            }
+            if backlog >= group.backlog_cap:
+                self.pool_full_since.setdefault(group.name, now)
+            else:
+                self.pool_full_since.pop(group.name, None)
+            full_for = now - self.pool_full_since.get(group.name, now)
+            why = ""
+            if len(active) > lo and full_for >= POOL_LEAVE_AFTER_S:
+                why = "backlog_full"
+            elif len(active) > lo and over_budget(rate):
+                why = "budget"
+            if why:
+                island = active[-1]
+                handle = self.sampler_handles.pop(island)
+                self.release_island(island, handle)
+                standby = self.sampler_standby.pop(island, None)
+                if standby is not None:
+                    self.release_island(island, standby)
+                self.sampler_parked[island] = now
+                self.pool_full_since.pop(group.name, None)
+                self.events.emit("pool_leave", island=island, handle=handle, reason=why, **inputs)
+                continue
+            one_more = rate + self.config.island_prices().get(parked[0], 0.0) if parked else rate
+            if (
+                parked
+                and len(active) < hi
+                and backlog < self.config.trainer.groups_per_round
+                and not over_budget(one_more)
+            ):
+                island = parked[0]
+                del self.sampler_parked[island]
+                handle = self.launch_sampler(island)
+                self.events.emit("pool_join", island=island, handle=handle, **inputs)
 
     def stop_samplers(self) -> None:
+        for island, handle in list(self.sampler_standby.items()):
+            self.release_island(island, handle)
+            del self.sampler_standby[island]
+            self.events.emit("sampler_released", island=island, handle=handle)
         for island, handle in list(self.sampler_handles.items()):
             self.release_island(island, handle)
             del self.sampler_handles[island]

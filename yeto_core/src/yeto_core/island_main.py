@@ -296,6 +296,19 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         emit=on_event,
         source=island,
     )
+    dispenser = None
+    if config.dispenser.kind == "store":
+        from yeto_core.dispenser import StoreDispenser
+
+        dispenser = StoreDispenser(
+            store,
+            island=island,
+            incarnation=incarnation,
+            range_size=config.dispenser.range_size or scfg.prompts_per_call,
+            rows=config.dispenser.rows,
+            lease_s=config.dispenser.lease_s,
+            emit=on_event,
+        )
     loop = SamplerLoop(
         buffer,
         engine,
@@ -314,6 +327,7 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         sync_rounds=scfg.sync_rounds,
         stop=stop,
         emit=on_event,
+        dispenser=dispenser,
     )
     from yeto_core.sampler_drain import DEFAULT_DRAIN_BOUND_S, DrainGuard
 
@@ -338,6 +352,8 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         run_with_pauses(loop, stop, scfg.pause_every_s, scfg.pause_s, on_event)
         guard.finished()
     finally:
+        if dispenser is not None:
+            dispenser.close()  # claims not acked: re-dispensed by others
         follower.stop()
         emit_snapshot(stream.emit)
         stream.flush()

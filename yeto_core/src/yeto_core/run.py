@@ -198,6 +198,12 @@ class Head(HeadIslands):
         self.breakers = BreakerWatch(Breakers(config.breakers))
         self.clock_skew = ClockSkewWatch()
         self.sampler_handles: dict[str, str] = {}
+        #: replacements launched before their island was lost (island -> handle)
+        self.sampler_standby: dict[str, str] = {}
+        self.sampler_incarnations: dict[str, int] = {}  # handle -> incarnation
+        self.sampler_early_failed: set[str] = set()  # handles whose early launch failed
+        self.sampler_parked: dict[str, float] = {}  # island -> when it left the pool
+        self.pool_full_since: dict[str, float] = {}  # group -> backlog full since
         self._stop_requested: Optional[str] = None
         self.trainer_loop: Any = None
         self.lifecycle: Optional[TrainerLifecycle] = None
@@ -422,6 +428,7 @@ class Head(HeadIslands):
             self.events.emit("backstop", reason=reason, status=status)
             self.request_stop(reason)
         self.check_samplers()
+        self.check_pool(status)
         target = self.config.trainer.total_rounds
         if target and not self.state.finishing and (status["trained_rounds"] or 0) >= target:
             self.finish_data()

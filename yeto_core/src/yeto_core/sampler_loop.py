@@ -9,11 +9,15 @@ Prompts are dispensed by index: incarnation ``k`` of host ``h`` takes indices
 ``offset(seed, h, k) + n`` for ``n = 0, 1, ...``, so a replay with the same
 seed dispenses the same prompts, and other hosts or incarnations dispense
 others. Group ids are ``f"{host}-i{incarnation}-p{index}"`` (the buffer's
-dedup key). While the buffer's backlog is at ``backlog_cap`` groups the loop
-waits on the buffer's watch (woken by the trainer's commit; a plain wait on its
-stop event when the buffer has none), re-reading the backlog at least every
-``backlog_poll_s``. A call's groups are appended with one ``append_many`` (a
-group commit: one index sync for all of them).
+dedup key). With a :class:`~yeto_core.dispenser.StoreDispenser` (``[dispenser]
+kind = "store"``) the positions come from claims in the store instead, exactly
+once per run: group ids ``<task>-d<position>``, prompt ids ``<task>:<row>``
+(``<task>:<row>-p<position>`` for a row dispensed again). While the buffer's
+backlog is at ``backlog_cap`` groups the loop waits on the buffer's watch (woken
+by the trainer's commit; a plain wait on its stop event when the buffer has
+none), re-reading the backlog at least every ``backlog_poll_s``. A call's groups
+are appended with one ``append_many`` (a group commit: one index sync for all of
+them).
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ class SamplerLoop:
         clock: Callable[[], float] = time.monotonic,
         emit: Optional[Callable[[Event], None]] = None,
         prompts_per_round: Optional[int] = None,
+        dispenser: Any = None,
     ) -> None:
         if prompts_per_round is not None:  # the old name of prompts_per_call
             prompts_per_call = prompts_per_round
@@ -101,6 +106,7 @@ class SamplerLoop:
         self.clock = clock
         self._emit = emit or (lambda e: None)
         self.offset = dispense_offset(self.seed, host, self.incarnation)
+        self.dispenser = dispenser
         self.next_index = 0
         self.rounds = 0
         self.groups_appended = 0
@@ -173,7 +179,12 @@ class SamplerLoop:
     def run_round(self) -> list[int]:
         """Generate, score and append one round of groups. :returns: their buffer positions."""
         started = self.clock()
-        indices = [self.offset + self.next_index + k for k in range(self.prompts_per_call)]
+        slots = None
+        if self.dispenser is not None:
+            slots = self.dispenser.take(self.prompts_per_call)
+            indices = [s.row for s in slots]
+        else:
+            indices = [self.offset + self.next_index + k for k in range(self.prompts_per_call)]
         prompts = [self.task.prompt(i) for i in indices]
         guard = self.follower.round() if self.follower is not None else _no_lock()
         asked = time.perf_counter()
@@ -187,6 +198,8 @@ class SamplerLoop:
             # A forced load swapped the weights mid-generation: these samples mixed two
             # policies, so no version stamp would be true. Thrown away and counted.
             self.next_index += self.prompts_per_call
+            if slots is not None:
+                self.dispenser.give_back(slots)
             self.groups_discarded += len(prompts)
             self._event(
                 "sampler_round_discarded",
@@ -204,8 +217,8 @@ class SamplerLoop:
             )
         groups, rewards, versions = [], [], []
         scoring = time.perf_counter()
-        for index, (_text, answer), prompt_ids, comps in zip(
-            indices, prompts, ids, outs, strict=True
+        for k, (index, (_text, answer), prompt_ids, comps) in enumerate(
+            zip(indices, prompts, ids, outs, strict=True)
         ):
             samples = []
             for c in comps:
@@ -227,9 +240,13 @@ class SamplerLoop:
                 )
                 rewards.append(reward)
                 versions.append(int(c.weight_version))
+            if slots is not None:
+                gid, pid = slots[k].group_id(self.task_name), slots[k].prompt_id(self.task_name)
+            else:
+                gid, pid = group_id(self.host, self.incarnation, index), f"{self.task_name}:{index}"
             group = SampleGroup(
-                group_id=group_id(self.host, self.incarnation, index),
-                prompt_id=f"{self.task_name}:{index}",
+                group_id=gid,
+                prompt_id=pid,
                 sampler_host=self.host,
                 sampler_incarnation=self.incarnation,
                 samples=tuple(samples),
@@ -240,6 +257,8 @@ class SamplerLoop:
         PROFILE.add("sampler.score", time.perf_counter() - scoring)
         with stage("sampler.append"):
             positions = self._append(groups)
+        if slots is not None:
+            self.dispenser.done(slots)
         self.next_index += self.prompts_per_call
         self.rounds += 1
         self.groups_appended += len(positions)
@@ -249,6 +268,11 @@ class SamplerLoop:
             groups=len(positions),
             first_index=indices[0],
             reward_mean=float(np.mean(rewards)) if rewards else 0.0,
+            **(
+                {"dispense_positions": [s.position for s in slots], "positions": positions}
+                if slots is not None
+                else {}
+            ),
             min_version=min(versions) if versions else None,
             max_version=max(versions) if versions else None,
             seconds=self.clock() - started,

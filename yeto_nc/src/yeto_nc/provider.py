@@ -396,6 +396,19 @@ class NcIslands(IslandProvider):
         last = self._last.get(handle)
         return None if last is None else last.get("exit_code")
 
+    def pool_bounds(self, options: Mapping[str, Any]) -> Optional[tuple[int, int]]:
+        """``min_nodes``..``max_nodes`` of the group: its islands join and leave (the head)."""
+        pool = PoolOptions.parse(options)
+        return pool.min_nodes, pool.max_nodes
+
+    def replace_soon(self, handle: str) -> bool:
+        """The lease will end: its renewal was refused, or the node got an eviction notice."""
+        rec = self.record(handle)
+        if rec is None or rec.get("lease_id") is None:
+            return False
+        last = self._last.get(handle) or {}
+        return bool(rec.get("renew_refused") or last.get("eviction"))
+
     def log_hint(self, handle: str) -> str:
         rec = self.record(handle)
         if rec is None or rec.get("lease_id") is None:
@@ -411,6 +424,37 @@ class NcIslands(IslandProvider):
         except (OSError, ValueError):
             return None
         return round(sum(float(b["usd"]) for b in data["records"]), 6)
+
+    def price_per_hour(self, handle: str) -> Optional[float]:
+        """The USD per hour of the offer the handle's lease was granted on (None: no lease).
+
+        The resource ledger's price of the node when the core asks providers for it."""
+        rec = self.record(handle)
+        if rec is None or rec.get("usd_per_hour") is None:
+            return None
+        return float(rec["usd_per_hour"])
+
+    def billed(self) -> dict[str, dict[str, Any]]:
+        """The marketplace's billing records per released handle (``yeto cost`` shows them).
+
+        ``{handle: {"island", "lease_id", "usd", "seconds", "records"}}``; ``usd`` is the sum
+        of the records' ``usd`` (rounded to 1e-6 USD, as the marketplace states it).
+        """
+        out: dict[str, dict[str, Any]] = {}
+        for p in sorted((self.dir / "billing").glob("*.json")):
+            try:
+                data = json.loads(p.read_text())
+            except (OSError, ValueError):
+                continue
+            recs = data.get("records", [])
+            out[p.stem] = {
+                "island": data.get("island", ""),
+                "lease_id": data.get("lease_id", ""),
+                "usd": round(sum(float(b["usd"]) for b in recs), 6),
+                "seconds": sum(float(b.get("seconds", 0)) for b in recs),
+                "records": len(recs),
+            }
+        return out
 
     def costs(self) -> dict[str, float]:
         """Billed USD per released handle."""

@@ -18,12 +18,22 @@ Scenario keys (all optional)::
      "refuse_p": 0.0,               # probability a lease request is refused
      "evict_p": 0.0,                # probability a lease is evicted while running
      "evict_after_s": [5, 30],      # uniform, from its start
+     "evict_after_progress": [3, 9],  # instead: once the node made this much progress
+                                      # (uniform; needs Marketplace(progress=...))
      "notice_p": 0.5,               # probability an eviction gives notice
      "grace_s": [1, 5],             # uniform notice length (0 when no notice)
      "renew_refuse_p": 0.0,         # probability a lease's renewals are refused
      "evictions": [{"lease": 2, "after_s": 3, "grace_s": 0}]}   # exact, by lease number
 
 Billing is per second from the lease's start (``ceil`` of the held time).
+
+**Evictions driven by progress.** With ``evict_after_progress`` an eviction
+comes once ``progress(env)`` (a callable given to :class:`Marketplace`, called
+with the lease's environment at most every ``progress_poll_s``) reaches the
+lease's drawn count, e.g. the groups the node appended to the run's buffer; the
+notice and the grace follow from then. A storm then does not depend on how
+fast the machine is: the same seed evicts each node at the same point of its
+work.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Optional
@@ -75,6 +85,9 @@ class _Lease:
         self.expires_at = 0.0
         self.eviction: Optional[dict[str, float]] = None
         self.evict_plan: Optional[tuple[float, float]] = None  # (after_s, grace_s)
+        self.evict_progress: Optional[int] = None  # evict at this progress instead of after_s
+        self.progress = 0
+        self.progress_at = 0.0
         self.renew_refused = False
         self.proc: Optional[subprocess.Popen[bytes]] = None
         self.exit_code: Optional[int] = None
@@ -138,6 +151,8 @@ class Marketplace:
         *,
         work_dir: Optional[str | os.PathLike[str]] = None,
         tick_s: float = 0.02,
+        progress: Optional[Callable[[dict[str, str]], int]] = None,
+        progress_poll_s: float = 0.25,
     ) -> None:
         if scenario is None:
             scenario = {}
@@ -149,6 +164,12 @@ class Marketplace:
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="yeto-nc-sim-"))
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.tick_s = tick_s
+        self.progress, self.progress_poll_s = progress, float(progress_poll_s)
+        if self.scenario.get("evict_after_progress") and progress is None:
+            raise ValueError(
+                "the scenario sets evict_after_progress: give Marketplace(progress=...) "
+                "(the node's progress from its lease environment)"
+            )
         self.leases: dict[str, _Lease] = {}
         self.counts = {
             "requests": 0,
@@ -224,6 +245,9 @@ class Marketplace:
             glo, ghi = s.get("grace_s", (1.0, 5.0))
             g = glo + grace * (ghi - glo) if notice < float(s.get("notice_p", 0.5)) else 0.0
             lease.evict_plan = (lo + after * (hi - lo), g)
+            if s.get("evict_after_progress"):
+                plo, phi = s["evict_after_progress"]
+                lease.evict_progress = int(plo + round(after * (int(phi) - int(plo))))
         lease.renew_refused = rng.random() < float(s.get("renew_refuse_p", 0.0))
 
     # -- the API (called by the handler under the lock) ------------------------------
@@ -332,7 +356,23 @@ class Marketplace:
                 self._spawn(lease, now)
             if lease.state in ("running", "evicting") and lease.proc.poll() is not None:
                 lease.state, lease.exit_code = "exited", lease.proc.returncode
-            if lease.evict_plan is not None and lease.started_at is not None:
+            if lease.evict_progress is not None and lease.state == "running":
+                if lease.eviction is None and now - lease.progress_at >= self.progress_poll_s:
+                    lease.progress_at = now
+                    assert self.progress is not None
+                    lease.progress = int(self.progress(dict(lease.req.get("env") or {})))
+                    if lease.progress >= lease.evict_progress:
+                        # the plan's time becomes "now + grace" (notice now)
+                        lease.evict_plan = (
+                            now - lease.started_at + lease.evict_plan[1],
+                            lease.evict_plan[1],
+                        )
+                        lease.evict_progress = None
+            if (
+                lease.evict_plan is not None
+                and lease.started_at is not None
+                and lease.evict_progress is None
+            ):
                 after, grace = lease.evict_plan
                 evict_at = lease.started_at + after
                 if lease.eviction is None and now >= evict_at - grace:
@@ -392,6 +432,44 @@ class Marketplace:
         with self._lock:
             now = time.time()
             return {x.id: x.bill(now)["usd"] for x in self._labelled(label)}
+
+
+class BufferProgress:
+    """``progress(env)`` for :class:`Marketplace`: groups the lease's island incarnation
+    appended to a run's buffer (a ``dir`` store with the ``jsonl`` index), read
+    incrementally from ``<store>/buffer/index.jsonl``.
+
+    :param store_root: the run's store directory (``<run_dir>/store``).
+    """
+
+    def __init__(self, store_root: str | os.PathLike[str]) -> None:
+        self.path = Path(store_root) / "buffer" / "index.jsonl"
+        self.offset = 0
+        self.counts: dict[tuple[str, int], int] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, env: Mapping[str, str]) -> int:
+        with self._lock:
+            self._read()
+            key = (env.get("YETO_ISLAND", ""), int(env.get("YETO_INCARNATION", "-1")))
+            return self.counts.get(key, 0)
+
+    def _read(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return
+        end = data.rfind(b"\n") + 1  # only whole lines
+        for line in data[:end].splitlines():
+            try:
+                rec = json.loads(line)
+                key = (str(rec["host"]), int(rec["incarnation"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+            self.counts[key] = self.counts.get(key, 0) + 1
+        self.offset += end
 
 
 def _err(status: int, code: str, message: str) -> tuple[int, Any]:
@@ -464,8 +542,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m yeto_nc.testing", description=main.__doc__)
     ap.add_argument("scenario", nargs="?", help="a scenario JSON file (default: calm)")
     ap.add_argument("--work-dir", help="where lease processes run (default: a temp dir)")
+    ap.add_argument(
+        "--store",
+        help="the run's store directory (<run_dir>/store): evict_after_progress counts "
+        "the groups each node appended there",
+    )
     args = ap.parse_args(argv)
-    market = Marketplace(args.scenario, work_dir=args.work_dir)
+    progress = BufferProgress(args.store) if args.store else None
+    market = Marketplace(args.scenario, work_dir=args.work_dir, progress=progress)
 
     def stop(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt

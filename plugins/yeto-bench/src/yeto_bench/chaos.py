@@ -679,6 +679,13 @@ def campaign_report(
     show_default=True,
     help="Seconds one run may take (kills, faults and operator restarts included).",
 )
+@click.option(
+    "--evictions",
+    type=int,
+    default=20,
+    show_default=True,
+    help="With --faults evict: evictions in all (runs follow each other until then).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def command(
     kills: int,
@@ -694,6 +701,7 @@ def command(
     faults_per_run: int,
     store_base: str,
     run_deadline_s: float,
+    evictions: int,
     as_json: bool,
 ) -> None:
     """SIGKILL random processes (head, samplers, trainer) of real runs; check nothing is lost.
@@ -703,30 +711,42 @@ def command(
     kinds = {k.strip() for k in faults.split(",") if k.strip()}
     from yeto_bench.chaos_faults import KINDS
 
-    unknown = sorted(kinds - {"store", *KINDS})
+    unknown = sorted(kinds - {"store", "evict", *KINDS})
     if unknown:
         raise click.BadParameter(
-            f"unknown fault kinds {unknown}; known: store, {', '.join(KINDS)} (SIGKILLs: --kills)",
+            f"unknown fault kinds {unknown}; known: store, evict, {', '.join(KINDS)} (SIGKILLs: --kills)",
             param_hint="--faults",
         )
     runs = runs or max(1, math.ceil(kills / 5))
     with tempfile.TemporaryDirectory(prefix="yeto-chaos-") as tmp:
         root = Path(work_dir) if work_dir else Path(tmp)
-        report = run_campaign(
-            kills=kills,
-            runs=runs,
-            seed=seed,
-            work_dir=root,
-            base_dir=Path(base_dir).absolute(),
-            total_rounds=total_rounds,
-            replay=not no_replay,
-            store_fault_rate=store_fault_rate if "store" in kinds else 0.0,
-            deltas=deltas,
-            fault_kinds=[k for k in KINDS if k in kinds],
-            faults_per_run=faults_per_run,
-            store_base=store_base,
-            run_deadline_s=run_deadline_s,
-        )
+        if "evict" in kinds:  # its own campaign: yeto_bench.chaos_evict
+            from yeto_bench.chaos_evict import run_evict_campaign
+
+            report = run_evict_campaign(
+                evictions=evictions,
+                seed=seed,
+                work_dir=root,
+                base_dir=Path(base_dir).absolute(),
+                total_rounds=total_rounds,
+                replay=not no_replay,
+            )
+        else:
+            report = run_campaign(
+                kills=kills,
+                runs=runs,
+                seed=seed,
+                work_dir=root,
+                base_dir=Path(base_dir).absolute(),
+                total_rounds=total_rounds,
+                replay=not no_replay,
+                store_fault_rate=store_fault_rate if "store" in kinds else 0.0,
+                deltas=deltas,
+                fault_kinds=[k for k in KINDS if k in kinds],
+                faults_per_run=faults_per_run,
+                store_base=store_base,
+                run_deadline_s=run_deadline_s,
+            )
     if as_json:
         click.echo(json.dumps(report, sort_keys=True))
     else:

@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, str] = {
     "loss": "yeto_bench.loss:command",
     "engine": "yeto_bench.engine:command",
     "releases": "yeto_bench.releases:command",
+    "scale": "yeto_bench.scale:command",
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -21,10 +22,12 @@ def cost(run: str, as_json: bool) -> None:
     ledger = CostLedger(path, config.island_prices())
     costs = ledger.costs()
     total = sum(c.usd for c in costs)
+    billed = billed_by_provider(path, config)
     if as_json:
-        click.echo(
-            json.dumps({"islands": [attrs.asdict(c) for c in costs], "total_usd": total}, indent=2)
-        )
+        out = {"islands": [attrs.asdict(c) for c in costs], "total_usd": total}
+        if billed:
+            out["billed"] = billed
+        click.echo(json.dumps(out, indent=2))
         return
     for c in costs:
         state = "running" if c.running else "stopped"
@@ -32,3 +35,25 @@ def cost(run: str, as_json: bool) -> None:
             f"{c.island:16} {c.seconds:10.1f} s  × ${c.price_per_hour:g}/h = ${c.usd:.4f}  ({state})"
         )
     click.echo(f"{'total':16} ${total:.4f}")
+    for provider, handles in billed.items():
+        click.echo(f"billed by the {provider!r} provider (its platform's records):")
+        for handle, b in handles.items():
+            click.echo(f"  {handle:24} {b['island']:12} {b['seconds']:8.0f} s  ${b['usd']:.6f}")
+        click.echo(f"  {'total':24} ${sum(b['usd'] for b in handles.values()):.6f}")
+
+
+def billed_by_provider(path: Any, config: Any) -> dict[str, dict[str, Any]]:
+    """``IslandProvider.billed()`` of every provider of the run that reports any."""
+    from yeto_core.plugins import Plugins
+
+    plugins = Plugins()
+    out = {}
+    for name in config.providers():
+        try:
+            provider = plugins.island_provider(name).create(path)
+        except Exception:  # a provider not installed here has nothing to show
+            continue
+        billed = provider.billed()
+        if billed:
+            out[name] = billed
+    return out

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from yeto_core.ports.base import Port
 from yeto_core.records import (
@@ -172,3 +172,25 @@ class IslandProvider(Port):
     def log_hint(self, handle: str) -> str:
         """Where a user finds the island's output (a path, a console URL); default: ``""``."""
         return ""
+
+    def replace_soon(self, handle: str) -> bool:
+        """Whether the island will be lost soon (an eviction notice, a lease that cannot be
+        renewed): the head then launches its replacement now, so capacity does not drop,
+        and hands over when the island is lost. Default: False."""
+        return False
+
+    def billed(self) -> dict[str, dict[str, Any]]:
+        """What the platform itself billed, per handle (``yeto cost`` shows it).
+
+        ``{handle: {"island": str, "usd": float, "seconds": float}}`` from the platform's
+        own records (a marketplace's per-second billing), for the handles this provider's
+        ``state_dir`` knows, beside the cost ledger's estimate (held time x the configured
+        ``price_per_hour``). Default: ``{}`` (nothing the provider can read back).
+        """
+        return {}
+
+    def pool_bounds(self, options: Mapping[str, Any]) -> Optional[tuple[int, int]]:
+        """``(min, max)`` islands of a sampler group whose islands join and leave by the
+        backlog and the budget (the head's pool rule, ``docs/nc.md``), given the group's
+        ``provider_options``. Default: None (the group's ``count`` islands, always)."""
+        return None

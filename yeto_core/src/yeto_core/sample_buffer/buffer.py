@@ -258,6 +258,7 @@ class FileSampleBuffer(DurableSampleBuffer):
         self._appended[gid] = pos
         return pos
 
+    @_serialized
     def append_many(self, groups: Sequence[SampleGroup]) -> list[int]:
         """Durably append several groups with one index sync (group commit); their positions.
 
@@ -275,15 +276,19 @@ class FileSampleBuffer(DurableSampleBuffer):
             return [self.append(g) for g in groups]
         out: list[Optional[int]] = []
         todo: list[tuple[int, SampleGroup, str, bytes]] = []  # (slot, group, key, data)
+        first: dict[str, int] = {}  # a group id twice in one batch: appended once
         for g in groups:
             gid = check_group_id(g.group_id)
             known = self._ids.get(gid)
             out.append(known)
+            if known is None and gid in first:
+                continue
             if known is None:
+                first[gid] = len(out) - 1
                 with stage("buffer.encode"):
                     todo.append((len(out) - 1, g, self.payload_key(gid), encode_group(g)))
         if not todo:
-            return [int(p) for p in out if p is not None]
+            return [int(p) for p in out]  # type: ignore[arg-type]
         with stage("buffer.payload_put"):
             created = self.store.put_many_if_absent([(k, d) for _, _, k, d in todo])
         items = []
@@ -306,6 +311,9 @@ class FileSampleBuffer(DurableSampleBuffer):
             self._ingest(r for r in recs if r["position"] >= self._head)
             for slot, pos in zip(slots, positions, strict=True):
                 out[slot] = pos
+        for i, g in enumerate(groups):
+            if out[i] is None:
+                out[i] = out[first[g.group_id]]
         return [int(p) for p in out]  # type: ignore[arg-type]
 
     def watch(self) -> Any:
