@@ -67,6 +67,14 @@ Layout (all tables optional except ``model``, ``task``, ``samplers`` and ``train
     budget_usd = 0.0                   # 0: no budget limit (then prices must be 0 too)
     wall_clock_s = 0.0                 # 0: no limit
     silence_s = 0.0                    # 0: no limit; else stop when no group arrives for this long
+
+    [cost]                             # the cost guard (docs/cost.md); budget: backstops.budget_usd
+    prices = "provider"                # "provider": what the provider reports, else price_per_hour; "config": always price_per_hour
+    soft_fraction = 0.8                # projected spend >= this share of the budget: scale down first
+    min_samplers = 1                   # the soft stage releases samplers down to this many
+    sampler_release_s = 10.0           # what a sampler's release takes, until one is measured
+    trainer_stop_s = 60.0              # what a trainer's drain, cut and release take, until measured
+    react_s = 5.0                      # the head's reaction time (one tick), until measured
 """
 
 from __future__ import annotations
@@ -196,6 +204,26 @@ class BackstopsConfig:
 
 
 @attrs.frozen
+class CostConfig:
+    """The cost guard's knobs (docs/cost.md); the budget is ``backstops.budget_usd``."""
+
+    #: ``provider``: the price a provider reports (``IslandProvider.price_per_hour``),
+    #: else the table's ``price_per_hour``; ``config``: always ``price_per_hour``.
+    prices: str = "provider"
+    #: When the projected spend reaches this share of the budget, the guard scales the
+    #: pool down (samplers, then the trainer) before it stops the run at the budget.
+    soft_fraction: float = 0.8
+    #: The soft stage releases samplers down to this many (the trainer goes next).
+    min_samplers: int = 1
+    #: Seconds a sampler's verified release takes, used until one is measured.
+    sampler_release_s: float = 10.0
+    #: Seconds a trainer's drain, cut and verified release take, used until measured.
+    trainer_stop_s: float = 60.0
+    #: Seconds between two decisions of the head (a tick, a trained round), until measured.
+    react_s: float = 5.0
+
+
+@attrs.frozen
 class RunConfig:
     """A whole run."""
 
@@ -212,6 +240,7 @@ class RunConfig:
     buffer: BufferConfig = attrs.field(factory=BufferConfig)
     conversion: ConversionConfig = attrs.field(factory=ConversionConfig)
     breakers: BreakersConfig = attrs.field(factory=BreakersConfig)
+    cost: CostConfig = attrs.field(factory=CostConfig)
     #: Where the config was read from (set by :func:`load_config`; not a TOML key).
     source: str = ""
 
@@ -390,6 +419,15 @@ def validate(config: RunConfig) -> list[str]:
     _positive(errors, "backstops.wall_clock_s", b.wall_clock_s, zero_ok=True)
     _positive(errors, "backstops.silence_s", b.silence_s, zero_ok=True)
     validate_breakers(config.breakers, errors)
+    c = config.cost
+    if c.prices not in ("provider", "config"):
+        errors.append(f"cost.prices = {c.prices!r}; allowed: 'provider', 'config'")
+    if not (isinstance(c.soft_fraction, (int, float)) and 0 < c.soft_fraction <= 1):
+        errors.append(f"cost.soft_fraction = {c.soft_fraction!r}; it must be in (0, 1]")
+    _positive(errors, "cost.min_samplers", c.min_samplers, zero_ok=True, most=100_000)
+    _positive(errors, "cost.sampler_release_s", c.sampler_release_s, zero_ok=True)
+    _positive(errors, "cost.trainer_stop_s", c.trainer_stop_s, zero_ok=True)
+    _positive(errors, "cost.react_s", c.react_s, zero_ok=True)
     return errors
 
 
