@@ -79,6 +79,8 @@ class GuardInputs:
     #: seconds a trainer start takes before it trains (its start and one round)
     trainer_start_s: float
     min_samplers: int = 1
+    #: the soft stage stopped the trainer: no trainer starts again in this run of the head
+    trainer_held: bool = False
 
 
 @attrs.frozen
@@ -114,19 +116,20 @@ class GuardDecision:
 
 
 def stop_cost(samplers: Sequence[Burn], trainer: Optional[Burn]) -> tuple[float, float]:
-    """Dollars and seconds of stopping everything: samplers in order, then the trainer.
+    """Dollars and seconds of stopping everything: the samplers, then the trainer.
 
-    Every island is paid until its own release is verified, so the trainer pays
-    through the samplers' releases too.
+    The head releases the samplers one after the other, then drains the trainer;
+    every island is paid until its own release is verified. The dollars are a
+    bound that holds in any order (every island paid through the whole stop), so
+    a scale-down step of the soft stage (a sampler released first, the trainer
+    drained while samplers run) never makes the stop dearer than projected.
     """
-    t = usd = 0.0
-    for s in samplers:
-        t += max(0.0, s.stop_s)
-        usd += s.usd_per_hour / 3600.0 * t
+    t = sum(max(0.0, s.stop_s) for s in samplers)
+    burn = sum(s.usd_per_hour for s in samplers)
     if trainer is not None:
         t += max(0.0, trainer.stop_s)
-        usd += trainer.usd_per_hour / 3600.0 * t
-    return usd, t
+        burn += trainer.usd_per_hour
+    return burn / 3600.0 * t, t
 
 
 def guard_decide(i: GuardInputs) -> GuardDecision:
@@ -161,7 +164,7 @@ def guard_decide(i: GuardInputs) -> GuardDecision:
         with_trainer = (
             i.spent_usd + (burn + t.usd_per_hour) / 3600.0 * ahead + stop_cost(i.samplers, t)[0]
         )
-        allow = with_trainer < soft and with_trainer < i.budget_usd
+        allow = with_trainer < soft and with_trainer < i.budget_usd and not i.trainer_held
     if projected >= i.budget_usd:
         return decide(GuardAction.STOP_RUN, "budget")
     if projected >= soft:
@@ -205,10 +208,8 @@ class Reaction:
         self._last = now
 
     def seconds(self) -> float:
-        longest = max(self.gaps, default=0.0)
-        if len(self.gaps) < 3:
-            longest = max(longest, self.fallback_s)
-        return longest * self.margin
+        """The longest recent gap times the margin, never less than the fallback."""
+        return max(max(self.gaps, default=0.0) * self.margin, self.fallback_s)
 
 
 class HeadCostGuard:
@@ -234,6 +235,9 @@ class HeadCostGuard:
         self._price_polled = -1e18
         self._drain_began: Optional[float] = None
         self._launched_at: Optional[float] = None
+        #: the longest launch-to-ready time of a trainer incarnation in this head
+        self.launch_to_ready_s: Optional[float] = None
+        self.trainer_held = False
 
     # -- prices --------------------------------------------------------------------
 
@@ -303,6 +307,9 @@ class HeadCostGuard:
             elif event.kind in ("head_stop", "head_release", "head_orphan_released"):
                 if handle in self.head.costs.open_handles():
                     self.head.costs.stopped(name, handle, at=float(event.time))
+        if event.kind == "head_started" and self._launched_at is not None:
+            seconds = max(0.0, float(event.time) - self._launched_at)
+            self.launch_to_ready_s = max(self.launch_to_ready_s or 0.0, seconds)
         if event.kind == "head_decision" and event.data.get("action") in ("stop", "finish"):
             self._drain_began = float(event.time)
         elif event.kind in ("head_stop", "head_release") and self._drain_began is not None:
@@ -313,6 +320,7 @@ class HeadCostGuard:
         self.trainer_stop_s = max(self.trainer_stop_s or 0.0, max(0.0, seconds))
 
     def sampler_release_s(self) -> float:
+        """The longest measured release of a sampler, never less than ``sampler_release_s``."""
         measured = [
             ln.release_s
             for ln in self.head.costs.lines()
@@ -320,19 +328,24 @@ class HeadCostGuard:
             and ln.release_s is not None
             and self.role_of(ln.island) == "sampler"
         ]
-        return max(measured) if measured else self.cfg.sampler_release_s
+        return max([self.cfg.sampler_release_s, *measured])
 
     def trainer_drain_s(self) -> float:
-        return self.trainer_stop_s if self.trainer_stop_s is not None else self.cfg.trainer_stop_s
+        """The longest measured trainer stop, never less than ``trainer_stop_s``."""
+        return max(self.cfg.trainer_stop_s, self.trainer_stop_s or 0.0)
 
     def start_s(self) -> float:
+        """What a trainer start takes, launch to ready: the longest seen by this head, else
+        the scheduler's ``start_seconds_fallback`` (never less than T_s as S1 knows it)."""
         loop = self.head.trainer_loop
         if loop is None:
             return 0.0
         c = loop.config
-        measured = loop.measured_start_s
-        known = [v for v in (measured, c.start_seconds_fixed) if v is not None]
-        return float(max(known)) if known else float(c.start_seconds_fallback)
+        first = self.launch_to_ready_s
+        if first is None:
+            first = c.start_seconds_fallback
+        known = [v for v in (first, loop.measured_start_s, c.start_seconds_fixed) if v is not None]
+        return float(max(known))
 
     # -- the decision --------------------------------------------------------------
 
@@ -371,6 +384,7 @@ class HeadCostGuard:
             trainer_start=Burn(trainer_name, price, drain),
             trainer_start_s=self.start_s() + react,
             min_samplers=self.cfg.min_samplers,
+            trainer_held=self.trainer_held,
         )
 
     def allow_trainer_start(self) -> bool:
@@ -420,6 +434,7 @@ class HeadCostGuard:
             head.release_island(d.island, handle)
             head.events.emit("sampler_released", island=d.island, handle=handle, reason="budget")
         elif d.action == GuardAction.STOP_TRAINER and head.trainer_loop is not None:
+            self.trainer_held = True
             t0 = head.clock()
             cut = head.trainer_loop.stop(StopReason.STOPPED)
             self._note_trainer_stop(head.clock() - t0)
