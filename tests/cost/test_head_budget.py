@@ -74,7 +74,7 @@ def test_the_guard_scales_down_then_stops_within_the_budget_and_a_resume_continu
     assert not list((Path(config.run_dir) / "islands").glob("*.json"))
     c = _cost(config)
     assert c["ledger"] == "store" and c["within_budget"] is True, c
-    assert 0.8 * BUDGET <= c["usd_total"] <= BUDGET, c
+    assert 0.5 * BUDGET <= c["usd_total"] <= BUDGET, c
     assert set(c["by_role"]) == {"sampler", "trainer"} and c["by_provider"].keys() == {"local"}
     assert c["usd_per_trained_group"] and c["groups_trained"] > 0
     summary = json.loads((Path(config.run_dir) / "summary.json").read_text())

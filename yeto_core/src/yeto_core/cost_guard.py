@@ -15,7 +15,9 @@ every island is paid until its own release is verified). Then:
    more than the budget, so it stops now.
 2. projected spend >= ``soft_fraction`` × budget → scale down, one step per
    decision: ``release_sampler`` (the most expensive one) while more than
-   ``min_samplers`` run, then ``stop_trainer`` (drained with a cut).
+   ``min_samplers`` run, then ``stop_trainer`` (drained with a cut); once no
+   trainer may start and the samplers left wait at their backlog cap, the rest
+   of the budget buys nothing: ``stop_run`` (``soft_idle``).
 3. else ``continue``.
 
 A trainer start is allowed only while the projection of starting it (its
@@ -81,6 +83,8 @@ class GuardInputs:
     min_samplers: int = 1
     #: the soft stage stopped the trainer: no trainer starts again in this run of the head
     trainer_held: bool = False
+    #: every running sampler waits at its backlog cap (it samples nothing while paid)
+    samplers_waiting: bool = False
 
 
 @attrs.frozen
@@ -174,6 +178,10 @@ def guard_decide(i: GuardInputs) -> GuardDecision:
             return decide(GuardAction.RELEASE_SAMPLER, "soft_budget", i.samplers[pick].island)
         if i.trainer is not None:
             return decide(GuardAction.STOP_TRAINER, "soft_budget")
+        if i.samplers_waiting and not allow:
+            # no trainer may start and the samplers wait at their cap: the rest of the
+            # budget would buy nothing, so the run stops here
+            return decide(GuardAction.STOP_RUN, "soft_idle")
         return decide(GuardAction.CONTINUE, "soft_floor")
     return decide(GuardAction.CONTINUE, "under_soft")
 
@@ -385,7 +393,16 @@ class HeadCostGuard:
             trainer_start_s=self.start_s() + react,
             min_samplers=self.cfg.min_samplers,
             trainer_held=self.trainer_held,
+            samplers_waiting=self.samplers_waiting(),
         )
+
+    def samplers_waiting(self) -> bool:
+        """Whether every sampler waits at its backlog cap (the buffer's backlog is there)."""
+        caps = [s.backlog_cap for s in self.head.config.samplers]
+        try:
+            return self.head.buffer.backlog().groups >= max(caps)
+        except Exception:  # the store failed: assume they sample
+            return False
 
     def allow_trainer_start(self) -> bool:
         return self.last is None or self.last.allow_trainer_start
