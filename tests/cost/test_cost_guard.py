@@ -86,14 +86,21 @@ def test_no_budget_means_no_guard() -> None:
     assert d.action == A.CONTINUE and d.reason == "no_budget" and d.allow_trainer_start
 
 
-def test_a_trainer_start_that_would_reach_the_soft_threshold_is_held() -> None:
+def test_a_trainer_start_that_would_exceed_the_budget_is_held() -> None:
     # a start (120 s + 10 s of all at 50.4 $/h, then the releases and a 60 s drain) fits
-    # under the soft threshold; a start of 1200 s does not
+    # the budget; a start of 1200 s does not
     d = guard_decide(_inputs(trainer=None, spent_usd=0.0, trainer_start_s=120.0))
     assert d.action == A.CONTINUE
     assert d.allow_trainer_start
     d = guard_decide(_inputs(trainer=None, spent_usd=2.0, trainer_start_s=1200.0))
     assert d.action == A.CONTINUE and not d.allow_trainer_start
+    # ... and with the samplers waiting at their cap, the rest of the budget buys nothing
+    d = guard_decide(
+        _inputs(trainer=None, spent_usd=2.0, trainer_start_s=1200.0, samplers_waiting=True)
+    )
+    assert d.action == A.STOP_RUN and d.reason == "budget_idle"
+    d = guard_decide(_inputs(trainer=None, spent_usd=2.0, samplers_waiting=True))
+    assert d.action == A.CONTINUE and d.allow_trainer_start  # a trainer may start: wait
     inputs = SchedulerInputs(
         now=0.0,
         state=LifecycleState.STOPPED,
@@ -182,3 +189,20 @@ def test_following_the_guard_never_exceeds_the_budget(
             break
         pay(react * gaps[step % len(gaps)])  # the next decision comes within react_s
     assert spent <= budget * (1 + 1e-9), (spent, budget)
+
+
+def test_preflight_fails_a_budget_that_cannot_pay_for_one_stop_of_the_fleet(tmp_path) -> None:
+    import attrs
+
+    from yeto_core.preflight import Report, check_consistency
+    from yeto_core.testing.fake_run import fake_run_config
+
+    config = fake_run_config(tmp_path)  # 2 x 36 $/h + 72 $/h, budget $100
+    report = Report()
+    check_consistency(config, report)
+    assert report.passed and any(c.name == "cost" for c in report.checks)
+    tight = attrs.evolve(config, backstops=attrs.evolve(config.backstops, budget_usd=1.0))
+    report = Report()
+    check_consistency(tight, report)
+    (fail,) = [c for c in report.failures() if c.name == "cost"]
+    assert "sampler_release_s" in fail.detail and "raise backstops.budget_usd" in fail.detail

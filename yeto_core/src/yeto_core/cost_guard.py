@@ -15,15 +15,16 @@ every island is paid until its own release is verified). Then:
    more than the budget, so it stops now.
 2. projected spend >= ``soft_fraction`` × budget → scale down, one step per
    decision: ``release_sampler`` (the most expensive one) while more than
-   ``min_samplers`` run, then ``stop_trainer`` (drained with a cut); once no
-   trainer may start and the samplers left wait at their backlog cap, the rest
-   of the budget buys nothing: ``stop_run`` (``soft_idle``).
-3. else ``continue``.
+   ``min_samplers`` run, then ``stop_trainer`` (drained with a cut).
+3. no trainer runs, none may start, and the samplers wait at their backlog
+   cap: the rest of the budget buys nothing → ``stop_run`` (``budget_idle``).
+4. else ``continue``.
 
 A trainer start is allowed only while the projection of starting it (its
 start, one round, its drain, and everything else running meanwhile) stays
-under the soft threshold; otherwise the scheduler's START becomes a HOLD
-(``budget_hold``, in the journal with the scheduler's inputs).
+under the budget, and never again once the soft stage stopped the trainer;
+otherwise the scheduler's START becomes a HOLD (``budget_hold``, in the
+journal with the scheduler's inputs).
 
 Every decision that differs from the previous one is a ``cost_guard`` event
 of the head's stream, with its inputs and the projection.
@@ -136,6 +137,20 @@ def stop_cost(samplers: Sequence[Burn], trainer: Optional[Burn]) -> tuple[float,
     return burn / 3600.0 * t, t
 
 
+def stop_cost_of_fleet(config: Any) -> float:
+    """Dollars of one reaction and one stop of every sampler and the trainer, at the
+    config's prices and ``[cost]`` floors (preflight's check that the guard has room)."""
+    c = config.cost
+    prices = config.island_prices()
+    samplers = [
+        Burn(name, config_price(name, prices), c.sampler_release_s)
+        for name, _ in config.sampler_islands()
+    ]
+    trainer = Burn(config.trainer.name, config.trainer.price_per_hour, c.trainer_stop_s)
+    burn = sum(s.usd_per_hour for s in samplers) + trainer.usd_per_hour
+    return stop_cost(samplers, trainer)[0] + burn / 3600.0 * c.react_s
+
+
 def guard_decide(i: GuardInputs) -> GuardDecision:
     """The cost guard's policy (module docstring)."""
     burn = sum(s.usd_per_hour for s in i.samplers) + (
@@ -168,7 +183,7 @@ def guard_decide(i: GuardInputs) -> GuardDecision:
         with_trainer = (
             i.spent_usd + (burn + t.usd_per_hour) / 3600.0 * ahead + stop_cost(i.samplers, t)[0]
         )
-        allow = with_trainer < soft and with_trainer < i.budget_usd and not i.trainer_held
+        allow = with_trainer < i.budget_usd and not i.trainer_held
     if projected >= i.budget_usd:
         return decide(GuardAction.STOP_RUN, "budget")
     if projected >= soft:
@@ -178,10 +193,11 @@ def guard_decide(i: GuardInputs) -> GuardDecision:
             return decide(GuardAction.RELEASE_SAMPLER, "soft_budget", i.samplers[pick].island)
         if i.trainer is not None:
             return decide(GuardAction.STOP_TRAINER, "soft_budget")
-        if i.samplers_waiting and not allow:
-            # no trainer may start and the samplers wait at their cap: the rest of the
-            # budget would buy nothing, so the run stops here
-            return decide(GuardAction.STOP_RUN, "soft_idle")
+    if i.trainer is None and not allow and i.samplers_waiting:
+        # no trainer may start and the samplers wait at their cap: the rest of the
+        # budget would buy nothing, so the run stops here
+        return decide(GuardAction.STOP_RUN, "budget_idle")
+    if projected >= soft:
         return decide(GuardAction.CONTINUE, "soft_floor")
     return decide(GuardAction.CONTINUE, "under_soft")
 
@@ -435,9 +451,9 @@ class HeadCostGuard:
         now = head.clock()
         self.reaction.mark(now)
         head.costs.flush()
+        self.poll_prices(now)  # the ledger's prices, with a budget or without
         if self.budget <= 0:
             return None
-        self.poll_prices(now)
         d = guard_decide(self.inputs(now))
         self.last = d
         key = (d.action.value, d.reason, d.island, d.allow_trainer_start)
