@@ -57,13 +57,18 @@ def test_the_guard_scales_down_then_stops_within_the_budget_and_a_resume_continu
     head = read_events(store, "head")
     guard = [e.data for e in head if e.kind == "cost_guard"]
     actions = [g["action"] for g in guard]
-    # the soft stage: a sampler first, then the trainer; then the stop at the budget
-    assert "release_sampler" in actions and "stop_trainer" in actions, actions
-    assert (
-        actions.index("release_sampler") < actions.index("stop_trainer") < actions.index("stop_run")
-    )
-    stop = guard[actions.index("stop_run")]
-    assert stop["projected_usd"] >= stop["budget_usd"] > stop["spent_usd"]
+    # the soft stage first (a sampler, then the trainer when there is time for it);
+    # then the stop before the budget
+    assert "release_sampler" in actions and actions[-1] == "stop_run", actions
+    assert actions.index("release_sampler") < actions.index("stop_run")
+    if "stop_trainer" in actions:
+        assert actions.index("release_sampler") < actions.index("stop_trainer")
+    stop = guard[-1]
+    assert stop["budget_usd"] > stop["spent_usd"]
+    if stop["reason"] == "budget":
+        assert stop["projected_usd"] >= stop["budget_usd"]
+    else:  # nothing left to buy: no trainer may start, the samplers wait at the cap
+        assert stop["reason"] == "budget_idle" and not stop["allow_trainer_start"]
     assert {"samplers", "trainer", "react_s", "spent_usd"} <= set(stop["inputs"])
     released = [e.data for e in head if e.kind == "sampler_released" and e.data.get("reason")]
     assert [r["island"] for r in released] == ["sampler-1"]
