@@ -73,7 +73,7 @@ def budgeted_traces(horizon_s: float = 2 * HOUR) -> dict[str, dict[str, Any]]:
         t += 1.0 / (0.02 + 0.28 * (1 - math.cos(2 * math.pi * t / horizon_s)) / 2)
         diurnal.append(t)
     outage = [a for a in steady if not (0.3 * horizon_s <= a < 0.6 * horizon_s)]
-    jump = [(0.35 * horizon_s, 3.0)]  # the samplers' spot price triples
+    jump = [(0.35 * horizon_s + 2.5, 3.0)]  # the samplers' spot price triples, between ticks
     return {
         "bursty": {"arrivals": bursty, "budget_usd": 6.0 * hours, "price_changes": []},
         "diurnal": {"arrivals": diurnal, "budget_usd": 6.0 * hours, "price_changes": []},
