@@ -21,10 +21,12 @@ from yeto_core.batch_reader import (
     padding_template,
 )
 from yeto_core.errors import ConfigError
-from yeto_core.records import RoundSpec, Sample, SampleGroup
+from yeto_core.records import RoundSpec, SampleGroup
 from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fakes import Clock
+from yeto_core.testing.groups import build_group
+from yeto_core.testing.groups import build_sample as sample
 
 G = 4
 
@@ -45,30 +47,8 @@ def buf(tmp_path: Path) -> HookBuffer:
     return HookBuffer(DirStore(tmp_path / "store", fsync=False), clock=lambda: 0.0)
 
 
-def sample(
-    n_prompt: int = 2,
-    n_resp: int = 3,
-    *,
-    reward: float = 0.5,
-    version: int = 0,
-    token: int = 5,
-    routed: Optional[np.ndarray] = None,
-) -> Sample:
-    return Sample(
-        tokens=np.full(n_prompt + n_resp, token, dtype=np.int32),
-        prompt_len=n_prompt,
-        logprobs=np.full(n_resp, -0.5, dtype=np.float32),
-        loss_mask=np.ones(n_resp, dtype=np.uint8),
-        reward=reward,
-        weight_version=version,
-        routed_experts=routed,
-    )
-
-
 def group(i: int, *, n: int = G, host: str = "h", inc: int = 0, **kw: Any) -> SampleGroup:
-    rewards = kw.pop("rewards", None)
-    samples = tuple(sample(reward=(rewards[j] if rewards else 0.1 * j), **kw) for j in range(n))
-    return SampleGroup(f"g{i}", f"p{i}", host, inc, samples)
+    return build_group(f"g{i}", n=n, host=host, incarnation=inc, prompt_id=f"p{i}", **kw)
 
 
 def reader(buf: HookBuffer, clock: Optional[Clock] = None, **kw: Any) -> BatchReader:

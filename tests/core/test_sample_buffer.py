@@ -22,23 +22,25 @@ from yeto_core.sample_buffer import (
     plan_round,
 )
 from yeto_core.stores.dir_store import DirStore
+from yeto_core.testing.groups import build_group, build_sample
 
 
 def make_group(gid: str, version: int = 0, n: int = 2, tokens: int = 6, host: str = "h1"):
-    samples = []
-    for i in range(n):
-        t = np.arange(tokens, dtype=np.int32) + i
-        samples.append(
-            Sample(
-                tokens=t,
-                prompt_len=2,
-                logprobs=np.linspace(-1, 0, tokens - 2, dtype=np.float32),
-                loss_mask=np.ones(tokens - 2, dtype=np.uint8),
-                reward=float(i),
-                weight_version=version + (i % 2),
-            )
-        )
-    return SampleGroup(gid, f"prompt-{gid}", host, 3, tuple(samples), task="echo")
+    """Samples of distinct tokens, alternating between ``version`` and ``version + 1``."""
+    return build_group(
+        gid,
+        n=n,
+        host=host,
+        incarnation=3,
+        prompt_id=f"prompt-{gid}",
+        task="echo",
+        sample=lambda i: build_sample(
+            tokens=np.arange(tokens) + i,
+            logprobs=np.linspace(-1, 0, tokens - 2),
+            reward=float(i),
+            version=version + (i % 2),
+        ),
+    )
 
 
 @pytest.fixture

@@ -14,25 +14,17 @@ import shutil
 import tempfile
 
 import hypothesis.strategies as st
-import numpy as np
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from yeto_core.records import RoundSpec, Sample, SampleGroup
+from yeto_core.records import RoundSpec, SampleGroup
 from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
+from yeto_core.testing.groups import build_group
 
 
 def _group(gid: str, version: int) -> SampleGroup:
-    s = Sample(
-        tokens=np.arange(4, dtype=np.int32),
-        prompt_len=1,
-        logprobs=np.zeros(3, np.float32),
-        loss_mask=np.ones(3, np.uint8),
-        reward=0.0,
-        weight_version=version,
-    )
-    return SampleGroup(gid, "p", "h", 0, (s,))
+    return build_group(gid, n=1, version=version, prompt_id="p", n_prompt=1, rewards=[0.0])
 
 
 class BufferMachine(RuleBasedStateMachine):

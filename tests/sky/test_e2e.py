@@ -27,10 +27,9 @@ from sky_double import LocalCloud
 
 from yeto_sky.provider import RUNNING, SkyIslands
 
-# 13-20 minutes on 2 cores: run by `make examples` (YETO_SOAK=1), not by make test. It
-# passed on the core before the buffer package split; on the current core the restarted
-# head stops seeing the samplers' new index objects (docs/sky.md, "Known limitations"):
-# an open core bug this test exists to catch.
+# 13-20 minutes on 2 cores: run by `make examples` (YETO_SOAK=1), not by make test. Its
+# watcher thread reads the second head's buffer while the head's loop does, over the
+# objects index on S3 (the case tests/core/test_buffer_objects_restart.py pins down).
 pytestmark = [
     pytest.mark.soak,
     pytest.mark.timeout(2400),
@@ -129,6 +128,7 @@ def _wait(predicate, timeout_s, what):
 
 def test_sky_run_learns_through_a_preemption_and_a_restarted_head(s3, tmp_path):
     from yeto_core.config import parse_config
+    from yeto_core.event_stream import read_events
     from yeto_core.plugins import get_plugins
     from yeto_core.preflight import run_preflight
     from yeto_core.run import Head
@@ -193,6 +193,7 @@ def test_sky_run_learns_through_a_preemption_and_a_restarted_head(s3, tmp_path):
         chaos.join(timeout=10)
         summary = second.write_summary()
         journal = journal_tail(second.store)
+        head_kinds = [e.kind for e in read_events(second.store, "head")]
     finally:
         cloud.shutdown()
 
@@ -220,6 +221,8 @@ def test_sky_run_learns_through_a_preemption_and_a_restarted_head(s3, tmp_path):
         island, n = lost[len("skye2e-") :].rsplit("-i", 1)
         assert f"skye2e-{island}-i{int(n) + 1}" in launched, (lost, launched)
         assert provider.record(lost)["state"] in ("preempted", "released")
+    assert second.state.sampler_restarts == {}  # a preemption is no sampler exit
+    assert {"sky_preempted", "sampler_fenced", "sky_cluster_up"} <= set(head_kinds)
     assert (
         summary["groups_trained"] + sum(summary["groups_skipped"].values())
         == summary["groups_appended"]

@@ -11,7 +11,7 @@ import pytest
 from sky_double import LocalCloud
 
 from yeto_core.records import IslandLaunch
-from yeto_sky.provider import EXITED, GONE, RUNNING, STARTING, SkyIslands
+from yeto_sky.provider import EXITED, GONE, LOST, RUNNING, STARTING, SkyIslands
 
 PROBE_DIR = Path(__file__).parent / "probe"
 
@@ -82,7 +82,9 @@ def test_a_cluster_per_incarnation_runs_the_island_with_only_store_and_ids(provi
     events = list(provider.events(handle))
     kinds = [e.kind for e in events]
     assert kinds[:3] == ["sky_task", "sky_launch_requested", "sky_cluster_up"]
-    assert any(e.kind == "log" and e.data["line"].startswith("probe") for e in events)
+    logs = [e for e in events if e.kind == "log"]
+    assert logs and logs[0].data["lines"][0].startswith("probe")
+    assert len(logs) < sum(len(e.data["lines"]) for e in logs)  # lines come batched
     assert provider.release(handle) is True
     assert handle not in cloud.clusters() and provider.status(handle) == GONE
     assert provider.record(handle)["state"] == "released"
@@ -92,7 +94,7 @@ def test_spot_preemption_is_a_lost_incarnation_that_is_replaced(provider, cloud)
     handle = provider.launch(make_launch())
     wait_for(lambda: provider.status(handle) == RUNNING, what="running")
     cloud.preempt(handle)
-    wait_for(lambda: provider.status(handle) == EXITED, what="the preemption to be seen")
+    wait_for(lambda: provider.status(handle) == LOST, what="the preemption to be seen")
     assert provider.exit_reason(handle) == "preempted" and provider.returncode(handle) is None
     assert "sky_preempted" in [e.kind for e in provider.events(handle)]
     assert provider.record(handle)["state"] == "preempted"

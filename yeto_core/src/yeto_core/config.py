@@ -72,9 +72,9 @@ Layout (all tables optional except ``model``, ``task``, ``samplers`` and ``train
     prices = "provider"                # "provider": what the provider reports, else price_per_hour; "config": always price_per_hour
     soft_fraction = 0.8                # projected spend >= this share of the budget: scale down first
     min_samplers = 1                   # the soft stage releases samplers down to this many
-    sampler_release_s = 10.0           # what a sampler's release takes, until one is measured
-    trainer_stop_s = 60.0              # what a trainer's drain, cut and release take, until measured
-    react_s = 5.0                      # the head's reaction time (one tick), until measured
+    sampler_release_s = 10.0           # floors of what a sampler's release, a trainer's drain,
+    trainer_stop_s = 60.0              # cut and release, and the head's reaction take (the
+    react_s = 5.0                      # guard uses the longest it measured when longer)
 """
 
 from __future__ import annotations
@@ -215,12 +215,28 @@ class CostConfig:
     soft_fraction: float = 0.8
     #: The soft stage releases samplers down to this many (the trainer goes next).
     min_samplers: int = 1
-    #: Seconds a sampler's verified release takes, used until one is measured.
+    #: Seconds a sampler's verified release takes at least (the guard uses the longest
+    #: release it measured when that is longer).
     sampler_release_s: float = 10.0
-    #: Seconds a trainer's drain, cut and verified release take, used until measured.
+    #: Seconds a trainer's drain, cut and verified release take at least (or the longest
+    #: measured).
     trainer_stop_s: float = 60.0
-    #: Seconds between two decisions of the head (a tick, a trained round), until measured.
+    #: Seconds between two decisions of the head at least (or the longest recent tick gap
+    #: x 1.5: a tick that trains a round blocks for it).
     react_s: float = 5.0
+
+
+@attrs.frozen
+class ReleasesConfig:
+    """How policy releases are stored: full, or deltas against the previous release."""
+
+    #: ``auto``: deltas when the export's weights are at least ``delta_min_bytes``;
+    #: ``on``: always (when a release codec is installed); ``off``: every release full.
+    deltas: str = "auto"
+    #: A full release at least every this many releases (bounds a follower's chain).
+    full_every: int = 8
+    #: The ``auto`` threshold in bytes of ``*.safetensors`` (64 MiB).
+    delta_min_bytes: int = 64 * 1024 * 1024
 
 
 @attrs.frozen
@@ -241,6 +257,7 @@ class RunConfig:
     conversion: ConversionConfig = attrs.field(factory=ConversionConfig)
     breakers: BreakersConfig = attrs.field(factory=BreakersConfig)
     cost: CostConfig = attrs.field(factory=CostConfig)
+    releases: ReleasesConfig = attrs.field(factory=ReleasesConfig)
     #: Where the config was read from (set by :func:`load_config`; not a TOML key).
     source: str = ""
 
@@ -428,6 +445,12 @@ def validate(config: RunConfig) -> list[str]:
     _positive(errors, "cost.sampler_release_s", c.sampler_release_s, zero_ok=True)
     _positive(errors, "cost.trainer_stop_s", c.trainer_stop_s, zero_ok=True)
     _positive(errors, "cost.react_s", c.react_s, zero_ok=True)
+    r = config.releases
+    if r.deltas not in ("auto", "on", "off"):
+        errors.append(f"releases.deltas = {r.deltas!r}; allowed values are auto, on, off")
+    if int(r.full_every) < 1:
+        errors.append(f"releases.full_every = {r.full_every!r}; it must be >= 1")
+    _positive(errors, "releases.delta_min_bytes", r.delta_min_bytes, zero_ok=True)
     return errors
 
 

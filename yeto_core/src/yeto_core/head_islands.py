@@ -164,9 +164,13 @@ class HeadIslands:
         """The trainer inside this process (``[trainer] lifecycle = "driver"``)."""
         from yeto_core.cut import CutStore
         from yeto_core.fences import StoreFences
-        from yeto_core.island_main import RecordingBackend, open_run_buffer, trainer_event_bridge
+        from yeto_core.island_main import (
+            RecordingBackend,
+            open_run_buffer,
+            release_store,
+            trainer_event_bridge,
+        )
         from yeto_core.lifecycle import DriverLifecycle
-        from yeto_core.release import ReleaseStore
 
         config = self.config
         backend_cls = self.plugins.trainer_backend(config.trainer.backend)
@@ -187,7 +191,7 @@ class HeadIslands:
             factory,
             open_run_buffer(self.plugins, config, self.store, config.trainer.name),
             CutStore(self.store),
-            ReleaseStore(self.store),
+            release_store(self.plugins, config, self.store),
             groups_per_round=config.trainer.groups_per_round,
             max_policy_age=config.trainer.max_policy_age,
             emit=trainer_event_bridge(stream, recorder),
@@ -199,7 +203,9 @@ class HeadIslands:
 
 
 class _CostedProvider(IslandProvider):
-    """The trainer's provider, with launches and verified releases in the cost ledger."""
+    """The trainer's provider, with launches and verified releases in the cost ledger,
+    and its provider events (log lines, preemption notices) copied into the head's stream
+    at each status check and release (the lifecycle checks status every tick)."""
 
     PLUGIN_NAME = "costed"
 
@@ -212,14 +218,22 @@ class _CostedProvider(IslandProvider):
         return handle
 
     def status(self, handle: str) -> IslandStatus:
-        return self.provider.status(handle)
+        status = self.provider.status(handle)
+        self._copy_events(handle)
+        return status
 
     def events(self, handle: str) -> Any:
         return self.provider.events(handle)
 
+    def _copy_events(self, handle: str) -> None:
+        island = self.head.config.trainer.name
+        for event in self.provider.events(handle):
+            self.head.events.emit(event.kind, island=island, handle=handle, **dict(event.data))
+
     def release(self, handle: str) -> bool:
         t0 = self.head.clock()
         ok = self.provider.release(handle)
+        self._copy_events(handle)
         if ok and handle in self.head.costs.open_handles():
             release_s = round(self.head.clock() - t0, 3)
             self.head.costs.stopped(self.head.config.trainer.name, handle, release_s=release_s)

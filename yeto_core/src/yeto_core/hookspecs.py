@@ -101,6 +101,18 @@ def yeto_register_tasks(register: Register) -> None:
 
 
 @_hookspec
+def yeto_release_codecs() -> Any:
+    """Provide release codecs (:class:`~yeto_core.release_delta.DeltaCodec` instances).
+
+    A codec turns a tensor's change between two releases into a delta chunk and back
+    (docs/releases.md). The core checks every result; the codec only moves bytes.
+
+    :param: none.
+    :returns: a list of codec instances (each with a unique ``NAME``).
+    """
+
+
+@_hookspec
 def yeto_preflight(config: Any, report: Any) -> None:
     """Add checks before a run starts (``yeto run up``, ``--dry-run``).
 

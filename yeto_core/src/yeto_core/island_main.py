@@ -142,7 +142,21 @@ def trainer_event_bridge(stream: EventStream, recorder: dict[str, RecordingBacke
                 trained_rounds=d.get("trained_rounds"),
             )
         elif event.kind == "trainer_published":
-            stream.emit("release_published", version=d.get("version"))
+            stream.emit(
+                "release_published",
+                version=d.get("version"),
+                **{
+                    k: d[k]
+                    for k in (
+                        "release_id",
+                        "encoding",
+                        "stored_bytes",
+                        "full_bytes",
+                        "full_because",
+                    )
+                    if k in d
+                },
+            )
         else:
             stream.emit(event.kind, **d)
 
@@ -152,7 +166,6 @@ def trainer_event_bridge(stream: EventStream, recorder: dict[str, RecordingBacke
 def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdentity) -> int:
     from yeto_core.cut import CutStore
     from yeto_core.lifecycle import DriverLifecycle, IslandTrainerAgent
-    from yeto_core.release import ReleaseStore
     from yeto_core.run_store import head_started_at
 
     island, incarnation = ident.island, ident.incarnation
@@ -177,7 +190,7 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         factory,
         buffer,
         CutStore(store),
-        ReleaseStore(store),
+        release_store(plugins, config, store),
         groups_per_round=config.trainer.groups_per_round,
         max_policy_age=config.trainer.max_policy_age,
         emit=trainer_event_bridge(stream, recorder),
@@ -194,6 +207,21 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
     return 0
 
 
+def release_store(plugins: Any, config: RunConfig, store: Any, **kw: Any) -> Any:
+    """The run's :class:`~yeto_core.release.ReleaseStore` (``[releases]``, the plugins' codec)."""
+    from yeto_core.release import ReleaseStore
+
+    r = config.releases
+    return ReleaseStore(
+        store,
+        codec=plugins.release_codec(),
+        deltas=r.deltas,
+        full_every=r.full_every,
+        delta_min_bytes=r.delta_min_bytes,
+        **kw,
+    )
+
+
 def open_run_buffer(plugins: Any, config: RunConfig, store: Any, host: str, **kw: Any) -> Any:
     """The run's sample buffer (``[buffer]``) for appender ``host``."""
     b = config.buffer
@@ -204,7 +232,6 @@ def open_run_buffer(plugins: Any, config: RunConfig, store: Any, host: str, **kw
 
 def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdentity) -> int:
     from yeto_core.policy_follower import PolicyFollower
-    from yeto_core.release import ReleaseStore
     from yeto_core.sampler_loop import SamplerLoop
 
     island, incarnation = ident.island, ident.incarnation
@@ -237,7 +264,7 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     follower = PolicyFollower(
-        ReleaseStore(store),
+        release_store(plugins, config, store),
         engine,
         work_dir=scratch_dir(ident) / "releases",
         emit=on_event,

@@ -375,6 +375,26 @@ class Plugins:
             store, host=host, layout=layout, merger=merger, read_only=read_only, **(options or {})
         )
 
+    def release_codec(self, name: Optional[str] = None) -> Any:
+        """The release codec named ``name`` (None: the first one any plugin provides).
+
+        :returns: a :class:`~yeto_core.release_delta.DeltaCodec`, or None when no plugin
+            provides one (then every release is published full).
+        """
+        for impl in self.pm.hook.yeto_release_codecs.get_hookimpls():
+            try:
+                codecs = impl.function() or []
+            except Exception as exc:
+                print(
+                    f"yeto: release codecs of {impl.plugin_name!r} raised {_short_error(exc)}",
+                    file=sys.stderr,
+                )
+                continue
+            for codec in codecs:
+                if name is None or codec.NAME == name:
+                    return codec
+        return None
+
     def preflight(self, config: Any, report: Any) -> None:
         """Run every plugin's ``yeto_preflight``; a plugin that raises fails its own check."""
         for impl in self.pm.hook.yeto_preflight.get_hookimpls():

@@ -8,6 +8,16 @@ engine's served checksum back. A digest or checksum mismatch is **refused**:
 an event, the refusal counted, and the engine keeps serving the previous
 version (rolled back if the bad weights had been installed).
 
+A **delta release** (``encoding == "delta"``, :mod:`yeto_core.release_delta`) is
+rebuilt in the fetch step on the local copy of the release served now: the
+store applies the chain of deltas from it (or, when the follower missed a
+parent, from the nearest full release), checks the parent's and the result's
+checksum per tensor and every rebuilt file's sha256 against the full export's.
+A delta that fails is refused like a bad digest (reason ``parent_mismatch``,
+``tensor_checksum_mismatch``, ``result_digest_mismatch``, ``chain_broken`` or
+``no_codec``) and the previous release keeps serving. ``release_loaded`` says
+``encoding``, ``chain``, ``fetched_bytes`` and ``fetch_s``.
+
 The sampler holds the update lock for the length of a round
 (``with follower.round(): ...``). A load that finds a round in progress waits
 for it (a **deferral**), but never longer than ``reload_max_defer_s`` from the
@@ -190,10 +200,10 @@ class PolicyFollower:
         if dest.exists():
             shutil.rmtree(dest)
         try:
-            self.releases.fetch(rel, dest)
+            fetched = self._fetch(rel, dest)
         except ReleaseError as exc:
             shutil.rmtree(dest, ignore_errors=True)
-            return self._refuse(rel, "digest_mismatch", str(exc))
+            return self._refuse(rel, getattr(exc, "reason", "digest_mismatch"), str(exc))
         local = LocalRelease(
             version=int(rel.version),
             release_id=rel.release_id,
@@ -241,6 +251,7 @@ class PolicyFollower:
             self.counters.unverified += 1
         self.last_check = check
         proof: dict[str, Any] = {
+            **fetched,
             "verified": verdict == "verified",
             "fingerprint": verdict,
             "load_s": round(load_s, 6),
@@ -267,6 +278,30 @@ class PolicyFollower:
         if previous is not None and previous.path != local.path:
             self._prune(keep={local.path, previous.path})
         return "forced" if forced else "loaded"
+
+    def _fetch(self, rel: Any, dest: Path) -> dict[str, Any]:
+        """Fetch ``rel`` into ``dest``: a delta release is rebuilt on the copy served now.
+
+        :returns: what the fetch did, for the ``release_loaded`` event (``encoding``,
+            ``chain``, ``fetched_bytes``, ``fetch_s``); empty for a store without deltas.
+        """
+        t0 = time.monotonic()
+        if getattr(rel, "encoding", "full") != "delta":
+            self.releases.fetch(rel, dest)
+        else:
+            have = None
+            if self._current is not None and Path(self._current.path).is_dir():
+                have = (self._current.release_id, self._current.path)
+            self.releases.fetch(rel, dest, have=have)
+        info = dict(getattr(self.releases, "last_fetch", None) or {})
+        if not info:
+            return {}
+        return {
+            "encoding": info.get("encoding", "full"),
+            "chain": info.get("chain", []),
+            "fetched_bytes": info.get("bytes", 0),
+            "fetch_s": round(time.monotonic() - t0, 6),
+        }
 
     def check_fingerprint(self, local: Any) -> tuple[str, Optional[fp.Check]]:
         """Compare what the engine serves with ``local``'s fingerprint.

@@ -137,6 +137,13 @@ def check_plugins(config: RunConfig, plugins: Any, report: Report) -> None:
     _resolve(plugins, report, "scheduler.name", ports.TrainerScheduler.PORT, config.scheduler.name)
     _resolve(plugins, report, "buffer.kind", ports.DurableSampleBuffer.PORT, config.buffer.kind)
     _resolve(plugins, report, "conversion.name", ports.ConversionPort.PORT, config.conversion.name)
+    if config.releases.deltas == "on" and hasattr(plugins, "release_codec"):
+        if plugins.release_codec() is None:
+            report.warn(
+                "releases.deltas",
+                '"on", but no installed plugin provides a release codec (yeto-torch ships '
+                "numpy-zstd): every release will be published full",
+            )
     check_model(config, backend, report)
 
 

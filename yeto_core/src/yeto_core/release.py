@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -31,6 +32,17 @@ from yeto_core.errors import ConfigError, NotFoundError, ReleaseError
 from yeto_core.manifest import MANIFEST_NAME, digest_dir, download_verified, upload_files
 from yeto_core.ports import ObjectStore
 from yeto_core.records import Event, ShardDigest
+from yeto_core.release_delta import (
+    AUTO_MIN_BYTES,
+    FORMAT,
+    FULL_EVERY,
+    MODES,
+    DeltaCodec,
+    DeltaError,
+    apply_delta,
+    build_delta,
+    weights_bytes,
+)
 
 _RELEASE_ID = re.compile(r"^(\d+)(?:-r(\d+))?$")
 
@@ -48,6 +60,13 @@ class Release:
     created_at: float = 0.0
     files: tuple[ShardDigest, ...] = ()
     info: dict[str, Any] = attrs.field(factory=dict)
+    #: ``"full"`` (``files`` are the export) or ``"delta"`` (``files`` rebuild it from
+    #: ``delta["parent"]``; see :mod:`yeto_core.release_delta` and docs/releases.md)
+    encoding: str = "full"
+    #: the delta section (format, codec, parent, full, depth, per-file tensor entries)
+    delta: Optional[dict[str, Any]] = None
+    #: sha256 and size of every file of the full export (a delta's result must match)
+    result_files: tuple[ShardDigest, ...] = ()
 
 
 def _id_key(release_id: str) -> tuple[int, int]:
@@ -64,6 +83,11 @@ class ReleaseStore:
     :param prefix: key prefix (``releases``).
     :param emit: called with an :class:`~yeto_core.records.Event` per publication.
     :param clock: seconds since the epoch.
+    :param codec: the release codec (``Plugins.release_codec()``); without one every
+        release is published full and a delta release cannot be fetched.
+    :param deltas: ``"auto"`` (a delta when the export's weights are at least
+        ``delta_min_bytes``), ``"on"`` or ``"off"`` (publishing side).
+    :param full_every: a full release at least every this many releases (bounds a chain).
     """
 
     def __init__(
@@ -73,11 +97,31 @@ class ReleaseStore:
         prefix: str = "releases",
         emit: Optional[Callable[[Event], None]] = None,
         clock: Callable[[], float] = time.time,
+        codec: Optional[DeltaCodec] = None,
+        deltas: str = "off",
+        full_every: int = FULL_EVERY,
+        delta_min_bytes: int = AUTO_MIN_BYTES,
     ) -> None:
         self.store = store
         self.prefix = prefix.rstrip("/")
         self._emit = emit or (lambda e: None)
         self._clock = clock
+        if deltas not in MODES:
+            raise ConfigError(
+                f"releases.deltas = {deltas!r}: allowed values are {', '.join(MODES)}"
+            )
+        if int(full_every) < 1:
+            raise ConfigError(f"releases.full_every = {full_every!r}: must be >= 1")
+        self.codec = codec
+        self.deltas = deltas
+        self.full_every = int(full_every)
+        self.delta_min_bytes = int(delta_min_bytes)
+        #: the last export this store published (publishing side): the next delta's parent
+        self._parent: Optional[tuple[Release, Path]] = None
+        #: what the last :meth:`fetch` did (encoding, chain, bytes downloaded)
+        self.last_fetch: dict[str, Any] = {}
+        #: what the last :meth:`publish` stored (encoding, bytes, why it was full)
+        self.last_publish: dict[str, Any] = {}
 
     @property
     def pointer_key(self) -> str:
@@ -140,14 +184,104 @@ class ReleaseStore:
             raise ReleaseError(f"release {ref!r} has no {MANIFEST_NAME} under {self.prefix}/")
         return rel
 
-    def fetch(self, ref: Union[Release, str, int], dest_dir: str | os.PathLike[str]) -> Path:
+    def fetch(
+        self,
+        ref: Union[Release, str, int],
+        dest_dir: str | os.PathLike[str],
+        *,
+        have: Optional[tuple[str, str | os.PathLike[str]]] = None,
+    ) -> Path:
         """Download a release into ``dest_dir`` and verify every file against its manifest.
 
-        :raises ReleaseError: a file is missing or its sha256 or size does not match.
+        A delta release is rebuilt: from ``have`` (``(release_id, local_dir)``, the copy a
+        follower serves) when the delta chain reaches it, else from the nearest full
+        release and every delta after it. Every step checks the parent's and the result's
+        checksum per tensor and the result's files against the full export's digests.
+
+        :raises ReleaseError: a file is missing or its sha256 or size does not match
+            (a :class:`~yeto_core.release_delta.DeltaError`, with a ``reason``, when a
+            delta does not apply).
         :returns: ``dest_dir``.
         """
         rel = self.get(ref)
         dest = Path(dest_dir)
+        if rel.encoding != "delta":
+            self._download(rel, dest)
+            self.last_fetch = {"encoding": "full", "chain": [rel.release_id], "bytes": _size(rel)}
+            return dest
+        if have is None:
+            return self._fetch_chain(rel, dest, None)
+        try:
+            return self._fetch_chain(rel, dest, have)
+        except DeltaError as exc:
+            if exc.reason != "parent_mismatch":
+                raise
+            # the local copy is not the release it names (a damaged disk, a rewound
+            # lineage): rebuild from the nearest full release; a delta made against
+            # another parent fails there too and is refused
+            self._fetch_chain(rel, dest, None)
+            self.last_fetch["local_copy_refused"] = str(exc)
+            return dest
+
+    def _fetch_chain(
+        self, rel: Release, dest: Path, have: Optional[tuple[str, str | os.PathLike[str]]]
+    ) -> Path:
+        chain = [rel]
+        start: Optional[Path] = None
+        while chain[-1].encoding == "delta":
+            parent_id = str((chain[-1].delta or {}).get("parent"))
+            if have is not None and parent_id == have[0]:
+                start = Path(have[1])
+                break
+            parent = self._read(parent_id)
+            if parent is None:
+                raise DeltaError(
+                    "chain_broken",
+                    f"delta release {chain[-1].release_id!r} names parent {parent_id!r}, which "
+                    f"has no {MANIFEST_NAME} under {self.prefix}/; republish a full release",
+                )
+            chain.append(parent)
+        chain.reverse()
+        steps = chain if start is not None else chain[1:]
+        fetched = 0
+        scratch = dest.parent / f".{dest.name}.steps"
+        shutil.rmtree(scratch, ignore_errors=True)
+        try:
+            if start is None:
+                start = scratch / chain[0].release_id
+                self._download(chain[0], start)
+                fetched += _size(chain[0])
+            for i, step in enumerate(steps):
+                payload = scratch / f"{step.release_id}.delta"
+                self._download(step, payload)
+                fetched += _size(step)
+                out = dest if i == len(steps) - 1 else scratch / step.release_id
+                if out.exists():
+                    shutil.rmtree(out)
+                apply_delta(
+                    self.codec,
+                    step.delta or {},
+                    step.result_files,
+                    start,
+                    payload,
+                    out,
+                    release_id=step.release_id,
+                )
+                start = out
+        except BaseException:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        self.last_fetch = {
+            "encoding": "delta",
+            "chain": [r.release_id for r in chain],
+            "from": have[0] if steps is chain else chain[0].release_id,
+            "bytes": fetched,
+        }
+        return dest
+
+    def _download(self, rel: Release, dest: Path) -> None:
         dest.mkdir(parents=True, exist_ok=True)
         problems = download_verified(self.store, self._dir(rel.release_id), rel.files, dest)
         if problems:
@@ -156,7 +290,6 @@ class ReleaseStore:
                 + "; ".join(problems)
                 + ". Do not load it; keep serving the previous release."
             )
-        return dest
 
     # -- writing ------------------------------------------------------------------------
 
@@ -185,6 +318,7 @@ class ReleaseStore:
             if existing is not None and existing.weight_checksum == checksum:
                 if latest is None or latest.release_id != existing.release_id:
                     self.store.put(self.pointer_key, serde.dumps(existing).encode())
+                self._keep_parent(local_dir, existing)
                 self._event("release_republished", existing)
                 return existing
         committed = [
@@ -196,6 +330,34 @@ class ReleaseStore:
             release_id = f"{version}-r{max(_id_key(i)[1] for i in committed) + 1}"
         files = digest_dir(local_dir)
         seq = max([latest.seq if latest else 0] + [r.seq for r in self.list()[-1:]]) + 1
+        upload_dir, encoding, delta, why = (
+            Path(local_dir),
+            "full",
+            None,
+            self._full_reason(local_dir, latest),
+        )
+        if why is None:
+            assert self._parent is not None and self.codec is not None
+            prel, pdir = self._parent
+            ddir = Path(local_dir).with_name(Path(local_dir).name + ".delta")
+            shutil.rmtree(ddir, ignore_errors=True)
+            tensor_files = build_delta(self.codec, pdir, Path(local_dir), ddir)
+            dfiles = digest_dir(ddir)
+            if sum(f.size for f in dfiles) < sum(f.size for f in files):
+                pdelta = prel.delta or {}
+                delta = {
+                    "format": FORMAT,
+                    "codec": self.codec.NAME,
+                    "parent": prel.release_id,
+                    "parent_weight_checksum": prel.weight_checksum,
+                    "full": pdelta.get("full", prel.release_id),
+                    "depth": int(pdelta.get("depth", 0)) + 1,
+                    "files": tensor_files,
+                }
+                upload_dir, encoding = ddir, "delta"
+            else:
+                why = "the delta is not smaller than the full export"
+        stored = digest_dir(upload_dir) if encoding == "delta" else files
         rel = Release(
             release_id=release_id,
             version=version,
@@ -204,10 +366,15 @@ class ReleaseStore:
             seq=seq,
             parent=latest.release_id if latest else None,
             created_at=self._clock(),
-            files=files,
+            files=stored,
             info=extra,
+            encoding=encoding,
+            delta=delta,
+            result_files=files,
         )
-        upload_files(self.store, self._dir(release_id), local_dir, files)
+        upload_files(self.store, self._dir(release_id), upload_dir, stored)
+        if upload_dir != Path(local_dir):
+            shutil.rmtree(upload_dir, ignore_errors=True)
         manifest_key = f"{self._dir(release_id)}/{MANIFEST_NAME}"
         if not self.store.put_if_absent(manifest_key, serde.dumps(rel).encode()):
             raise ReleaseError(
@@ -215,10 +382,54 @@ class ReleaseStore:
                 "trainer incarnation may publish per store"
             )
         self.store.put(self.pointer_key, serde.dumps(rel).encode())
-        self._event("release_published", rel)
+        self._keep_parent(local_dir, rel)
+        self.last_publish = {
+            "encoding": encoding,
+            "stored_bytes": sum(f.size for f in stored),
+            "full_bytes": sum(f.size for f in files),
+            **({"full_because": why} if encoding == "full" and self.deltas != "off" else {}),
+        }
+        self._event("release_published", rel, **self.last_publish)
         return rel
 
-    def _event(self, kind: str, rel: Release) -> None:
+    def _full_reason(
+        self, local_dir: str | os.PathLike[str], latest: Optional[Release]
+    ) -> Optional[str]:
+        """Why this publication is full (None: it can be a delta against the kept parent)."""
+        if self.deltas == "off":
+            return "deltas are off"
+        if self.codec is None:
+            return "no release codec is installed"
+        if self.deltas == "auto":
+            size = weights_bytes(local_dir)
+            if size < self.delta_min_bytes:
+                return f"weights are {size} bytes, under delta_min_bytes={self.delta_min_bytes}"
+        if self._parent is None:
+            return "no local copy of the previous release (first publication of this trainer)"
+        prel = self._parent[0]
+        if latest is None or latest.release_id != prel.release_id:
+            return (
+                f"LATEST is {latest.release_id if latest else None!r}, not this trainer's "
+                f"previous release {prel.release_id!r}"
+            )
+        if int((prel.delta or {}).get("depth", 0)) + 1 >= self.full_every:
+            return f"full_every={self.full_every}: the chain since the last full release is full"
+        return None
+
+    def _keep_parent(self, local_dir: str | os.PathLike[str], rel: Release) -> None:
+        """Keep a copy of the export just published as the next delta's parent."""
+        if self.deltas == "off" or self.codec is None:
+            return
+        if self.deltas == "auto" and weights_bytes(local_dir) < self.delta_min_bytes:
+            return  # never a delta parent: the next release is full anyway
+        src = Path(local_dir)
+        keep = src.with_name(src.name + ".parent")
+        if keep.exists():
+            shutil.rmtree(keep)
+        shutil.copytree(src, keep)  # a copy: the caller may rewrite its files in place
+        self._parent = (rel, keep)
+
+    def _event(self, kind: str, rel: Release, **extra: Any) -> None:
         self._emit(
             Event(
                 kind=kind,
@@ -229,6 +440,11 @@ class ReleaseStore:
                     "version": rel.version,
                     "weight_checksum": rel.weight_checksum,
                     "seq": rel.seq,
+                    **extra,
                 },
             )
         )
+
+
+def _size(rel: Release) -> int:
+    return sum(f.size for f in rel.files)

@@ -11,10 +11,11 @@ died.
 
 A monitor thread polls ``status`` (refreshed from the cloud) every ``poll_s``:
 a cluster that vanished or stopped while its job ran was preempted (spot) or
-lost; it is reported ``exited`` (a lost incarnation; the head releases it and
-launches a replacement) with a ``sky_preempted`` event. A finished job is
-``exited`` with its exit code. A log thread follows the job's output into
-``<state_dir>/sky/logs/<cluster>.log`` and into :meth:`events`.
+lost; it is reported ``lost`` (the head fences that incarnation, releases it and
+launches a replacement, not counted as a failure) with a ``sky_preempted`` or
+``sky_lost`` event. A finished job is ``exited`` with its exit code. A log
+thread follows the job's output into ``<state_dir>/sky/logs/<cluster>.log`` and
+into :meth:`events` (the lines since the last call as one ``log`` event).
 
 ``release`` tears the cluster down and returns True only once ``status`` no
 longer lists it. ``orphans`` lists clusters of this run (named
@@ -38,14 +39,17 @@ from typing import Any, Optional
 from yeto_core.ports import IslandProvider
 from yeto_core.records import Event, IslandLaunch, IslandStatus
 from yeto_sky.seam import TERMINAL_JOB_STATES, SkyLaunchError, SkySeam
-from yeto_sky.tasks import build_task, redacted_yaml
+from yeto_sky.tasks import SkyTaskError, build_task, redacted_yaml
 
-STARTING, RUNNING, EXITED, GONE = (
+STARTING, RUNNING, EXITED, GONE, LOST = (
     IslandStatus.STARTING,
     IslandStatus.RUNNING,
     IslandStatus.EXITED,
     IslandStatus.GONE,
+    IslandStatus.LOST,
 )
+#: Exit reasons of a cluster the cloud took away (reported LOST, replaced by the head).
+LOST_REASONS = ("preempted", "lost")
 
 #: Events kept per cluster until :meth:`SkyIslands.events` reads them.
 MAX_EVENTS = 10_000
@@ -132,9 +136,8 @@ class SkyIslands(IslandProvider):
 
     # -- the port --------------------------------------------------------------------
 
-    def launch(self, launch: IslandLaunch) -> str:
-        """Validate the task, journal it, launch on a worker thread; return the cluster name."""
-        task = build_task(
+    def _task(self, launch: IslandLaunch) -> Any:
+        return build_task(
             run_id=launch.run_id,
             island=launch.island,
             incarnation=launch.incarnation,
@@ -143,6 +146,24 @@ class SkyIslands(IslandProvider):
             entry_module=launch.entry_module,
             where=f"provider_options of {launch.island}",
         )
+
+    def price_per_hour(self, launch: IslandLaunch) -> Optional[float]:
+        """The estimated $/hour of ``launch``'s cluster (catalog, else the dated table).
+
+        None when there is no estimate or the task is invalid (``launch`` says why).
+        The group's ``price_per_hour`` in the config overrides it.
+        """
+        from yeto_sky.prices import estimate
+
+        try:
+            price = estimate(self._task(launch))
+        except SkyTaskError:
+            return None
+        return None if price is None else price.per_hour
+
+    def launch(self, launch: IslandLaunch) -> str:
+        """Validate the task, journal it, launch on a worker thread; return the cluster name."""
+        task = self._task(launch)
         cluster = task.cluster
         if cluster in self._live:
             raise ValueError(f"cluster {cluster} is already held; release it first")
@@ -259,6 +280,8 @@ class SkyIslands(IslandProvider):
     def status(self, handle: str) -> IslandStatus:
         state = self._live.get(handle)
         if state is not None:
+            if state["state"] == "exited" and state.get("reason") in LOST_REASONS:
+                return LOST
             return {"launching": STARTING, "running": RUNNING}.get(state["state"], EXITED)
         # not launched by this object (a previous head's): ask SkyPilot
         return RUNNING if handle in self.seam.clusters([handle]) else GONE
@@ -273,10 +296,18 @@ class SkyIslands(IslandProvider):
         return None if state is None else state.get("reason")
 
     def events(self, handle: str) -> Iterator[Event]:
+        """The events since the last call; consecutive log lines come as one ``log`` event."""
         q = self._events.get(handle)
-        out = []
+        out: list[Event] = []
         while q:
-            out.append(q.popleft())
+            e = q.popleft()
+            if e.kind != "log":
+                out.append(e)
+            elif out and out[-1].kind == "log":
+                out[-1].data["lines"].append(e.data["line"])
+            else:
+                lines = {"lines": [e.data["line"]]}
+                out.append(Event(kind="log", time=e.time, source=e.source, data=lines))
         return iter(out)
 
     def log_hint(self, handle: str) -> str:

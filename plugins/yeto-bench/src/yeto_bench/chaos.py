@@ -60,29 +60,35 @@ def chaos_config(
     samplers: int = 2,
     task: str = "add1",
     store: str = "",
+    deltas: str = "auto",
 ) -> str:
-    """The TOML of one chaos run: the quickstart, shorter, samplers not throttled."""
-    return bench_run_toml(
-        store=store,
-        comment="yeto bench chaos run (generated)",
-        name="chaos",
-        run_dir=run_dir,
-        base_dir=base_dir,
-        task=task,
-        seed=seed,
-        samplers=samplers,
-        prompts_per_call=1,
-        min_round_s=0.1,
-        backlog_cap=16,
-        max_new_tokens=3,
-        lr=0.003,
-        groups_per_round=4,
-        max_policy_age=2,
-        total_rounds=total_rounds,
-        scheduler="s1",
-        tick_s=0.2,
-        wall_clock_s=600,
-        silence_s=120,
+    """The TOML of one chaos run: the quickstart, shorter, samplers not throttled
+    (``deltas``: ``[releases] deltas``, with a full release every 3)."""
+    releases = f'\n[releases]\ndeltas = "{deltas}"\nfull_every = 3\n' if deltas != "auto" else ""
+    return (
+        bench_run_toml(
+            store=store,
+            comment="yeto bench chaos run (generated)",
+            name="chaos",
+            run_dir=run_dir,
+            base_dir=base_dir,
+            task=task,
+            seed=seed,
+            samplers=samplers,
+            prompts_per_call=1,
+            min_round_s=0.1,
+            backlog_cap=16,
+            max_new_tokens=3,
+            lr=0.003,
+            groups_per_round=4,
+            max_policy_age=2,
+            total_rounds=total_rounds,
+            scheduler="s1",
+            tick_s=0.2,
+            wall_clock_s=600,
+            silence_s=120,
+        )
+        + releases
     )
 
 
@@ -388,6 +394,7 @@ def run_campaign(
     run_deadline_s: float = 900.0,
     replay: bool = True,
     store_fault_rate: float = 0.0,
+    deltas: str = "auto",
 ) -> dict[str, Any]:
     """``kills`` SIGKILLs spread over at least ``runs`` runs; the JSON report.
 
@@ -414,7 +421,12 @@ def run_campaign(
             }
         (run_dir / "run.toml").write_text(
             chaos_config(
-                run_dir, base_dir=base_dir, seed=seed + i, total_rounds=total_rounds, store=store
+                run_dir,
+                base_dir=base_dir,
+                seed=seed + i,
+                total_rounds=total_rounds,
+                store=store,
+                deltas=deltas,
             )
         )
         quota = min(left, per_run)
@@ -554,6 +566,13 @@ def campaign_report(
     "role fails with probability --store-fault-rate).",
 )
 @click.option("--store-fault-rate", type=float, default=0.002, show_default=True)
+@click.option(
+    "--deltas",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    show_default=True,
+    help="[releases] deltas of every run ('on': delta releases, a full one every 3).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def command(
     kills: int,
@@ -565,6 +584,7 @@ def command(
     no_replay: bool,
     faults: str,
     store_fault_rate: float,
+    deltas: str,
     as_json: bool,
 ) -> None:
     """SIGKILL random processes (head, samplers, trainer) of real runs; check nothing is lost.
@@ -590,6 +610,7 @@ def command(
             total_rounds=total_rounds,
             replay=not no_replay,
             store_fault_rate=store_fault_rate if "store" in kinds else 0.0,
+            deltas=deltas,
         )
     if as_json:
         click.echo(json.dumps(report, sort_keys=True))

@@ -18,6 +18,7 @@ BENCHMARKS: dict[str, str] = {
     "chaos": "yeto_bench.chaos:command",
     "loss": "yeto_bench.loss:command",
     "engine": "yeto_bench.engine:command",
+    "releases": "yeto_bench.releases:command",
 }
 
 

@@ -1,12 +1,13 @@
 """``yeto bench engine --engine vllm``: a server-backed engine against bare calls on the same server.
 
 One real server (started by the engine, float32, on 127.0.0.1) serves the warm
-sort4 base. In the same run, interleaved ``--repeat`` times:
+sort4 base. In the same run, ``--repeat`` times:
 
 - ``throughput_ratio``: generated tokens/s through ``engine.generate`` (requests
   built, sent concurrently, answers decoded into completions with log-probs and
   weight versions) over a bare httpx loop posting the **same request bodies**
-  with the same concurrency and only parsing the JSON (goal >= 0.9);
+  with the same concurrency and only parsing the JSON (goal >= 0.9), over
+  ``--trials`` calls a side in ABBA order, summed per side;
 - ``reload_overhead_ratio``: release published -> verified serving (the policy
   follower: fetch with digest checks, ``reload_weights`` + ``reset_prefix_cache``
   + ``update_weight_version``, then the fingerprint's probe log-probs) over the
@@ -71,6 +72,7 @@ def run(
     work: Path,
     progress: Callable[[str], None],
     eager: bool = True,
+    trials: int = 8,
 ) -> dict[str, Any]:
     import torch
 
@@ -130,12 +132,17 @@ def run(
                 t = time.perf_counter()
                 return bare_generate(http, pool, engine.url, bodies), time.perf_counter() - t
 
-            if r % 2:  # alternate which goes first
-                bare_tokens, bare_s = bare()
-                eng_tokens, eng_s = through_engine()
-            else:
-                eng_tokens, eng_s = through_engine()
-                bare_tokens, bare_s = bare()
+            # ABBA-ordered trials, summed per side: load from other work on the machine
+            # and the server's warm state fall on both sides alike
+            eng_tokens = eng_s = bare_tokens = bare_s = 0.0
+            for k in range(trials):
+                order = (through_engine, bare) if k % 4 in (0, 3) else (bare, through_engine)
+                for fn in order:
+                    tokens, secs = fn()
+                    if fn is bare:
+                        bare_tokens, bare_s = bare_tokens + tokens, bare_s + secs
+                    else:
+                        eng_tokens, eng_s = eng_tokens + tokens, eng_s + secs
             rep: dict[str, Any] = {
                 "engine_tokens_per_s": eng_tokens / eng_s,
                 "bare_tokens_per_s": bare_tokens / bare_s,
@@ -196,6 +203,7 @@ def run(
         "enforce_eager": eager,
         "requests": {"prompts": prompts, "n": n, "max_new_tokens": max_new_tokens},
         "releases_per_repeat": releases,
+        "throughput_trials_per_repeat": trials,
         "repeat": repeat,
         "per_repeat": [{k: round(v, 6) for k, v in p.items()} for p in per],
     }
@@ -209,6 +217,13 @@ def run(
 @click.option("--n", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--releases", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option(
+    "--trials",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Generation calls per side per repetition, in ABBA order, summed.",
+)
 @click.option(
     "--eager/--compiled",
     default=True,
@@ -225,6 +240,7 @@ def command(
     n: int,
     max_new_tokens: int,
     releases: int,
+    trials: int,
     eager: bool,
     work_dir: Optional[str],
     as_json: bool,
@@ -249,6 +265,7 @@ def command(
             work=work,
             progress=progress,
             eager=eager,
+            trials=trials,
         )
     finally:
         if not work_dir:

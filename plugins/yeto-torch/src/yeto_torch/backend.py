@@ -168,6 +168,10 @@ class _Stats:
         return out
 
 
+#: ``export_dtype``: the serving dtypes a release may be written in (masters stay float32).
+EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 class TorchBackend(TrainerBackend):
     """GRPO trainer on a local HF checkpoint (``model_dir``). See the module docstring."""
 
@@ -224,6 +228,7 @@ class TorchBackend(TrainerBackend):
         micro_batch: int = 64,
         seed: int = 0,
         threads: Optional[int] = None,
+        export_dtype: Optional[str] = None,
     ):
         def bad(path: str, value: Any, allowed: str) -> ConfigError:
             return ConfigError(f"trainer.backend_options.{path} = {value!r}: {allowed}")
@@ -260,6 +265,10 @@ class TorchBackend(TrainerBackend):
                 temperature,
                 "must be > 0 and equal the samplers' temperature (or leave it out: the trainer "
                 "then follows the sampling recorded with each group)",
+            )
+        if export_dtype is not None and export_dtype not in EXPORT_DTYPES:
+            raise bad(
+                "export_dtype", export_dtype, f"allowed values are {', '.join(EXPORT_DTYPES)}"
             )
         if not Path(model_dir, "config.json").is_file():
             raise ConfigError(
@@ -298,6 +307,7 @@ class TorchBackend(TrainerBackend):
             min_lr_ratio=float(min_lr_ratio),
             micro_batch=int(micro_batch),
             seed=int(seed),
+            export_dtype=export_dtype,
         )
         if threads:
             torch.set_num_threads(int(threads))
@@ -738,15 +748,28 @@ class TorchBackend(TrainerBackend):
 
     @property
     def weights_dtype(self) -> str:  # type: ignore[override]
+        if self.opts.get("export_dtype"):
+            return str(self.opts["export_dtype"])
         if self.model is None:
             return "float32"
         return str(next(self.model.parameters()).dtype).replace("torch.", "")
 
     def prompt_logprobs(self, prompts: Any) -> list[list[float]]:
-        """Log-probs of the prompts' tokens under the weights a release would publish now."""
+        """Log-probs of the prompts' tokens under the weights a release would publish now.
+
+        With ``export_dtype`` the release holds the masters rounded to that dtype, so the
+        probes are scored by a copy of the model in it (what an engine serving the release
+        computes), not by the float32 masters.
+        """
+        import copy
+
         from yeto_torch.sampling import prompt_logprobs
 
-        return prompt_logprobs(self.model, prompts)
+        dtype = self.opts.get("export_dtype")
+        model = self.model
+        if dtype and EXPORT_DTYPES[dtype] != next(model.parameters()).dtype:
+            model = copy.deepcopy(model).to(EXPORT_DTYPES[dtype]).eval()
+        return prompt_logprobs(model, prompts)
 
     def publish_release(self, out_dir: Path) -> dict[str, Any]:
         """Write a release (full HF export, or the LoRA adapter) into ``out_dir``."""
@@ -754,7 +777,13 @@ class TorchBackend(TrainerBackend):
             return export.export_lora(
                 self.model, self.model_dir, Path(out_dir), base_checksum=self.base_checksum
             )
-        return export.export_full(self.model, self.model_dir, Path(out_dir))
+        dtype = self.opts.get("export_dtype")
+        return export.export_full(
+            self.model,
+            self.model_dir,
+            Path(out_dir),
+            dtype=EXPORT_DTYPES[dtype] if dtype else None,
+        )
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Every trainable parameter and AdamW tensor (for bitwise comparisons in tests)."""

@@ -29,23 +29,37 @@ from yeto_torch.export import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from yeto_torch.sampling import prompt_logprobs as score_prompts
 from yeto_torch.sampling import sample
 
+SERVING_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
 
 class HFEngine(SamplerEngine):
-    """Options: ``model_dir`` (the base checkpoint), ``seed``, ``threads``."""
+    """Options: ``model_dir`` (the base checkpoint), ``seed``, ``threads``, ``dtype``.
+
+    ``dtype`` (``float32``, ``bfloat16``, ``float16``) is the dtype the engine serves
+    in; it must be the trainer's ``export_dtype`` so the served checksum matches.
+    """
 
     PLUGIN_NAME = "hf"
 
     def __init__(
-        self, model_dir: str, seed: int = 0, threads: Optional[int] = None, **options: Any
+        self,
+        model_dir: str,
+        seed: int = 0,
+        threads: Optional[int] = None,
+        dtype: str = "float32",
+        **options: Any,
     ):
         if options:
             raise TypeError(
-                f"hf engine: unknown options {sorted(options)}; allowed: model_dir, seed, threads"
+                f"hf engine: unknown options {sorted(options)}; allowed: model_dir, seed, "
+                "threads, dtype"
             )
+        if dtype not in SERVING_DTYPES:
+            raise TypeError(f"hf engine: dtype={dtype!r}; allowed: {', '.join(SERVING_DTYPES)}")
         if threads:
             torch.set_num_threads(int(threads))
         self.model_dir = Path(model_dir)
-        self.model = tiny.load_model(self.model_dir).eval()
+        self.model = tiny.load_model(self.model_dir).eval().to(SERVING_DTYPES[dtype])
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.tokenizer = tiny.load_tokenizer(self.model_dir)

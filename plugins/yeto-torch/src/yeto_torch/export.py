@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from safetensors.torch import save_file
@@ -32,14 +32,24 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
-def export_full(model: torch.nn.Module, base_dir: Path, out_dir: Path) -> dict[str, Any]:
-    """Write a full HF checkpoint of ``model`` (LoRA merged in, if any) into ``out_dir``."""
+def export_full(
+    model: torch.nn.Module,
+    base_dir: Path,
+    out_dir: Path,
+    *,
+    dtype: Optional[torch.dtype] = None,
+) -> dict[str, Any]:
+    """Write a full HF checkpoint of ``model`` (LoRA merged in, if any) into ``out_dir``.
+
+    :param dtype: the serving dtype the weights are written in (None: the model's). The
+        trainer keeps its float32 masters; a delta release is made from these bytes.
+    """
     from transformers.utils import logging as hf_logging
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     named = lora_mod.merged_named_parameters(model)
-    tensors = {n: t.detach().to("cpu").contiguous().clone() for n, t in named}
+    tensors = {n: t.detach().to("cpu").to(dtype or t.dtype).contiguous().clone() for n, t in named}
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     hf_logging.disable_progress_bar()
     model.config.save_pretrained(out_dir)
@@ -49,6 +59,10 @@ def export_full(model: torch.nn.Module, base_dir: Path, out_dir: Path) -> dict[s
     base_cfg = json.loads((Path(base_dir) / "config.json").read_text())
     exported = json.loads((out_dir / "config.json").read_text())
     merged = restore_dropped_keys(base_cfg, exported)
+    if dtype is not None:
+        merged["dtype"] = str(dtype).replace("torch.", "")
+        if "torch_dtype" in merged:
+            merged["torch_dtype"] = merged["dtype"]
     (out_dir / "config.json").write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
     copy_tokenizer_files(Path(base_dir), out_dir)
     return {

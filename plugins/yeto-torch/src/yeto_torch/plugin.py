@@ -74,3 +74,11 @@ def yeto_preflight(config, report):
             "(as the hf engine samples); the engine's log-probs must be of that processed "
             "distribution. Watch the mismatch_kl_on_policy metric of the first rounds",
         )
+
+
+@hookimpl
+def yeto_release_codecs():
+    """The ``numpy-zstd`` release codec (delta releases, docs/releases.md)."""
+    from yeto_torch.delta import NumpyZstdCodec
+
+    return [NumpyZstdCodec()]

@@ -165,7 +165,12 @@ class DriverLifecycle(TrainerLifecycle):
         info["version"] = self.counters.policy_version
         info.setdefault("buffer_watermark", self.counters.buffer_watermark)
         rel = self.releases.publish(out, info)
-        self._event("trainer_published", release_id=rel.release_id, version=rel.version)
+        self._event(
+            "trainer_published",
+            release_id=rel.release_id,
+            version=rel.version,
+            **getattr(self.releases, "last_publish", {}),
+        )
 
     # -- port ---------------------------------------------------------------------------
 

@@ -7,8 +7,10 @@ rounds and incremental reads.
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -30,6 +32,17 @@ from yeto_core.sample_buffer.shards import merge_shards
 LAYOUTS = ("auto", "jsonl", "objects", "shards")
 
 
+def _serialized(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``method`` holding the buffer's lock (its index cursor and head move together)."""
+
+    @functools.wraps(method)
+    def locked(self: FileSampleBuffer, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
 class FileSampleBuffer(DurableSampleBuffer):
     """The ``file`` sample buffer on any :class:`~yeto_core.ports.ObjectStore`.
 
@@ -41,6 +54,10 @@ class FileSampleBuffer(DurableSampleBuffer):
     :param clock: returns seconds since the epoch (``appended_at``, ``consumed.json``).
     :param read_only: never write (no torn-tail repair, no merge); for ``yeto buffer stats``.
     :param merger: layout ``shards``: this process (the head) merges host shards.
+
+    One object may be shared by threads (the head's loop and a watcher): its
+    methods take one lock, so a read of the index and the head it advances are
+    never split between two threads.
     """
 
     PLUGIN_NAME = "file"
@@ -60,6 +77,7 @@ class FileSampleBuffer(DurableSampleBuffer):
             raise SampleBufferError(f"unknown buffer layout {layout!r}; use one of {LAYOUTS}")
         self.store = store
         self.prefix = prefix.rstrip("/")
+        self._lock = threading.RLock()
         self.clock = clock
         self.read_only = read_only
         self.merger = merger and not read_only
@@ -194,6 +212,7 @@ class FileSampleBuffer(DurableSampleBuffer):
 
     # -- port --------------------------------------------------------------------------
 
+    @_serialized
     def append(self, group: SampleGroup) -> int:
         """Durably append ``group``; return its position (shards: its shard sequence number).
 
@@ -293,11 +312,13 @@ class FileSampleBuffer(DurableSampleBuffer):
         return group
 
     @property
+    @_serialized
     def watermark(self) -> int:
         self._refresh_state()
         return self._state.watermark
 
     @property
+    @_serialized
     def head_position(self) -> int:
         """The number of positions in the (merged) index."""
         self._catch_up()
@@ -314,10 +335,12 @@ class FileSampleBuffer(DurableSampleBuffer):
             reader.close()
         return [e for e in out if e.position >= start]
 
+    @_serialized
     def select(self, spec: RoundSpec) -> BufferRound:
         self._update()
         return plan_round(self._pending, self._state.watermark, spec)
 
+    @_serialized
     def commit(self, round: BufferRound) -> int:
         if self.read_only:
             raise SampleBufferError("this buffer was opened read-only; open it without read_only")
@@ -348,6 +371,7 @@ class FileSampleBuffer(DurableSampleBuffer):
         self._state_raw = raw
         self._apply_state(state)
 
+    @_serialized
     def reset_to(self, watermark: int) -> None:
         if self.read_only:
             raise SampleBufferError("this buffer was opened read-only; open it without read_only")
@@ -368,6 +392,7 @@ class FileSampleBuffer(DurableSampleBuffer):
             )
         )
 
+    @_serialized
     def backlog(
         self, current_version: Optional[int] = None, max_policy_age: Optional[int] = None
     ) -> Backlog:
@@ -401,6 +426,7 @@ class FileSampleBuffer(DurableSampleBuffer):
             data_ended=self.data_ended(),
         )
 
+    @_serialized
     def poll_arrivals(self, callback: Callable[[GroupEntry], None]) -> int:
         """Call ``callback`` for each group appended since the last poll.
 
@@ -426,6 +452,7 @@ class FileSampleBuffer(DurableSampleBuffer):
             self._data_ended = self.store.exists(f"{self.prefix}/DATA_END")
         return self._data_ended
 
+    @_serialized
     def stats(self) -> dict[str, Any]:
         """Everything ``yeto buffer stats`` shows."""
         b = self.backlog()

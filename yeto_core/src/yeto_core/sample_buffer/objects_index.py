@@ -37,10 +37,16 @@ class ObjectsIndex:
         return pos
 
     def read_new(self) -> list[dict[str, Any]]:
+        """The records after the cursor, in order; the cursor moves past exactly those.
+
+        The cursor moves only when the records are returned: a store call that fails
+        midway (the caller retries) leaves it where it was, so no record is skipped.
+        """
         out = []
-        for key in self.store.list(self.dir, after=self.last_key):
+        count, last_key = self.count, self.last_key
+        for key in self.store.list(self.dir, after=last_key):
             pos = self._position_of(key)
-            if pos != self.count:
+            if pos != count:
                 break  # not visible yet (listing raced a creation); read it next time
             rec = decode_record(self.store.get(key))
             if rec is None or rec.get("position") != pos:
@@ -49,8 +55,9 @@ class ObjectsIndex:
                     "objects are created whole, so it was modified. Restore it"
                 )
             out.append(rec)
-            self.count += 1
-            self.last_key = key
+            count += 1
+            last_key = key
+        self.count, self.last_key = count, last_key
         return out
 
     def append(self, make: Callable[[int], dict[str, Any]]) -> tuple[int, dict[str, Any]]:

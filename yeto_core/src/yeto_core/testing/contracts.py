@@ -484,8 +484,10 @@ class IslandProviderContract:
         assert handle in second.orphans()
         assert second.release(handle) is True
         assert second.status(handle) == IslandStatus.GONE
-        self._wait(
-            lambda: first.status(handle) in (IslandStatus.GONE, IslandStatus.EXITED),
+        self._wait(  # to the first provider its island vanished: gone, exited or lost
+            lambda: (
+                first.status(handle) in (IslandStatus.GONE, IslandStatus.EXITED, IslandStatus.LOST)
+            ),
             "the first provider to see it gone",
         )
 
