@@ -181,6 +181,14 @@ def time_to_target(rounds, *, target: float, t0: float, window: int):
     return None, curve
 
 
+def _steps_per_s(rounds, t0, hit):
+    if t0 is None or not rounds:
+        return None
+    until = t0 + hit if hit is not None else rounds[-1]["time"]
+    steps = sum(1 for r in rounds if r["time"] <= until + 1e-9)
+    return round(steps / (until - t0), 3) if until > t0 else None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base-dir", required=True)
@@ -270,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
                 "time_to_target_s": hit,
                 "startup_s": round((t0 or launched) - launched, 2),
                 "rounds_trained": len(rounds),
+                # optimizer steps per second, from the first group to the target (or the end)
+                "optimizer_steps_per_s": _steps_per_s(rounds, t0, hit),
                 # the policy age of every trained group, at the version its round trained
                 "max_trained_age": max(
                     (a for r in rounds for a in r.get("ages", [])), default=None

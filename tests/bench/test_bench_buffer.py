@@ -17,6 +17,8 @@ KEYS = {
     "tick_ms_100k",
     "tick_ratio",
     "select_commit_ms",
+    "batched_append_groups_per_s",
+    "batched_vs_single",
 }
 
 
@@ -31,5 +33,7 @@ def test_bench_buffer_prints_one_json_object_with_every_figure(tmp_path):
     assert all(out[k] > 0 for k in KEYS)
     ratio = out["append_groups_per_s"] / out["fsync_limit_groups_per_s"]
     assert out["append_ratio"] == pytest.approx(ratio, rel=0.01)
+    batched = out["batched_append_groups_per_s"] / out["append_groups_per_s"]
+    assert out["batched_vs_single"] == pytest.approx(batched, rel=0.01)
     assert "s3_append_ratio" not in out
     assert list(tmp_path.iterdir()) == []  # scratch removed

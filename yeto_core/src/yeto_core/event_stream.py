@@ -6,6 +6,13 @@ and puts the whole object again at each flush (atomic: a reader sees the old
 stream or the new one). A restarted island reads its stream back first and
 continues it. Streams stay small (one line per group, round, release and
 decision); ``yeto run status`` and the run summary read them.
+
+On a store whose objects are local files (the ``dir`` store) a flush after the
+writer's first one appends only the new lines to the file (one ``write``,
+synced like a put), so a flush costs O(new lines), not O(stream). A reader may
+then see a last line still being written, which it skips like any bad line; a
+writer's first flush (after a restart too) puts the whole stream, which ends a
+line torn by a crash, so it stays one bad line that readers skip.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from typing import Any, Optional
 
 from yeto_core.errors import NotFoundError
 from yeto_core.records import Event
+from yeto_core.stage_profile import stage
 
 PREFIX = "events/"
 
@@ -94,6 +102,7 @@ class EventStream:
         self.flush_s = flush_s
         self.observer = observer
         self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()  # one flush at a time, in order
         try:
             existing = store.get(stream_key(island)).decode(errors="replace")
         except NotFoundError:
@@ -101,6 +110,11 @@ class EventStream:
         self._lines = [ln for ln in existing.splitlines() if ln.strip()]
         self._dirty = False
         self._last_flush = self.clock()
+        root = store.local_root() if hasattr(store, "local_root") else None
+        #: the stream's file when the store keeps objects as local files (appends)
+        self._file = None if root is None else root / stream_key(island)
+        #: lines in the store after the last flush (None: the next flush puts them all)
+        self._flushed: Optional[int] = None
 
     def emit(self, kind: str, **data: Any) -> Event:
         """Add an event; flush if the last flush is older than ``flush_s``."""
@@ -122,14 +136,42 @@ class EventStream:
         return event
 
     def flush(self) -> None:
-        """Put the whole stream (no-op when nothing changed)."""
-        with self._lock:
-            if not self._dirty:
-                return
-            data = ("\n".join(self._lines) + "\n").encode()
-            self._dirty = False
-            self._last_flush = self.clock()
-        self.store.put(stream_key(self.island), data)
+        """Write the new events (no-op when nothing changed): the whole stream, or an append."""
+        with self._flush_lock:
+            with self._lock:
+                if not self._dirty:
+                    return
+                start = self._flushed if self._file is not None else None
+                data = ("\n".join(self._lines[start or 0 :]) + "\n").encode()
+                count = len(self._lines)
+                self._dirty = False
+                self._last_flush = self.clock()
+            try:
+                with stage("events.flush"):
+                    if start is None:
+                        self.store.put(stream_key(self.island), data)
+                    else:
+                        self._append(data)
+            except BaseException:
+                with self._lock:  # a failed write may have left a part: put it all next time
+                    self._flushed, self._dirty = None, True
+                raise
+            self._flushed = count
+
+    def _append(self, data: bytes) -> None:
+        """Add ``data`` (whole lines) to the end of the stream's local file."""
+        import os
+
+        assert self._file is not None
+        fd = os.open(self._file, os.O_WRONLY | os.O_APPEND)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if self.store.fsyncs():
+                os.fdatasync(fd)
+        finally:
+            os.close(fd)
 
     def events(self) -> Iterator[Event]:
         """What this stream holds (including unflushed events)."""

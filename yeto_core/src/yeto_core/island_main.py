@@ -42,6 +42,10 @@ from yeto_core.island_env import (  # noqa: F401 (ENV_* re-exported: the old imp
 )
 from yeto_core.ports import TrainerBackend, names
 from yeto_core.records import Batch, Event, ReleaseInfo, Trigger
+from yeto_core.stage_profile import emit_snapshot
+
+#: seconds between two ``stage_profile`` snapshots in an island's event stream
+PROFILE_EVERY_S = 2.0
 
 
 class Terminated(SystemExit):
@@ -159,6 +163,8 @@ def trainer_event_bridge(stream: EventStream, recorder: dict[str, RecordingBacke
             )
         else:
             stream.emit(event.kind, **d)
+        if event.kind == "trainer_round":
+            emit_snapshot(stream.emit, every_s=PROFILE_EVERY_S)
 
     return on_event
 
@@ -198,11 +204,13 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         partial_last_round=True,
         ledger_set_aside_before=head_started_at(store),
         reader_options={"fenced_incarnations": StoreFences(store)},
+        overlap_uploads=True,  # a round's release upload overlaps the next round
     )
     agent = IslandTrainerAgent(store, driver, incarnation)
     try:
         agent.run(ident.cut)
     finally:
+        emit_snapshot(stream.emit)
         stream.flush()
     return 0
 
@@ -298,6 +306,7 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         run_with_pauses(loop, stop, scfg.pause_every_s, scfg.pause_s, on_event)
     finally:
         follower.stop()
+        emit_snapshot(stream.emit)
         stream.flush()
         engine.close()
     return 0
@@ -330,6 +339,8 @@ def sampler_event_bridge(stream: EventStream):
 
     def on_event(event: Event) -> None:
         stream.emit(event.kind, **dict(event.data))
+        if event.kind == "sampler_round":
+            emit_snapshot(stream.emit, every_s=PROFILE_EVERY_S)
 
     return on_event
 

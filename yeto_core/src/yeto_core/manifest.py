@@ -69,10 +69,13 @@ def upload_files(
     local_dir: str | os.PathLike[str],
     files: Iterable[ShardDigest],
 ) -> None:
-    """Step 1 of the protocol: put every file of ``local_dir`` under ``key_prefix/``."""
+    """Step 1 of the protocol: put every file of ``local_dir`` under ``key_prefix/``.
+
+    One ``put_many``: every file is durable when it returns (the manifest, step 2,
+    is written only after), and the ``dir`` store syncs them together.
+    """
     root = Path(local_dir)
-    for f in files:
-        store.put(f"{key_prefix}/{f.name}", (root / f.name).read_bytes())
+    store.put_many([(f"{key_prefix}/{f.name}", (root / f.name).read_bytes()) for f in files])
 
 
 def download_verified(

@@ -58,6 +58,7 @@ import attrs
 from yeto_core import fingerprint as fp
 from yeto_core.errors import ReleaseError
 from yeto_core.records import Event, LocalRelease
+from yeto_core.stage_profile import stage
 
 
 @attrs.define
@@ -127,6 +128,8 @@ class PolicyFollower:
         #: whether the round that ended last had a forced load land in it
         self.last_round_straddled = False
         self._load_mutex = threading.Lock()  # one load at a time
+        #: notified whenever the served version changes (:meth:`wait_version`)
+        self._version_changed = threading.Condition()
         self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
 
@@ -163,7 +166,8 @@ class PolicyFollower:
         ``"refused"`` or None (nothing new).
         """
         with self._load_mutex:
-            rel = self.releases.latest()
+            with stage("follower.latest"):
+                rel = self.releases.latest()
             if rel is None or rel.release_id == self.release_id or rel.release_id in self._refused:
                 return None
             now = self.clock()
@@ -200,7 +204,8 @@ class PolicyFollower:
         if dest.exists():
             shutil.rmtree(dest)
         try:
-            fetched = self._fetch(rel, dest)
+            with stage("follower.fetch_verify"):
+                fetched = self._fetch(rel, dest)
         except ReleaseError as exc:
             shutil.rmtree(dest, ignore_errors=True)
             return self._refuse(rel, getattr(exc, "reason", "digest_mismatch"), str(exc))
@@ -214,7 +219,8 @@ class PolicyFollower:
         )
         t_load = time.monotonic()
         try:
-            self.engine.load_release(local)
+            with stage("follower.load"):
+                self.engine.load_release(local)
         except Exception as exc:  # the engine refused the files: it keeps its weights
             shutil.rmtree(dest, ignore_errors=True)
             return self._refuse(rel, "engine_refused", f"{type(exc).__name__}: {exc}")
@@ -229,7 +235,8 @@ class PolicyFollower:
             )
         load_s = time.monotonic() - t_load
         t_fp = time.monotonic()
-        verdict, check = self.check_fingerprint(local)
+        with stage("follower.fingerprint"):
+            verdict, check = self.check_fingerprint(local)
         fingerprint_s = time.monotonic() - t_fp
         self.last_fingerprint_s = fingerprint_s
         if verdict == "mismatch":
@@ -261,7 +268,9 @@ class PolicyFollower:
             proof["max_abs_dev"] = check.max_abs_dev
             proof["tolerance"] = check.tolerance
         previous = self._current
-        self._current, self.version, self.release_id = local, local.version, rel.release_id
+        with self._version_changed:
+            self._current, self.version, self.release_id = local, local.version, rel.release_id
+            self._version_changed.notify_all()
         self.served_checksum = served
         self.counters.loads += 1
         if forced:
@@ -405,13 +414,25 @@ class PolicyFollower:
             )
         )
 
+    def wait_version(self, version: int, timeout: float) -> bool:
+        """Wait until the engine serves ``version`` or newer, at most ``timeout`` s."""
+        with self._version_changed:
+            return self._version_changed.wait_for(
+                lambda: int(self.version) >= version, timeout=max(0.0, timeout)
+            )
+
     # -- a watcher thread -----------------------------------------------------------
 
     def start(self, poll_s: float = 1.0) -> None:
-        """Poll in a daemon thread every ``poll_s`` seconds until :meth:`stop`."""
+        """Poll in a daemon thread until :meth:`stop`: after each poll it waits ``poll_s``
+        seconds, or less when the store's watch on the releases prefix wakes it first
+        (a new ``LATEST.json``; :meth:`~yeto_core.ports.ObjectStore.watch`)."""
         if self._thread is not None:
             return
         self._stop.clear()
+        store = getattr(self.releases, "store", None)
+        prefix = getattr(self.releases, "prefix", None)
+        watch = store.watch(prefix) if store is not None and prefix else None
 
         def run() -> None:
             while not self._stop.is_set():
@@ -426,7 +447,13 @@ class PolicyFollower:
                             data={"error": f"{type(exc).__name__}: {exc}"},
                         )
                     )
-                self._stop.wait(poll_s)
+                with stage("follower.wait_poll"):
+                    if watch is not None:
+                        watch.wait(poll_s)
+                    else:
+                        self._stop.wait(poll_s)
+            if watch is not None:
+                watch.close()
 
         self._thread = threading.Thread(target=run, name="policy-follower", daemon=True)
         self._thread.start()

@@ -122,6 +122,8 @@ class ReleaseStore:
         self.last_fetch: dict[str, Any] = {}
         #: what the last :meth:`publish` stored (encoding, bytes, why it was full)
         self.last_publish: dict[str, Any] = {}
+        #: this publisher's view of the releases it scanned and wrote: (ids, max seq)
+        self._view: Optional[tuple[list[str], int]] = None
 
     @property
     def pointer_key(self) -> str:
@@ -311,7 +313,7 @@ class ReleaseStore:
         checksum = str(info["weight_checksum"])
         extra = {k: v for k, v in info.items() if k not in ("version", "kind", "weight_checksum")}
         latest = self.latest()
-        ids = self._ids()
+        ids, max_seq = self._publisher_view(latest)
         same_version = [i for i in ids if _id_key(i)[0] == version]
         for rid in same_version:
             existing = self._read(rid)
@@ -329,7 +331,7 @@ class ReleaseStore:
         else:
             release_id = f"{version}-r{max(_id_key(i)[1] for i in committed) + 1}"
         files = digest_dir(local_dir)
-        seq = max([latest.seq if latest else 0] + [r.seq for r in self.list()[-1:]]) + 1
+        seq = max(latest.seq if latest else 0, max_seq) + 1
         upload_dir, encoding, delta, why = (
             Path(local_dir),
             "full",
@@ -357,6 +359,7 @@ class ReleaseStore:
                 upload_dir, encoding = ddir, "delta"
             else:
                 why = "the delta is not smaller than the full export"
+                shutil.rmtree(ddir, ignore_errors=True)
         stored = digest_dir(upload_dir) if encoding == "delta" else files
         rel = Release(
             release_id=release_id,
@@ -382,6 +385,7 @@ class ReleaseStore:
                 "trainer incarnation may publish per store"
             )
         self.store.put(self.pointer_key, serde.dumps(rel).encode())
+        self._view = (ids + [release_id], seq)
         self._keep_parent(local_dir, rel)
         self.last_publish = {
             "encoding": encoding,
@@ -427,7 +431,28 @@ class ReleaseStore:
         if keep.exists():
             shutil.rmtree(keep)
         shutil.copytree(src, keep)  # a copy: the caller may rewrite its files in place
+        if self._parent is not None and self._parent[1] != keep:
+            shutil.rmtree(self._parent[1], ignore_errors=True)  # one parent copy at a time
         self._parent = (rel, keep)
+
+    def _publisher_view(self, latest: Optional[Release]) -> tuple[list[str], int]:
+        """(release ids, highest seq) for the next publication.
+
+        The first publication of this object lists the prefix and reads every manifest
+        (O(releases)); later ones reuse what it saw plus what it wrote since, so a
+        publication costs O(1) requests instead of O(history). The view is thrown away
+        and rebuilt whenever the pointer names a release it does not know or a higher
+        seq (someone else published).
+        """
+        view = self._view
+        if view is not None and (
+            latest is None or (latest.release_id in view[0] and latest.seq <= view[1])
+        ):
+            return list(view[0]), view[1]
+        ids = self._ids()
+        max_seq = max([r.seq for r in self.list()] or [0])
+        self._view = (list(ids), max_seq)
+        return ids, max_seq
 
     def _event(self, kind: str, rel: Release, **extra: Any) -> None:
         self._emit(

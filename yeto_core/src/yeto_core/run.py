@@ -89,6 +89,7 @@ from yeto_core.run_dir import (  # noqa: F401 (the run-dir protocol, re-exported
     write_json_atomic,
 )
 from yeto_core.run_summary import summarize
+from yeto_core.stage_profile import emit_snapshot, stage
 
 #: The head rides out a store that fails (a 503 storm past the store's own retries, a
 #: full disk) for this long with failing ticks in a row, then stops the run cleanly.
@@ -202,6 +203,7 @@ class Head(HeadIslands):
         self._stop_requested: Optional[str] = None
         self.trainer_loop: Any = None
         self.lifecycle: Optional[TrainerLifecycle] = None
+        self._tick_watch: Any = None
 
     # -- set-up ----------------------------------------------------------------------
 
@@ -488,16 +490,25 @@ class Head(HeadIslands):
             self.start(say)
             tick_s = self.config.scheduler.tick_s
             last_rewards = 0.0
+            # housekeeping (status.json, backstops, samplers) keeps the tick_s cadence; a
+            # wake-up by the buffer's watch between ticks runs only the trainer loop
+            woken, last_house = False, -math.inf
             outage: Optional[tuple[float, int, str]] = None  # (since, ticks, last error)
             while self._stop_requested is None and self.trainer_loop.finished is None:
                 try:
                     if self.clock() - last_rewards >= 2.0:
-                        self.observe_streams()
+                        with stage("head.observe_streams"):
+                            self.observe_streams()
                         last_rewards = self.clock()
-                    self.tick()
+                        emit_snapshot(self.events.emit)
+                    if not woken or time.monotonic() - last_house >= tick_s:
+                        last_house = time.monotonic()
+                        with stage("head.tick"):
+                            self.tick()
                     if self._stop_requested is not None:
                         break
-                    self.trainer_loop.tick()
+                    with stage("head.trainer_tick"):
+                        self.trainer_loop.tick()
                 except (StoreError, OSError) as exc:
                     # Every tick observes before it acts, and its decisions are journaled:
                     # a tick that failed on the store is simply taken again.
@@ -521,7 +532,8 @@ class Head(HeadIslands):
                     )
                     outage = None
                 if self.trainer_loop.finished is None:
-                    self.sleep(tick_s)
+                    with stage("head.wait_tick"):
+                        woken = self._wait_tick(tick_s)
             reason = self._stop_requested or f"finished ({self.trainer_loop.finished})"
             if self._stop_requested in BACKSTOP_EXIT:
                 code = BACKSTOP_EXIT[self._stop_requested]
@@ -541,6 +553,17 @@ class Head(HeadIslands):
             say("interrupted again while stopping; islands may be left (run `yeto run up` again)")
             return EXIT_INTERRUPTED
         return code
+
+    def _wait_tick(self, tick_s: float) -> bool:
+        """Between ticks: at most ``tick_s``, less when the buffer changes (a group
+        appended, a round committed: what the scheduler decides on). With an injected
+        ``sleep`` (tests) it is that sleep. :returns: whether a change woke it early."""
+        if self.sleep is not time.sleep or not hasattr(self.buffer, "watch"):
+            self.sleep(tick_s)
+            return False
+        if self._tick_watch is None:
+            self._tick_watch = self.buffer.watch()
+        return bool(self._tick_watch.wait(tick_s))
 
     def shutdown(self, reason: str, code: int) -> dict[str, Any]:
         """Stop samplers (verified), final cut of the trainer, the summary."""
@@ -564,6 +587,7 @@ class Head(HeadIslands):
         status["stop_reason"] = reason
         status["exit_code"] = code
         write_json_atomic(self.run_dir / STATUS_FILE, status)
+        emit_snapshot(self.events.emit)
         self.events.emit("run_down", reason=reason, exit_code=code, errors=errors)
         (self.run_dir / HEAD_FILE).unlink(missing_ok=True)
         (self.run_dir / DOWN_FILE).unlink(missing_ok=True)

@@ -10,7 +10,10 @@ Prompts are dispensed by index: incarnation ``k`` of host ``h`` takes indices
 seed dispenses the same prompts, and other hosts or incarnations dispense
 others. Group ids are ``f"{host}-i{incarnation}-p{index}"`` (the buffer's
 dedup key). While the buffer's backlog is at ``backlog_cap`` groups the loop
-waits on its stop event, re-reading the backlog every ``backlog_poll_s``.
+waits on the buffer's watch (woken by the trainer's commit; a plain wait on its
+stop event when the buffer has none), re-reading the backlog at least every
+``backlog_poll_s``. A call's groups are appended with one ``append_many`` (a
+group commit: one index sync for all of them).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any, Optional
 import numpy as np
 
 from yeto_core.records import Event, Sample, SampleGroup, SampleStatus, SamplingParams
+from yeto_core.stage_profile import PROFILE, stage
 
 #: Dispense indices of different (seed, host, incarnation) start this far apart.
 STRIDE = 1 << 32
@@ -114,14 +118,20 @@ class SamplerLoop:
         if not self.sync_rounds:
             return not self.stop.is_set()
         announced = False
+        wait_version = getattr(self.follower, "wait_version", None)
         while int(self.follower.version) < self.rounds:
             if not announced:
                 self._event(
                     "sampler_sync_wait", served_version=int(self.follower.version), need=self.rounds
                 )
                 announced = True
-            if self.stop.wait(self.sync_poll_s):
-                return False
+            with stage("sampler.wait_version"):
+                if wait_version is not None:  # woken by the load itself
+                    wait_version(self.rounds, self.sync_poll_s)
+                    if self.stop.is_set():
+                        return False
+                elif self.stop.wait(self.sync_poll_s):
+                    return False
         return not self.stop.is_set()
 
     def wait_for_room(self) -> bool:
@@ -134,9 +144,13 @@ class SamplerLoop:
         if self.backlog_cap is None:
             return not self.stop.is_set()
         announced = False
+        watch = None
         while True:
-            backlog = self.buffer.backlog()
+            with stage("sampler.backlog_read"):
+                backlog = self.buffer.backlog()
             if backlog.groups < self.backlog_cap:
+                if watch is not None:
+                    watch.close()
                 if announced:
                     self._event("sampler_backlog_resumed", backlog_groups=backlog.groups)
                 return not self.stop.is_set()
@@ -145,8 +159,16 @@ class SamplerLoop:
                     "sampler_backlog_wait", backlog_groups=backlog.groups, cap=self.backlog_cap
                 )
                 announced = True
-            if self.stop.wait(self.backlog_poll_s):
-                return False
+            if watch is None and hasattr(self.buffer, "watch"):
+                watch = self.buffer.watch()  # wakes on the trainer's commit
+            with stage("sampler.wait_backlog"):
+                if watch is not None:
+                    watch.wait(self.backlog_poll_s)
+                    if self.stop.is_set():
+                        watch.close()
+                        return False
+                elif self.stop.wait(self.backlog_poll_s):
+                    return False
 
     def run_round(self) -> list[int]:
         """Generate, score and append one round of groups. :returns: their buffer positions."""
@@ -154,9 +176,13 @@ class SamplerLoop:
         indices = [self.offset + self.next_index + k for k in range(self.prompts_per_call)]
         prompts = [self.task.prompt(i) for i in indices]
         guard = self.follower.round() if self.follower is not None else _no_lock()
+        asked = time.perf_counter()
         with guard:
-            ids = [self.engine.encode(text) for text, _ in prompts]
-            outs = self.engine.generate(ids, self.group_size, self.sampling)
+            PROFILE.add("sampler.round_lock", time.perf_counter() - asked)
+            with stage("sampler.encode"):
+                ids = [self.engine.encode(text) for text, _ in prompts]
+            with stage("sampler.generate"):
+                outs = self.engine.generate(ids, self.group_size, self.sampling)
         if self.follower is not None and self.follower.last_round_straddled:
             # A forced load swapped the weights mid-generation: these samples mixed two
             # policies, so no version stamp would be true. Thrown away and counted.
@@ -176,7 +202,8 @@ class SamplerLoop:
                 f"engine {type(self.engine).__name__} returned {len(outs)} groups for "
                 f"{len(prompts)} prompts"
             )
-        positions, rewards, versions = [], [], []
+        groups, rewards, versions = [], [], []
+        scoring = time.perf_counter()
         for index, (_text, answer), prompt_ids, comps in zip(
             indices, prompts, ids, outs, strict=True
         ):
@@ -209,7 +236,10 @@ class SamplerLoop:
                 task=self.task_name,
                 sampling=self.sampling,
             )
-            positions.append(self.buffer.append(group))
+            groups.append(group)
+        PROFILE.add("sampler.score", time.perf_counter() - scoring)
+        with stage("sampler.append"):
+            positions = self._append(groups)
         self.next_index += self.prompts_per_call
         self.rounds += 1
         self.groups_appended += len(positions)
@@ -225,6 +255,13 @@ class SamplerLoop:
         )
         return positions
 
+    def _append(self, groups: list[SampleGroup]) -> list[int]:
+        """Append one call's groups: one group commit (``append_many``) when the buffer has it."""
+        many = getattr(self.buffer, "append_many", None)
+        if many is not None and len(groups) > 1:
+            return [int(p) for p in many(groups)]
+        return [int(self.buffer.append(g)) for g in groups]
+
     def run(self, max_rounds: Optional[int] = None) -> int:
         """Run rounds until ``stop`` is set (or ``max_rounds``). :returns: rounds run."""
         done = 0
@@ -235,8 +272,10 @@ class SamplerLoop:
             self.run_round()
             done += 1
             rest = self.min_round_s - (self.clock() - started)
-            if rest > 0 and self.stop.wait(rest):
-                break
+            if rest > 0:
+                with stage("sampler.throttle"):
+                    if self.stop.wait(rest):
+                        break
             if self.stop.is_set():
                 break
         return done

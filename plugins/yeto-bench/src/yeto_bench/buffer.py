@@ -6,6 +6,11 @@
   index line) with the same minimum fsyncs that durability needs: payload file
   fsync, link into place, directory fsync, index append + fdatasync.
 - ``append_ratio`` = the first over the second (goal >= 0.8).
+- ``batched_append_groups_per_s``: the same groups through ``append_many``, 8
+  groups per call (one group commit: the payloads synced together, one index
+  write and sync per call); ``batched_vs_single`` = it over
+  ``append_groups_per_s`` (goal >= 3). The three loops alternate in blocks of 16
+  groups.
 - ``tick_ms_1k`` / ``tick_ms_100k``: median time of a head's ``backlog()`` while
   following a buffer with 1k / 100k groups of history (64 waiting; each tick 4
   groups arrive and 4 are consumed). The history is written with a fast path
@@ -74,17 +79,23 @@ def _record(i: int, position: int, version: int = 0) -> dict[str, Any]:
     }
 
 
-def bench_append(base: Path, groups: list[SampleGroup], block: int = 10) -> tuple[float, float]:
-    """(append groups/s, fsync-limit groups/s) on the same disk.
+def bench_append(
+    base: Path, groups: list[SampleGroup], block: int = 16, batch: int = 8
+) -> tuple[float, float, float]:
+    """(append groups/s, fsync-limit groups/s, batched append groups/s) on the same disk.
 
-    The two loops alternate in blocks of ``block`` groups (each block's order
-    flipped) so that disk and load drift hit both alike.
+    The three loops alternate in blocks of ``block`` groups (each block's order
+    rotated) so that disk and load drift hit all alike; the batched loop appends
+    ``batch`` groups per ``append_many`` call (its own copy of the groups, so no
+    call finds its ids already there).
     """
     payloads = [encode_group(g) for g in groups]
     lines = [encode_record(_record(i, i)) for i in range(len(groups))]
 
     buf = FileSampleBuffer(DirStore(base / "buffer"), layout="jsonl")
     buf.append(make_group(10**7))  # create directories and files outside the timing
+    bbuf = FileSampleBuffer(DirStore(base / "batched"), layout="jsonl")
+    bbuf.append(make_group(10**7))
     gdir = base / "limit" / "groups"
     gdir.mkdir(parents=True)
     index = os.open(base / "limit" / "index.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -110,19 +121,24 @@ def bench_append(base: Path, groups: list[SampleGroup], block: int = 10) -> tupl
             os.fdatasync(index)  # 3: the index record
         return time.perf_counter() - t0
 
+    def run_batched(part: range) -> float:
+        t0 = time.perf_counter()
+        for lo in range(part.start, part.stop, batch):
+            bbuf.append_many(groups[lo : min(part.stop, lo + batch)])
+        return time.perf_counter() - t0
+
     n = len(groups)
-    t_buf = t_lim = 0.0
+    totals = [0.0, 0.0, 0.0]
+    loops = [run_buffer, run_limit, run_batched]
     for k, lo in enumerate(range(0, n, block)):
         part = range(lo, min(n, lo + block))
-        if k % 2:
-            t_buf += run_buffer(part)
-            t_lim += run_limit(part)
-        else:
-            t_lim += run_limit(part)
-            t_buf += run_buffer(part)
+        for j in range(3):
+            which = (j + k) % 3
+            totals[which] += loops[which](part)
     os.close(index)
     buf.close()
-    return n / t_buf, n / t_lim
+    bbuf.close()
+    return n / totals[0], n / totals[1], n / totals[2]
 
 
 def _write_history(root: Path, n: int, watermark: int) -> DirStore:
@@ -234,7 +250,7 @@ def run(
         progress("building groups")
         gs = [make_group(i) for i in range(groups)]
         progress("append vs fsync limit")
-        append_rate, limit_rate = bench_append(base / "append", gs)
+        append_rate, limit_rate, batched_rate = bench_append(base / "append", gs)
         progress("head ticks")
         tick_small = bench_tick(base / "tick-small", small_history, ticks)
         tick_large = bench_tick(base / "tick-large", large_history, ticks)
@@ -244,6 +260,9 @@ def run(
             "append_groups_per_s": round(append_rate, 1),
             "fsync_limit_groups_per_s": round(limit_rate, 1),
             "append_ratio": round(append_rate / limit_rate, 3),
+            "batched_append_groups_per_s": round(batched_rate, 1),
+            "batched_vs_single": round(batched_rate / append_rate, 3),
+            "batch_groups": 8,
             "tick_ms_1k": round(tick_small, 4),
             "tick_ms_100k": round(tick_large, 4),
             "tick_ratio": round(tick_large / tick_small, 3),

@@ -32,6 +32,13 @@ it) is run as a subprocess on the same base, task and hyperparameters and
 must print one JSON object with ``time_to_target_s``; the ratio is yeto
 async over it.
 
+``--profile`` adds each run's stage profile (:mod:`yeto_core.stage_profile`:
+per process, seconds, calls, share and ms per trained round of every stage);
+``--store-latency-ms`` / ``--remote-store`` run yeto's modes on a counting
+store wrapper (requests per trained round in the profile's counters). Every
+report has ``optimizer_steps_per_s`` per mode and ``baselines`` (what each
+mode does).
+
 ``--repeat N`` runs the modes N times, interleaved (async, sync, plain loop,
 async, sync, plain loop, ...) so that drifts in machine load hit every mode
 alike; repetition ``i`` (0-based) uses seed ``--seed + i`` for all its modes.
@@ -59,6 +66,23 @@ from yeto_bench.run_toml import bench_run_toml
 
 WINDOW = 64
 
+#: what each mode of the report does (in the JSON, so a reader need not open the code)
+BASELINES = {
+    "async": "yeto run up: 2 hf sampler islands (1 thread each, 8 prompts x 8 answers per call, "
+    "no throttle, backlog cap 64) append while the torch trainer island trains rounds of 16 "
+    "groups under S1 (policy-age gate 3), with durability (fsynced buffer, ledger, "
+    "consumed.json), a release per round (export, fingerprint, manifest) that the samplers "
+    "fetch, verify and load; head tick 0.1 s, rounds_per_tick 2; every wait wakes on the store's "
+    "watch (inotify on the dir store) or its poll interval",
+    "sync": "the same run with samplers[].sync_rounds (each island waits, woken by its follower's "
+    "load, until it serves the policy trained on its previous call; 2 x 8 groups = one round), "
+    "the always-on scheduler and the same head settings (tick 0.1 s, rounds_per_tick 2)",
+    "plain": "benchmarks/plain_loop.py: 2 sampler processes and 1 trainer process of the same "
+    "engine/backend classes and hyperparameters passing group files and releases through a "
+    "directory; bounded queue (backlog cap 64, files taken only as a round needs them), "
+    "policy-age gate at training time; no durability, no scheduler, no verification",
+}
+
 
 def e2e_config(
     run_dir: Path,
@@ -71,8 +95,10 @@ def e2e_config(
     groups_per_round: int = 16,
     samplers: int = 2,
     async_min_round_s: float = 0.0,
+    store: str = "",
 ) -> str:
-    """The TOML of one e2e run (``mode``: ``async`` or ``sync``)."""
+    """The TOML of one e2e run (``mode``: ``async`` or ``sync``; ``store``: its URL, empty:
+    the run dir's ``store/``)."""
     if mode not in ("async", "sync"):
         raise ValueError(f"mode {mode!r}; use async or sync")
     if groups_per_round % samplers:
@@ -83,7 +109,8 @@ def e2e_config(
     sync = mode == "sync"
     per_call = groups_per_round // samplers if sync else 8
     scheduler = "always-on" if sync else "s1"
-    options = "" if sync else "options = { start_seconds_fallback = 3.0, rounds_per_tick = 2 }"
+    # the same head settings for both modes (sync trains one round per command anyway)
+    options = "options = { start_seconds_fallback = 3.0, rounds_per_tick = 2 }"
     return bench_run_toml(
         comment=f"yeto bench e2e run ({mode}, generated from the tuned quickstart)",
         name=f"e2e-{mode}",
@@ -106,7 +133,25 @@ def e2e_config(
         scheduler_options=options,
         wall_clock_s=float(timeout_s) + 120.0,
         silence_s=120,
+        store=store,
     )
+
+
+def measured_store(run_dir: Path, latency_ms: Optional[float], remote: bool) -> tuple[str, dict]:
+    """(store URL, environment) of a run whose store requests are counted (and delayed).
+
+    ``latency_ms`` None and ``remote`` False: the plain ``dir`` store, nothing counted.
+    Otherwise ``faulty://<run_dir>/store`` with no faults (``yeto_bench.faulty_store``):
+    every request is counted in each process's profile, delayed by ``latency_ms``, and
+    with ``remote`` the store looks like S3 (``objects`` buffer layout, no watches).
+    """
+    from yeto_bench.faulty_store import ENV
+
+    inner = str(run_dir / "store")
+    if latency_ms is None and not remote:
+        return "", {}
+    settings = {"rate": 0.0, "latency_ms": float(latency_ms or 0.0), "remote": bool(remote)}
+    return f"faulty://{inner}", {ENV: json.dumps(settings)}
 
 
 def time_to_target(
@@ -172,8 +217,12 @@ def run_mode(
     timeout_s: float,
     poll_s: float = 0.5,
     async_min_round_s: float = 0.0,
+    store_latency_ms: Optional[float] = None,
+    remote_store: bool = False,
 ) -> dict[str, Any]:
     """One run of ``mode`` until the target (or the timeout); its figures."""
+    import os
+
     from yeto_core.event_stream import read_events
     from yeto_core.plugins import get_plugins
     from yeto_core.run import request_down
@@ -182,6 +231,8 @@ def run_mode(
     run_dir = work / mode
     run_dir.mkdir(parents=True, exist_ok=True)
     toml = run_dir / "run.toml"
+    store_url, env = measured_store(run_dir, store_latency_ms, remote_store)
+    os.environ.update(env)  # this process reads the store through the same wrapper
     toml.write_text(
         e2e_config(
             run_dir,
@@ -191,6 +242,7 @@ def run_mode(
             seed=seed,
             timeout_s=timeout_s,
             async_min_round_s=async_min_round_s,
+            store=store_url,
         )
     )
     launched = time.time()
@@ -200,8 +252,9 @@ def run_mode(
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env={**os.environ, **env},
         )
-    store_url = str(run_dir / "store")
+    store_url = store_url or str(run_dir / "store")
     store = None
     hit: Optional[float] = None
     t0: Optional[float] = None
@@ -257,6 +310,9 @@ def run_mode(
         )
     rounds = [(e.time, [float(r) for r in e.data.get("rewards", ())]) for e in trained]
     hit, curve = time_to_target(rounds, target=target, t0=t0 or launched)
+    start = t0 or launched
+    until = start + hit if hit is not None else max((t for t, _ in rounds), default=start)
+    steps = sum(1 for t, _ in rounds if t <= until + 1e-9)
     paid, busy = trainer_seconds(run_dir, per_round, appended_at)
     lag = policy_lag(trained, min_version)
     from yeto_bench.money import run_money
@@ -265,16 +321,37 @@ def run_mode(
     return {
         "usd_total": money["usd_total"],
         "usd_per_trained_group": money["usd_per_trained_group"],
+        "profile": stage_profiles(store, rounds=len(trained)),
         "max_policy_lag": lag,
         "time_to_target_s": hit,
         "startup_s": round((t0 or launched) - launched, 2),
         "trainer_paid_s": paid,
         "trainer_busy_s": busy,
         "rounds_trained": len(trained),
+        # optimizer steps (trained rounds) per second, from the first group to the target
+        "optimizer_steps_per_s": round(steps / (until - start), 3) if until > start else None,
         "groups_appended": len(appended_at),
         "head_exit_code": head.returncode,
         "reward_curve": curve[:: max(1, len(curve) // 50)],
     }
+
+
+def stage_profiles(store: Any, *, rounds: int) -> dict[str, Any]:
+    """Per process (event stream): the last ``stage_profile`` snapshot, summarized.
+
+    ``ms_per_round`` divides each stage's seconds by the run's trained rounds, so
+    the trainer's stages add up to (at most) its time per round; a sampler's say
+    what it spent per trained round of the run.
+    """
+    from yeto_core.event_stream import read_all
+    from yeto_core.stage_profile import EVENT_KIND, summarize
+
+    out: dict[str, Any] = {}
+    for island, events in sorted(read_all(store).items()):
+        snaps = [e for e in events if e.kind == EVENT_KIND]
+        if snaps:
+            out[island] = summarize(snaps[-1].data, rounds=rounds or None)
+    return out
 
 
 def policy_lag(trained: list[Any], min_version: dict[int, int]) -> Optional[int]:
@@ -460,7 +537,14 @@ def one_report(
             for k, v in (("async", a), ("sync", s))
         },
         "plain_loop": plain,
+        "baselines": BASELINES,
         "overhead_vs_plain_loop": round(at / pt, 3) if at and pt else None,
+        "optimizer_steps_per_s": {
+            "async": a.get("optimizer_steps_per_s"),
+            "sync": s.get("optimizer_steps_per_s"),
+            "plain": (plain or {}).get("optimizer_steps_per_s"),
+        },
+        "profile": {"async": a.get("profile"), "sync": s.get("profile")},
     }
 
 
@@ -532,7 +616,13 @@ def combine(reports: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
         ),
         "prices": first.get("prices"),
         "reward_curves": first["reward_curves"],
+        "optimizer_steps_per_s": {
+            m: _median([v for r in reports if (v := r["optimizer_steps_per_s"].get(m)) is not None])
+            for m in ("async", "sync", "plain")
+        },
+        "profile": first.get("profile"),
         "runs": first["runs"],
+        "baselines": BASELINES,
         "plain_loop": first["plain_loop"],
         "aggregate": agg,
         "repetitions": [dict(r, seed=sd) for r, sd in zip(reports, seeds, strict=True)],
@@ -569,6 +659,24 @@ def combine(reports: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
 @click.option("--no-plain-loop", is_flag=True, help="Do not run benchmarks/plain_loop.py.")
 @click.option("--work-dir", type=click.Path(file_okay=False), default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option(
+    "--store-latency-ms",
+    type=float,
+    default=None,
+    help="Run yeto's modes on a counting store wrapper that delays every request this many ms "
+    "(the plain loop has no store); requests per trained round go in the profile.",
+)
+@click.option(
+    "--remote-store",
+    is_flag=True,
+    help="With the wrapper, hide the local directory: the objects buffer layout and polls, "
+    "as on an S3-compatible store.",
+)
+@click.option(
+    "--profile",
+    is_flag=True,
+    help="Add each run's stage profile (seconds per stage and process, ms per trained round).",
+)
 def command(
     task: str,
     target: float,
@@ -581,6 +689,9 @@ def command(
     no_plain_loop: bool,
     work_dir: Optional[str],
     as_json: bool,
+    store_latency_ms: Optional[float],
+    remote_store: bool,
+    profile: bool,
 ) -> None:
     """Asynchronous vs synchronous GRPO: time to a target reward (prints JSON)."""
     base = Path(base_dir or f"runs/base/{task}").absolute()
@@ -595,8 +706,11 @@ def command(
             common = dict(
                 base_dir=base, task=task, seed=rep_seed, target=target, timeout_s=timeout_s
             )
-            a = run_mode("async", work=work, async_min_round_s=async_min_round_s, **common)
-            s = run_mode("sync", work=work, **common)
+            stores = dict(store_latency_ms=store_latency_ms, remote_store=remote_store)
+            a = run_mode(
+                "async", work=work, async_min_round_s=async_min_round_s, **stores, **common
+            )
+            s = run_mode("sync", work=work, **stores, **common)
             plain = (
                 run_plain_loop(script, min_round_s=async_min_round_s, **common)
                 if use_plain
@@ -610,7 +724,21 @@ def command(
                     f"sync {r['sync_time_to_target_s']} s, speedup {r['speedup']}",
                     err=True,
                 )
-    report = dict(combine(reports, seeds), async_min_round_s=async_min_round_s)
+    report = dict(
+        combine(reports, seeds),
+        async_min_round_s=async_min_round_s,
+        store={
+            "wrapper": "faulty (counting, no faults)"
+            if store_latency_ms is not None or remote_store
+            else None,
+            "latency_ms": store_latency_ms,
+            "remote": remote_store,
+        },
+    )
+    if not profile:
+        report.pop("profile", None)
+        for r in report.get("repetitions", ()):
+            r.pop("profile", None)
     if as_json:
         click.echo(json.dumps(report, sort_keys=True))
     else:

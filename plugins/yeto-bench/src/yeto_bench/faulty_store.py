@@ -17,6 +17,18 @@ from the ``YETO_FAULTS`` environment variable (JSON: ``rate``, ``seed``,
 process draws from its own stream (``seed`` mixed with the process id). Every
 injected fault is appended as one JSON line to ``$YETO_FAULTS_LOG/<pid>.jsonl``
 so the bench can count them. Keys of the preflight probe are never failed.
+
+Two more settings make it a measuring wrapper (``rate`` 0: no faults):
+
+- ``latency_ms``: every request sleeps this long first (a remote object store's
+  round trip; loopback SeaweedFS is ~1 ms, S3 10-50 ms);
+- ``remote``: true hides the inner store's local directory (``local_root`` None,
+  no inotify watch), so the run uses what an S3-like store gets: the
+  ``objects`` buffer layout and polls;
+- every request is counted in the process's stage profile
+  (:mod:`yeto_core.stage_profile`: counter ``store.<op>`` and stage
+  ``store.<op>``), so ``yeto bench e2e --profile`` reports requests per trained
+  round per process.
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ from typing import Any, Optional
 
 from yeto_core.errors import StoreError
 from yeto_core.ports import ObjectStore
+from yeto_core.stage_profile import PROFILE
 
 ENV = "YETO_FAULTS"
 ENV_LOG = "YETO_FAULTS_LOG"
@@ -59,6 +72,8 @@ class FaultyStore(ObjectStore):
         modes: tuple[str, ...] = MODES,
         ops: tuple[str, ...] = OPS,
         log_dir: Optional[str] = None,
+        latency_ms: float = 0.0,
+        remote: bool = False,
     ) -> None:
         if not 0 <= rate <= 1:
             raise ValueError(f"fault rate {rate!r} must be in [0, 1]")
@@ -73,6 +88,10 @@ class FaultyStore(ObjectStore):
         self.log_dir = Path(log_dir) if log_dir else None
         self.injected = 0
         self._disk = inner.local_root() is not None
+        if latency_ms < 0:
+            raise ValueError(f"latency_ms {latency_ms!r} must be >= 0")
+        self.latency_s = float(latency_ms) / 1000.0
+        self.remote = bool(remote)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> FaultyStore:
@@ -90,6 +109,8 @@ class FaultyStore(ObjectStore):
             modes=tuple(settings.get("modes", MODES)),
             ops=tuple(settings.get("ops", OPS)),
             log_dir=os.environ.get(ENV_LOG),
+            latency_ms=float(settings.get("latency_ms", 0.0)),
+            remote=bool(settings.get("remote", False)),
         )
 
     # -- injection -------------------------------------------------------------------------
@@ -112,6 +133,16 @@ class FaultyStore(ObjectStore):
         raise InjectedStoreError(f"503 Service Unavailable: {what}")
 
     def _call(self, op: str, key: str, fn: Any) -> Any:
+        t = time.perf_counter()
+        PROFILE.count(f"store.{op}")
+        try:
+            if self.latency_s > 0:
+                time.sleep(self.latency_s)
+            return self._inject(op, key, fn)
+        finally:
+            PROFILE.add(f"store.{op}", time.perf_counter() - t)
+
+    def _inject(self, op: str, key: str, fn: Any) -> Any:
         mode = self._draw(op, key)
         if mode == "before":
             self._fail(op, key, mode)
@@ -150,10 +181,15 @@ class FaultyStore(ObjectStore):
         }
 
     def local_root(self) -> Optional[Path]:
-        return self.inner.local_root()
+        return None if self.remote else self.inner.local_root()
 
     def fsyncs(self) -> bool:
         return self.inner.fsyncs()
+
+    def watch(self, prefix: str) -> Any:
+        if self.remote:
+            return super().watch(prefix)  # an S3-like store has no notifications: polls
+        return self.inner.watch(prefix)
 
 
 def injected_faults(log_dir: Path) -> list[dict[str, Any]]:

@@ -38,6 +38,7 @@ from yeto_core.records import (
     StopReason,
 )
 from yeto_core.release import ReleaseStore
+from yeto_core.stage_profile import PROFILE, stage
 
 S = LifecycleState
 
@@ -99,6 +100,7 @@ class DriverLifecycle(TrainerLifecycle):
         ledger: Optional[BatchLedger] = None,
         ledger_set_aside_before: Optional[float] = None,
         reader_options: Optional[Mapping[str, Any]] = None,
+        overlap_uploads: bool = False,
     ) -> None:
         self.backend_factory = backend_factory
         self.buffer = buffer
@@ -127,6 +129,10 @@ class DriverLifecycle(TrainerLifecycle):
         self.restored_cut: Optional[ConsistentCut] = None
         self.last_cut: Optional[ConsistentCut] = None
         self._start_seconds: Optional[float] = None
+        #: overlap each round's release upload with the next round (see :meth:`_publish`)
+        self.overlap_uploads = bool(overlap_uploads)
+        self._uploader: Any = None
+        self._upload_pending: Any = None
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -152,25 +158,57 @@ class DriverLifecycle(TrainerLifecycle):
         d.mkdir(parents=True)
         return d
 
-    def _publish(self) -> None:
+    def _publish(self, *, overlap: bool = False) -> None:
+        """Export this round's release and commit it to the release store.
+
+        ``overlap``: the upload (files, manifest, pointer) runs on a background thread
+        while the next round is read and trained; the export and the fingerprint, which
+        need the weights, stay here. At most one upload is pending; every wait point
+        (the next publication, the end of :meth:`train`, :meth:`drain`) waits for it and
+        raises its error, so when ``train`` returns every trained round is published, as
+        without overlap.
+        """
         if self.releases is None:
             return
         assert self.backend is not None
-        out = self._scratch("release")
-        info = ReleaseInfo.coerce(self.backend.publish_release(out)).as_dict()
+        self._wait_upload()
+        out = self._scratch(f"release-{self.counters.policy_version}")
+        with stage("trainer.publish.export"):
+            info = ReleaseInfo.coerce(self.backend.publish_release(out)).as_dict()
         if fingerprint.INFO_KEY not in info:
-            recorded = fingerprint.for_backend(self.backend)
+            with stage("trainer.publish.fingerprint"):
+                recorded = fingerprint.for_backend(self.backend)
             if recorded is not None:
                 info[fingerprint.INFO_KEY] = recorded.to_json()
         info["version"] = self.counters.policy_version
         info.setdefault("buffer_watermark", self.counters.buffer_watermark)
-        rel = self.releases.publish(out, info)
+        if overlap:
+            if self._uploader is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
+            self._upload_pending = self._uploader.submit(self._upload, out, info)
+        else:
+            self._upload(out, info)
+
+    def _upload(self, out: Path, info: dict[str, Any]) -> None:
+        assert self.releases is not None
+        with stage("trainer.publish.upload"):
+            rel = self.releases.publish(out, info)
+        shutil.rmtree(out, ignore_errors=True)
         self._event(
             "trainer_published",
             release_id=rel.release_id,
             version=rel.version,
             **getattr(self.releases, "last_publish", {}),
         )
+
+    def _wait_upload(self) -> None:
+        """Wait for the pending background upload (raises its error)."""
+        pending, self._upload_pending = self._upload_pending, None
+        if pending is not None:
+            with stage("trainer.publish.wait_upload"):
+                pending.result()
 
     # -- port ---------------------------------------------------------------------------
 
@@ -301,10 +339,13 @@ class DriverLifecycle(TrainerLifecycle):
         self.sm.go(S.TRAINING, "train")
         done = 0
         try:
-            for _ in range(rounds):
-                if not self._train_one():
-                    break
-                done += 1
+            try:
+                for _ in range(rounds):
+                    if not self._train_one():
+                        break
+                    done += 1
+            finally:
+                self._wait_upload()
         except Exception as exc:
             self._fail(exc, "train")
             raise TrainerFailedError(
@@ -321,7 +362,10 @@ class DriverLifecycle(TrainerLifecycle):
         c = self.counters
         ended = bool(self.buffer.data_ended())
         try:
-            batch = reader.try_take(c.policy_version, short_ok=self.partial_last_round and ended)
+            with stage("trainer.take"):
+                batch = reader.try_take(
+                    c.policy_version, short_ok=self.partial_last_round and ended
+                )
         except EndOfData:
             self._commit_skips_at_data_end(reader)
             return False
@@ -330,14 +374,17 @@ class DriverLifecycle(TrainerLifecycle):
         if len(batch.groups) < self.groups_per_round and not self.partial_last_round:
             reader.reset()  # a short round at the data end: hold; the buffer re-offers it
             return False
-        metrics = self.backend.train_round(batch)
-        self.ledger.record(
-            batch,
-            seq=c.trained_rounds + 1,
-            incarnation=self.incarnation,
-            parent_cut=self.restored_cut.cut_id if self.restored_cut else None,
-        )
-        watermark = reader.commit(batch)
+        with stage("trainer.train"):
+            metrics = self.backend.train_round(batch)
+        with stage("trainer.ledger"):
+            self.ledger.record(
+                batch,
+                seq=c.trained_rounds + 1,
+                incarnation=self.incarnation,
+                parent_cut=self.restored_cut.cut_id if self.restored_cut else None,
+            )
+        with stage("trainer.commit"):
+            watermark = reader.commit(batch)
         skipped = {r: list(ps) for r, ps in sorted(batch.skipped.items()) if ps}
         counts = {r: len(ps) for r, ps in skipped.items()}
         for r, n in counts.items():
@@ -350,18 +397,21 @@ class DriverLifecycle(TrainerLifecycle):
             trained_groups=c.trained_groups + len(batch.groups),
             skipped_groups=c.skipped_groups + sum(counts.values()),
         )
-        self._publish()
-        self._event(
-            "trainer_round",
-            positions=list(batch.positions),
-            stale_positions=skipped.get("stale", []),
-            skipped=skipped,
-            skipped_counts=counts,
-            padded_samples=len(batch.padding),
-            watermark_before=batch.watermark_before,
-            metrics={k: float(v) for k, v in metrics.items()},
-            **attrs.asdict(self.counters),
-        )
+        with stage("trainer.publish"):
+            self._publish(overlap=self.overlap_uploads)
+        PROFILE.count("trainer.rounds")
+        with stage("trainer.round_event"):
+            self._event(
+                "trainer_round",
+                positions=list(batch.positions),
+                stale_positions=skipped.get("stale", []),
+                skipped=skipped,
+                skipped_counts=counts,
+                padded_samples=len(batch.padding),
+                watermark_before=batch.watermark_before,
+                metrics={k: float(v) for k, v in metrics.items()},
+                **attrs.asdict(self.counters),
+            )
         return True
 
     def _commit_skips_at_data_end(self, reader: BatchReader) -> None:
@@ -407,8 +457,10 @@ class DriverLifecycle(TrainerLifecycle):
         self.sm.go(S.DRAINING, f"drain ({reason.value})")
         assert self.backend is not None and self.incarnation is not None
         try:
+            self._wait_upload()
             out = self._scratch("cut")
-            self.backend.save_cut(out, reason.trigger)
+            with stage("trainer.cut.save"):
+                self.backend.save_cut(out, reason.trigger)
             c = self.counters
             record = ConsistentCut(
                 trigger=reason.trigger,
@@ -424,7 +476,8 @@ class DriverLifecycle(TrainerLifecycle):
                     **{f"skipped_{r}": n for r, n in self.skipped_by_reason.items()},
                 },
             )
-            self.last_cut = self.cuts.commit(out, record)
+            with stage("trainer.cut.commit"):
+                self.last_cut = self.cuts.commit(out, record)
         except Exception as exc:
             self._fail(exc, "drain")
             raise TrainerFailedError(
@@ -442,6 +495,9 @@ class DriverLifecycle(TrainerLifecycle):
     def release(self) -> None:
         """Drop the backend (LEFT or FAILED → STOPPED)."""
         self.sm.go(S.STOPPED, "release")
+        if self._uploader is not None:
+            self._uploader.shutdown(wait=True)
+            self._uploader, self._upload_pending = None, None
         self.backend = None
         self.reader = None
         shutil.rmtree(self.workdir / "restore", ignore_errors=True)

@@ -36,6 +36,7 @@ from yeto_core.records import (
     LifecycleState,
     StopReason,
 )
+from yeto_core.stage_profile import stage
 from yeto_core.stores.log import StoreLog
 
 S = LifecycleState
@@ -112,6 +113,15 @@ class RemoteTrainerLifecycle(TrainerLifecycle):
         self._commands: Optional[Channel] = None
         self._events: Optional[Channel] = None
         self._answers: dict[int, dict[str, Any]] = {}
+        self._real_sleep = sleep is time.sleep
+        self._answer_watch: Any = None
+
+    def _pause(self) -> None:
+        """Until the trainer may have answered, at most ``poll_s``."""
+        if self._answer_watch is not None:
+            self._answer_watch.wait(self.poll_s)
+        else:
+            self._sleep(self.poll_s)
 
     def start(self, incarnation: int, cut: Optional[Any] = None) -> None:
         self.sm.go(S.STARTING, "start")
@@ -119,6 +129,10 @@ class RemoteTrainerLifecycle(TrainerLifecycle):
         self.start_summary = None  # this incarnation's, from its ``ready`` message
         self._commands = Channel(self.store, incarnation, "commands")
         self._events = Channel(self.store, incarnation, "events")
+        if self._answer_watch is not None:
+            self._answer_watch.close()
+        # wake on the trainer's answers instead of sleeping poll_s (a real sleep only)
+        self._answer_watch = self.store.watch(self._events.base) if self._real_sleep else None
         cut_id = None if cut is None else cut if isinstance(cut, str) else cut.cut_id
         self._handle = self.provider.launch(relaunch(self.launch, incarnation, cut_id))
 
@@ -194,7 +208,8 @@ class RemoteTrainerLifecycle(TrainerLifecycle):
                     f"trainer incarnation {self.incarnation} did not answer {what} within {self.timeout_s} s; "
                     "release it and start another"
                 )
-            self._sleep(self.poll_s)
+            with stage("head.wait_answer"):
+                self._pause()
 
     def wait_ready(self) -> LifecycleState:
         """Block until the incarnation is READY (or FAILED / timed out)."""
@@ -203,14 +218,15 @@ class RemoteTrainerLifecycle(TrainerLifecycle):
             if self._clock() > deadline:
                 self.sm.state = S.FAILED
                 break
-            self._sleep(self.poll_s)
+            self._pause()
         return self.sm.state
 
     def train(self, rounds: int) -> int:
         self.sm.go(S.TRAINING, "train")
         assert self._commands is not None
-        seq = self._commands.send({"op": "train", "rounds": rounds})
-        answer = self._wait_answer(seq, f"train({rounds})")
+        with stage("head.train_command"):
+            seq = self._commands.send({"op": "train", "rounds": rounds})
+            answer = self._wait_answer(seq, f"train({rounds})")
         if answer.get("kind") == "failed":
             self.sm.state = S.FAILED
             raise TrainerFailedError(
@@ -274,6 +290,8 @@ class IslandTrainerAgent:
         self.events = Channel(store, incarnation, "events")
         self.poll_s, self.idle_timeout_s = poll_s, idle_timeout_s
         self._clock, self._sleep = clock, sleep
+        # wake on the head's next command instead of sleeping poll_s (a real sleep only)
+        self._watch = store.watch(self.commands.base) if sleep is time.sleep else None
 
     def _counters(self) -> dict[str, Any]:
         return attrs.asdict(self.driver.counters)
@@ -291,21 +309,27 @@ class IslandTrainerAgent:
         self.events.send({"kind": "ready", "summary": summary, "counters": self._counters()})
         idle_since = self._clock()
         while True:
-            cmds = self.commands.receive()
+            with stage("agent.receive"):
+                cmds = self.commands.receive()
             if not cmds:
                 if self._clock() - idle_since > self.idle_timeout_s:
                     self.events.send(
                         {"kind": "failed", "error": "no command within idle_timeout_s"}
                     )
                     return None
-                self._sleep(self.poll_s)
+                with stage("agent.wait_command"):
+                    if self._watch is not None:
+                        self._watch.wait(self.poll_s)
+                    else:
+                        self._sleep(self.poll_s)
                 continue
             idle_since = self._clock()
             for cmd in cmds:
                 op = cmd.get("op")
                 try:
                     if op == "train":
-                        done = self.driver.train(int(cmd["rounds"]))
+                        with stage("agent.train"):
+                            done = self.driver.train(int(cmd["rounds"]))
                         self.events.send(
                             {
                                 "kind": "trained",

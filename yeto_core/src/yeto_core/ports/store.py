@@ -3,11 +3,47 @@
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Optional
 
 from yeto_core.ports.base import Port
+
+
+class Watch:
+    """A wait for a change under a prefix of a store (:meth:`ObjectStore.watch`).
+
+    ``wait(timeout)`` returns True as soon as something under the prefix may have
+    changed, False after ``timeout`` seconds. Callers keep their loop shape
+    (``while not done(): watch.wait(poll_s)``, where they slept ``poll_s``), so a
+    missed or spurious wake-up costs at most one ``poll_s``: correctness never
+    depends on the watch.
+    """
+
+    def wait(self, timeout: float) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        return None
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SleepWatch(Watch):
+    """No notifications: ``wait`` sleeps ``timeout`` (the fixed poll of a plain store)."""
+
+    def __init__(self, sleep: Any = time.sleep) -> None:
+        self._sleep = sleep
+
+    def wait(self, timeout: float) -> bool:
+        if timeout > 0:
+            self._sleep(timeout)
+        return False
 
 
 class ObjectStore(Port):
@@ -127,6 +163,33 @@ class ObjectStore(Port):
     def fsyncs(self) -> bool:
         """Whether writes are made durable before they return (``dir`` may turn it off)."""
         return True
+
+    def put_many(self, items: list[tuple[str, bytes]]) -> None:
+        """:meth:`put` of each ``(key, data)``: each object atomic, all durable on return.
+
+        No order among them is promised (a crash may leave any subset written), so a
+        protocol that needs one (files, then their manifest) calls it per step. A
+        store may make it cheaper (the ``dir`` store syncs the files together and
+        each directory once). Default: one at a time.
+        """
+        for k, d in items:
+            self.put(k, d)
+
+    def put_many_if_absent(self, items: list[tuple[str, bytes]]) -> list[bool]:
+        """:meth:`put_if_absent` of each ``(key, data)``; whether each call created its key.
+
+        Every created object is durable when this returns, like after
+        :meth:`put_if_absent`. A store may make the batch cheaper (the ``dir`` store
+        syncs the files together and each directory once). Default: one at a time.
+        """
+        return [self.put_if_absent(k, d) for k, d in items]
+
+    def watch(self, prefix: str) -> Watch:
+        """A :class:`~yeto_core.stores.watch.Watch` on ``prefix``: ``wait(timeout)`` returns
+        early when something under it may have changed. Default: it sleeps ``timeout``
+        (a poll); the ``dir`` store wakes on inotify.
+        """
+        return SleepWatch()
 
     def raw_put(self, key: str, data: bytes) -> None:
         """A plain write with no yeto logic (the baseline of ``yeto bench buffer``)."""

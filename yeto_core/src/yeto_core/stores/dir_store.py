@@ -31,6 +31,7 @@ from yeto_core.errors import InvalidKeyError, NotFoundError, StoreError
 from yeto_core.ports import ObjectStore
 from yeto_core.stores.fsync import fsync_dir
 from yeto_core.stores.keys import check_key, check_prefix
+from yeto_core.stores.watch import Watch
 
 _TMP_MARK = ".tmp-"
 
@@ -212,6 +213,120 @@ class DirStore(ObjectStore):
             fsync_dir(path.parent)
         return created
 
+    def watch(self, prefix: str) -> Watch:
+        """An inotify watch on ``prefix``'s directory (a sleep where inotify is missing)."""
+        from yeto_core.stores.watch import dir_watch
+
+        check_prefix(prefix.rstrip("/") + "/" if prefix else "")
+        return dir_watch(self.root / prefix.strip("/"))
+
+    def put_many(self, items: list[tuple[str, bytes]]) -> None:
+        """:meth:`put` of several objects: temporary files fsynced together, renamed into
+        place, then each directory that got a name fsynced once."""
+        if not self.fsync or len(items) < 2 or len({k for k, _ in items}) < len(items):
+            for k, d in items:
+                self.put(k, d)
+            return
+        staged: list[tuple[str, Path, str, int]] = []
+        try:
+            for key, data in items:
+                path = self._path(key)
+                self._ensure_parent(key, path)
+                self._refuse_prefix_dir(key, path)
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
+                staged.append((key, path, tmp, fd))
+                view = memoryview(bytes(data))
+                while view:
+                    view = view[os.write(fd, view) :]
+            _fsync_all([fd for *_, fd in staged])
+        except BaseException:
+            for *_, tmp, fd in staged:
+                os.close(fd)
+                _unlink_quietly(tmp)
+            raise
+        for *_, fd in staged:
+            os.close(fd)
+        done = 0
+        try:
+            for key, path, tmp, _fd in staged:
+                try:
+                    os.replace(tmp, path)
+                except IsADirectoryError:
+                    self._refuse_prefix_dir(key, path)
+                    raise
+                done += 1
+        finally:
+            for *_, tmp, _fd in staged[done:]:
+                _unlink_quietly(tmp)
+        for d in sorted({path.parent for _, path, _, _ in staged}):
+            fsync_dir(d)
+
+    def put_many_if_absent(self, items: list[tuple[str, bytes]]) -> list[bool]:
+        """:meth:`put_if_absent` of several objects, synced together.
+
+        Every new object's bytes are written to a temporary file; the files are
+        fsynced concurrently (the file system commits them in one journal
+        transaction where it can), then linked into place, and each directory that
+        got a new name is fsynced once. Every created object is durable on return;
+        a crash before leaves temporary files only (never a visible partial object).
+        """
+        if not self.fsync or len(items) < 2:
+            return [self.put_if_absent(k, d) for k, d in items]
+        out: list[bool] = [False] * len(items)
+        staged: list[tuple[int, str, Path, str, int]] = []  # (slot, key, path, tmp, fd)
+        seen: set[Path] = set()
+        try:
+            for slot, (key, data) in enumerate(items):
+                path = self._path(key)
+                self._ensure_parent(key, path)
+                self._refuse_prefix_dir(key, path)
+                if path in seen or os.path.lexists(path):
+                    continue  # a repeat in the batch or already there: put_if_absent below
+                seen.add(path)
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
+                staged.append((slot, key, path, tmp, fd))
+                view = memoryview(bytes(data))
+                while view:
+                    view = view[os.write(fd, view) :]
+            _fsync_all([fd for *_, fd in staged])
+        except BaseException:
+            for *_, tmp, fd in staged:
+                os.close(fd)
+                _unlink_quietly(tmp)
+            raise
+        dirs: set[Path] = set()
+        for *_, fd in staged:
+            os.close(fd)
+        try:
+            for slot, key, path, tmp, _fd in staged:
+                try:
+                    os.link(tmp, path)
+                    out[slot] = True
+                    dirs.add(path.parent)
+                except FileExistsError:
+                    self._refuse_prefix_dir(key, path)
+                except OSError as exc:
+                    if exc.errno not in (
+                        errno.EPERM,
+                        errno.ENOTSUP,
+                        errno.EOPNOTSUPP,
+                        errno.EMLINK,
+                    ):
+                        raise
+                    out[slot] = self._create_exclusive(path, items[slot][1])
+                    if out[slot]:
+                        dirs.add(path.parent)
+        finally:
+            for *_, tmp, _fd in staged:
+                _unlink_quietly(tmp)
+        for d in sorted(dirs):
+            fsync_dir(d)
+        done = {slot for slot, *_ in staged}
+        for slot, (key, data) in enumerate(items):
+            if slot not in done:  # repeats and existing keys: the plain path decides
+                out[slot] = self.put_if_absent(key, data)
+        return out
+
     def _create_exclusive(self, path: Path, data: bytes) -> bool:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -295,3 +410,16 @@ class DirStore(ObjectStore):
             ) from None
         if self.fsync:
             fsync_dir(path.parent)
+
+
+def _fsync_all(fds: list[int]) -> None:
+    """fsync every descriptor, concurrently (the calls release the GIL)."""
+    if len(fds) < 2:
+        for fd in fds:
+            os.fsync(fd)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(8, len(fds))) as pool:
+        for _ in pool.map(os.fsync, fds):
+            pass

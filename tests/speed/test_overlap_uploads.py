@@ -1,0 +1,96 @@
+"""A round's release upload overlapping the next round: the same releases, in order, and
+every trained round published when ``train`` returns."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from yeto_core.cut import CutStore
+from yeto_core.lifecycle import DriverLifecycle, TrainerFailedError
+from yeto_core.records import StopReason
+from yeto_core.release import ReleaseStore
+from yeto_core.stores.dir_store import DirStore
+from yeto_core.testing.fake_backend import FakeBackend, MemoryBuffer, make_group
+
+
+def _setup(tmp_path, name, *, overlap, releases_cls=ReleaseStore):
+    store = DirStore(tmp_path / name, fsync=False)
+    buf = MemoryBuffer()
+    for i in range(12):
+        buf.append(make_group(i, 0))
+    events = []
+    lc = DriverLifecycle(
+        lambda inc: FakeBackend(seed=7),
+        buf,
+        CutStore(store, keep=2),
+        releases_cls(store),
+        groups_per_round=2,
+        max_policy_age=100,
+        emit=events.append,
+        workdir=tmp_path / f"{name}-work",
+        overlap_uploads=overlap,
+    )
+    return store, lc, events
+
+
+def test_overlapped_uploads_publish_the_same_releases(tmp_path):
+    got = {}
+    for overlap in (False, True):
+        store, lc, _ = _setup(tmp_path, f"o{overlap}", overlap=overlap)
+        lc.start(0)
+        assert lc.train(4) == 4
+        rs = ReleaseStore(store)
+        assert rs.latest().version == 4  # published before train returned
+        got[overlap] = [(r.version, r.seq, r.weight_checksum) for r in rs.list()]
+        lc.drain(StopReason.FINISHED)
+        lc.release()
+    assert got[True] == got[False]
+    assert [v for v, _, _ in got[True]] == [0, 1, 2, 3, 4]
+
+
+class _SlowReleases(ReleaseStore):
+    """Uploads block until the test lets them go: shows the next round trains meanwhile."""
+
+    gate = threading.Event()
+    trained_while_uploading = False
+
+    def publish(self, local_dir, info):
+        if info["version"] == 1:
+            type(self).gate.wait(30)
+        return super().publish(local_dir, info)
+
+
+def test_the_next_round_trains_while_the_upload_runs(tmp_path, monkeypatch):
+    store, lc, events = _setup(tmp_path, "slow", overlap=True, releases_cls=_SlowReleases)
+    lc.start(0)
+    real = lc._train_one
+    calls = {"n": 0}
+
+    def one():
+        calls["n"] += 1
+        if calls["n"] == 2:  # round 2 starts while release 1 is still uploading
+            _SlowReleases.trained_while_uploading = ReleaseStore(store).latest().version == 0
+            _SlowReleases.gate.set()
+        return real()
+
+    monkeypatch.setattr(lc, "_train_one", one)
+    assert lc.train(2) == 2
+    assert _SlowReleases.trained_while_uploading
+    assert ReleaseStore(store).latest().version == 2
+
+
+class _BrokenReleases(ReleaseStore):
+    def publish(self, local_dir, info):
+        if info["version"] == 2:
+            raise OSError(28, "No space left on device")
+        return super().publish(local_dir, info)
+
+
+def test_a_failed_background_upload_fails_the_round(tmp_path):
+    _, lc, events = _setup(tmp_path, "broken", overlap=True, releases_cls=_BrokenReleases)
+    lc.start(0)
+    with pytest.raises(TrainerFailedError, match="No space left"):
+        lc.train(4)
+    assert any(e.kind == "trainer_failed" for e in events)
