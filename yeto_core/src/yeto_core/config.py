@@ -70,6 +70,14 @@ Layout (all tables optional except ``model``, ``task``, ``samplers`` and ``train
     budget_usd = 0.0                   # 0: no budget limit (then prices must be 0 too)
     wall_clock_s = 0.0                 # 0: no limit
     silence_s = 0.0                    # 0: no limit; else stop when no group arrives for this long
+
+    [cost]                             # the cost guard (docs/cost.md); budget: backstops.budget_usd
+    prices = "provider"                # "provider": what the provider reports, else price_per_hour; "config": always price_per_hour
+    soft_fraction = 0.8                # projected spend >= this share of the budget: scale down first
+    min_samplers = 1                   # the soft stage releases samplers down to this many
+    sampler_release_s = 10.0           # floors of what a sampler's release, a trainer's drain,
+    trainer_stop_s = 60.0              # cut and release, and the head's reaction take (the
+    react_s = 5.0                      # guard uses the longest it measured when longer)
 """
 
 from __future__ import annotations
@@ -226,6 +234,29 @@ class BackstopsConfig:
 
 
 @attrs.frozen
+class CostConfig:
+    """The cost guard's knobs (docs/cost.md); the budget is ``backstops.budget_usd``."""
+
+    #: ``provider``: the price a provider reports (``IslandProvider.price_per_hour``),
+    #: else the table's ``price_per_hour``; ``config``: always ``price_per_hour``.
+    prices: str = "provider"
+    #: When the projected spend reaches this share of the budget, the guard scales the
+    #: pool down (samplers, then the trainer) before it stops the run at the budget.
+    soft_fraction: float = 0.8
+    #: The soft stage releases samplers down to this many (the trainer goes next).
+    min_samplers: int = 1
+    #: Seconds a sampler's verified release takes at least (the guard uses the longest
+    #: release it measured when that is longer).
+    sampler_release_s: float = 10.0
+    #: Seconds a trainer's drain, cut and verified release take at least (or the longest
+    #: measured).
+    trainer_stop_s: float = 60.0
+    #: Seconds between two decisions of the head at least (or the longest recent tick gap
+    #: x 1.5: a tick that trains a round blocks for it).
+    react_s: float = 5.0
+
+
+@attrs.frozen
 class ReleasesConfig:
     """How policy releases are stored: full, or deltas against the previous release."""
 
@@ -255,6 +286,7 @@ class RunConfig:
     buffer: BufferConfig = attrs.field(factory=BufferConfig)
     conversion: ConversionConfig = attrs.field(factory=ConversionConfig)
     breakers: BreakersConfig = attrs.field(factory=BreakersConfig)
+    cost: CostConfig = attrs.field(factory=CostConfig)
     releases: ReleasesConfig = attrs.field(factory=ReleasesConfig)
     dispenser: DispenserConfig = attrs.field(factory=DispenserConfig)
     #: Where the config was read from (set by :func:`load_config`; not a TOML key).
@@ -436,6 +468,15 @@ def validate(config: RunConfig) -> list[str]:
     _positive(errors, "backstops.wall_clock_s", b.wall_clock_s, zero_ok=True)
     _positive(errors, "backstops.silence_s", b.silence_s, zero_ok=True)
     validate_breakers(config.breakers, errors)
+    c = config.cost
+    if c.prices not in ("provider", "config"):
+        errors.append(f"cost.prices = {c.prices!r}; allowed: 'provider', 'config'")
+    if not (isinstance(c.soft_fraction, (int, float)) and 0 < c.soft_fraction <= 1):
+        errors.append(f"cost.soft_fraction = {c.soft_fraction!r}; it must be in (0, 1]")
+    _positive(errors, "cost.min_samplers", c.min_samplers, zero_ok=True, most=100_000)
+    _positive(errors, "cost.sampler_release_s", c.sampler_release_s, zero_ok=True)
+    _positive(errors, "cost.trainer_stop_s", c.trainer_stop_s, zero_ok=True)
+    _positive(errors, "cost.react_s", c.react_s, zero_ok=True)
     r = config.releases
     if r.deltas not in ("auto", "on", "off"):
         errors.append(f"releases.deltas = {r.deltas!r}; allowed values are auto, on, off")

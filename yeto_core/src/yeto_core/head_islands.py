@@ -105,9 +105,10 @@ class HeadIslands:
 
     def release_island(self, island: str, handle: str) -> None:
         provider = self.provider_of(island)
+        t0 = self.clock()
         if not provider.release(handle):
             raise YetoError(f"island {handle} could not be verified gone; kill it by hand")
-        self.costs.stopped(island, handle)
+        self.costs.stopped(island, handle, release_s=round(self.clock() - t0, 3))
         self._mark_gone(handle, island)
         for event in provider.events(handle):
             self.events.emit(event.kind, island=island, handle=handle, **dict(event.data))
@@ -392,10 +393,12 @@ class _CostedProvider(IslandProvider):
             self.head.events.emit(event.kind, island=island, handle=handle, **dict(event.data))
 
     def release(self, handle: str) -> bool:
+        t0 = self.head.clock()
         ok = self.provider.release(handle)
         self._copy_events(handle)
         if ok and handle in self.head.costs.open_handles():
-            self.head.costs.stopped(self.head.config.trainer.name, handle)
+            release_s = round(self.head.clock() - t0, 3)
+            self.head.costs.stopped(self.head.config.trainer.name, handle, release_s=release_s)
         return ok
 
     def orphans(self) -> list[str]:
@@ -406,6 +409,9 @@ class _CostedProvider(IslandProvider):
 
     def log_hint(self, handle: str) -> str:
         return self.provider.log_hint(handle)
+
+    def price_per_hour(self, handle: str) -> Optional[float]:
+        return self.provider.price_per_hour(handle)
 
 
 class _NoProvider(IslandProvider):

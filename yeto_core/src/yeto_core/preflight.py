@@ -211,6 +211,7 @@ def check_consistency(config: RunConfig, report: Report) -> None:
         )
     elif b.budget_usd > 0:
         report.ok("backstops.budget_usd", f"${b.budget_usd:g}")
+        _check_guard_room(config, report)
     if b.budget_usd == 0 and b.wall_clock_s == 0 and b.silence_s == 0:
         report.warn(
             "backstops", "no budget, wall-clock or silence limit: the run stops only on request"
@@ -271,3 +272,21 @@ def run_preflight(config: RunConfig, plugins: Any, *, store: bool = True) -> Rep
     check_consistency(config, report)
     plugins.preflight(config, report)
     return report
+
+
+def _check_guard_room(config: RunConfig, report: Report) -> None:
+    """The cost guard (docs/cost.md) must be able to start the fleet and stop it once."""
+    from yeto_core.cost_guard import stop_cost_of_fleet
+
+    usd = stop_cost_of_fleet(config)
+    soft = config.cost.soft_fraction * config.backstops.budget_usd
+    if usd >= soft:
+        report.fail(
+            "cost",
+            f"stopping the whole fleet once costs about ${usd:.4g} (its prices x "
+            "[cost] sampler_release_s, trainer_stop_s, react_s), not less than the soft "
+            f"threshold ${soft:.4g} ({config.cost.soft_fraction:g} x the budget): the cost "
+            "guard would launch nothing; raise backstops.budget_usd or lower those floors",
+        )
+    else:
+        report.ok("cost", f"stopping the fleet once: about ${usd:.4g} of ${soft:.4g} (soft)")

@@ -20,7 +20,7 @@ no island reads it::
     head.json        the live head's pid (one head per run dir)
     status.json      progress, rewritten every tick (``yeto run status``)
     DOWN             a stop request (``yeto run down``)
-    cost.jsonl       island starts and verified releases (``yeto cost``)
+    cost.jsonl       a copy of the store's resource ledger cost/ledger/ (``yeto cost``)
     islands/         handles of live local islands (a restarted head releases them)
     logs/            one log per local island incarnation
     work/            the working directories of local islands
@@ -50,7 +50,8 @@ from yeto_core import run_store
 from yeto_core.breakers import Breakers, BreakerWatch
 from yeto_core.clock_skew import ClockSkewWatch
 from yeto_core.config import RunConfig, config_to_dict
-from yeto_core.cost import CostLedger
+from yeto_core.cost import CostLedger, cost_figures
+from yeto_core.cost_guard import HeadCostGuard
 from yeto_core.errors import ConfigError, StoreError, YetoError
 from yeto_core.event_stream import EventStream, read_all
 from yeto_core.head_islands import (  # noqa: F401 (re-exported)
@@ -190,7 +191,14 @@ class Head(HeadIslands):
             merger=b.layout == "shards",
         )
         self.conversion = plugins.conversion(config.conversion.name)(**config.conversion.options)
-        self.costs = CostLedger(self.run_dir, config.island_prices(), clock=clock)
+        self.cost_guard = HeadCostGuard(self)
+        self.costs = CostLedger(
+            self.run_dir,
+            config.island_prices(),
+            clock=clock,
+            store=self.store,
+            describe=self.cost_guard.describe,
+        )
         self.events = EventStream(
             self.store, "head", clock=clock, flush_s=0.0, observer=plugins.emit
         )
@@ -323,7 +331,7 @@ class Head(HeadIslands):
         )
         lifecycle = self.lifecycle
         self.trainer_loop = TrainerLoop(
-            scheduler,
+            self.cost_guard.wrap(scheduler),
             lifecycle,
             self.backlog_for_scheduler,
             lambda: releases.latest() is not None,
@@ -358,6 +366,7 @@ class Head(HeadIslands):
             "head_drain_failed": "trainer_drain_failed",
         }
         self.plugins.emit(event)  # the journal's stream (head_decision, head_start, ...)
+        self.cost_guard.observe(event)
         kind = names.get(event.kind)
         if kind is not None:
             self.events.emit(kind, **dict(event.data))
@@ -427,6 +436,8 @@ class Head(HeadIslands):
         if reason is not None and self._stop_requested is None:
             self.events.emit("backstop", reason=reason, status=status)
             self.request_stop(reason)
+        if self._stop_requested is None:
+            self.cost_guard.tick()  # docs/cost.md: scale down, or stop before the budget
         self.check_samplers()
         self.check_pool(status)
         target = self.config.trainer.total_rounds
@@ -487,7 +498,10 @@ class Head(HeadIslands):
             self.state.finishing = True
             return
         for island, _ in self.config.sampler_islands():
-            self.launch_sampler(island)
+            if self.cost_guard.may_launch(island):
+                self.launch_sampler(island)
+        if not self.sampler_handles:
+            self.request_stop("budget")  # the budget leaves no room for a sampler
 
     def _install_sigint(self) -> Optional[Any]:
         """First Ctrl-C: stop cleanly at the next tick; a second one interrupts."""
@@ -659,6 +673,7 @@ class Head(HeadIslands):
             wall_s=now - min(first_up, self.state.started_at),
             extra=extra,
         )
+        summary["cost"] = cost_figures(self.costs.spend(now), summary)
         write_json_atomic(self.run_dir / SUMMARY_FILE, summary)
         return summary
 

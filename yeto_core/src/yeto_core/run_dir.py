@@ -6,7 +6,7 @@ Files (``run_dir`` in the config, or ``--run-dir``)::
     head.json        the live head's pid (one head per run dir)
     status.json      progress, rewritten every tick (``yeto run status``)
     DOWN             a stop request (``yeto run down``)
-    cost.jsonl       island starts and verified releases (``yeto cost``)
+    cost.jsonl       a copy of the store's resource ledger (``yeto cost``)
     summary.json     the run's figures, written when the head stops
     FINISHED         the run finished; ``yeto run up`` does not start it again
 
@@ -31,7 +31,7 @@ EXIT_OK = 0  # finished (total_rounds trained, data ended) or stopped by `yeto r
 EXIT_FAILED = 1  # an island kept failing, a release could not be verified, an error
 EXIT_CONFIG = 2  # the config or a plugin is wrong (nothing started)
 EXIT_PREFLIGHT = 3  # a preflight check failed (nothing started)
-EXIT_BUDGET = 4  # backstop: the budget was reached
+EXIT_BUDGET = 4  # the cost guard stopped the run at its budget (docs/cost.md)
 EXIT_WALL_CLOCK = 5  # backstop: the wall-clock limit was reached
 EXIT_SILENCE = 6  # backstop: no new group for silence_s
 EXIT_BUSY = 7  # another head is running on this run dir
@@ -44,7 +44,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_FAILED: "failed (see the head's message and logs/)",
     EXIT_CONFIG: "config or plugin error; nothing started",
     EXIT_PREFLIGHT: "a preflight check failed; nothing started",
-    EXIT_BUDGET: "stopped by the budget backstop",
+    EXIT_BUDGET: "stopped by the cost guard at the budget",
     EXIT_WALL_CLOCK: "stopped by the wall-clock backstop",
     EXIT_SILENCE: "stopped by the silence backstop",
     EXIT_BUSY: "another head runs on this run dir",

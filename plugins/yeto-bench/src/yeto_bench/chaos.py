@@ -518,6 +518,7 @@ def run_campaign(
             evaluate(
                 store_handle, outcome["faults_injected"], final_lineage(rounds), checks["watermark"]
             )
+        checks.update(_run_money(run_dir))
         if faulty:
             faults = injected_faults(run_dir / "faults")
             checks["store_faults_injected"] = len(faults)
@@ -532,6 +533,26 @@ def run_campaign(
         if (faulty or fault_kinds) and i >= runs and left <= 0:
             break
     return campaign_report(results, seed=seed, kills=kills, replay=replay)
+
+
+def _run_money(run_dir: Path) -> dict[str, Any]:
+    """What one run cost at the bench prices (yeto_bench.money), read like check_run."""
+    from yeto_bench.money import run_money
+
+    m = run_money(run_dir)
+    return {"usd_total": m["usd_total"], "usd_groups_trained": m["groups_trained"]}
+
+
+def _campaign_money(results: list[dict[str, Any]]) -> dict[str, Any]:
+    from yeto_bench.money import bench_prices
+
+    usd = sum(float(r.get("usd_total") or 0.0) for r in results)
+    groups = sum(int(r.get("usd_groups_trained") or 0) for r in results)
+    return {
+        "usd_total": round(usd, 6),
+        "usd_per_trained_group": round(usd / groups, 8) if groups else None,
+        "prices": bench_prices(),
+    }
 
 
 def _merge_counts(counts: Any) -> dict[str, int]:
@@ -576,6 +597,7 @@ def campaign_report(
         "torn_records_visible": sum(r["torn_records_visible"] for r in results),
         "ledger_check_failures": sum(r["ledger_check_failures"] for r in results),
         "ledger_unrecorded_tail_skips": sum(r["ledger_unrecorded_tail_skips"] for r in results),
+        **_campaign_money(results),
         "per_run": results,
     }
     if any("store_faults_injected" in r for r in results):

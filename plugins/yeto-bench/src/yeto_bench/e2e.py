@@ -315,7 +315,12 @@ def run_mode(
     steps = sum(1 for t, _ in rounds if t <= until + 1e-9)
     paid, busy = trainer_seconds(run_dir, per_round, appended_at)
     lag = policy_lag(trained, min_version)
+    from yeto_bench.money import run_money
+
+    money = run_money(run_dir, store_url=store_url)
     return {
+        "usd_total": money["usd_total"],
+        "usd_per_trained_group": money["usd_per_trained_group"],
         "profile": stage_profiles(store, rounds=len(trained)),
         "max_policy_lag": lag,
         "time_to_target_s": hit,
@@ -525,6 +530,7 @@ def one_report(
         "trainer_paid_s": {"async": a["trainer_paid_s"], "sync": s["trainer_paid_s"]},
         "trainer_busy_s": {"async": a["trainer_busy_s"], "sync": s["trainer_busy_s"]},
         "max_policy_lag": {"async": a["max_policy_lag"], "sync": s["max_policy_lag"]},
+        **_money(a, s),
         "reward_curves": {"async": a["reward_curve"], "sync": s["reward_curve"]},
         "runs": {
             k: {x: v[x] for x in ("rounds_trained", "groups_appended", "head_exit_code")}
@@ -539,6 +545,20 @@ def one_report(
             "plain": (plain or {}).get("optimizer_steps_per_s"),
         },
         "profile": {"async": a.get("profile"), "sync": s.get("profile")},
+    }
+
+
+def _money(a: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
+    """``usd_total`` and ``usd_per_trained_group`` per mode, and the prices used."""
+    from yeto_bench.money import bench_prices
+
+    return {
+        "usd_total": {"async": a.get("usd_total"), "sync": s.get("usd_total")},
+        "usd_per_trained_group": {
+            "async": a.get("usd_per_trained_group"),
+            "sync": s.get("usd_per_trained_group"),
+        },
+        "prices": bench_prices(),
     }
 
 
@@ -590,6 +610,11 @@ def combine(reports: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
         "trainer_paid_s": per_mode("trainer_paid_s", lambda v: round(statistics.median(v), 2)),
         "trainer_busy_s": per_mode("trainer_busy_s", lambda v: round(statistics.median(v), 2)),
         "max_policy_lag": per_mode("max_policy_lag", max),
+        "usd_total": per_mode("usd_total", lambda v: round(statistics.median(v), 6)),
+        "usd_per_trained_group": per_mode(
+            "usd_per_trained_group", lambda v: round(statistics.median(v), 8)
+        ),
+        "prices": first.get("prices"),
         "reward_curves": first["reward_curves"],
         "optimizer_steps_per_s": {
             m: _median([v for r in reports if (v := r["optimizer_steps_per_s"].get(m)) is not None])

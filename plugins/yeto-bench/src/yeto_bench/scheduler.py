@@ -252,7 +252,9 @@ def _read_trace(path: str) -> list[float]:
     return out
 
 
-def run_bench(traces: dict[str, list[float]], **kw: Any) -> dict[str, Any]:
+def run_bench(
+    traces: dict[str, list[float]], *, budgeted: bool = True, **kw: Any
+) -> dict[str, Any]:
     results = {
         name: {
             "s1": simulate("s1", arr, **kw),
@@ -292,6 +294,7 @@ def run_bench(traces: dict[str, list[float]], **kw: Any) -> dict[str, Any]:
     }
     out = {"bench": "scheduler", "params": kw, "results": results, "summary": summary}
     out["convertible"] = convertible_part(traces, kw)
+    _add_budget_results(out, budgeted=budgeted)
     return out
 
 
@@ -301,6 +304,21 @@ def convertible_part(traces: dict[str, list[float]], kw: dict[str, Any]) -> dict
 
     keys = ("start_s", "round_s", "groups_per_round", "a_hard")
     return run_convertible_bench(traces, **{k: kw[k] for k in keys if k in kw})
+
+
+def _add_budget_results(out: dict[str, Any], *, budgeted: bool) -> None:
+    """Money in every result, and the cost guard's budgeted traces (yeto_bench.budget)."""
+    from yeto_bench.budget import add_money, run_budgeted
+
+    out["prices"] = add_money(out["results"])
+    key = out["summary"]["trace"]
+    out["summary"]["usd_total"] = out["results"][key]["s1"]["usd_total"]
+    out["summary"]["usd_per_trained_group"] = out["results"][key]["s1"]["usd_per_trained_group"]
+    if budgeted:
+        out["budgeted"] = run_budgeted()
+        out["summary"]["budgeted_traces_over_budget"] = out["budgeted"]["summary"][
+            "traces_over_budget"
+        ]
 
 
 @click.command("scheduler")
@@ -325,7 +343,15 @@ def convertible_part(traces: dict[str, list[float]], kw: dict[str, Any]) -> dict
 @click.option(
     "--hours", type=float, default=4.0, show_default=True, help="Length of the built-in traces."
 )
-def command(as_json, trace_file, start_s, round_s, groups_per_round, a_hard, alpha, hours):
+@click.option(
+    "--budgeted/--no-budgeted",
+    default=None,
+    help="Also run the cost guard's built-in budgeted traces (docs/cost.md); "
+    "default: yes, unless --trace is given.",
+)
+def command(
+    as_json, trace_file, start_s, round_s, groups_per_round, a_hard, alpha, hours, budgeted
+):
     """Simulate S1 and always-on on arrival traces; print paid/busy seconds, ages, stale groups."""
     traces = (
         {Path(trace_file).stem: _read_trace(trace_file)}
@@ -339,5 +365,6 @@ def command(as_json, trace_file, start_s, round_s, groups_per_round, a_hard, alp
         groups_per_round=groups_per_round,
         a_hard=a_hard,
         alpha=alpha,
+        budgeted=not trace_file if budgeted is None else budgeted,
     )
     click.echo(json.dumps(out, indent=None if as_json else 2, sort_keys=True))

@@ -1,4 +1,4 @@
-"""``yeto cost RUN``: what each island of a run cost so far (island-seconds × price)."""
+"""``yeto cost RUN``: what a run cost so far, from the resource ledger in its store."""
 
 from __future__ import annotations
 
@@ -8,33 +8,91 @@ from typing import Any
 import click
 
 
+def cost_report(run: str) -> dict[str, Any]:
+    """Spend by island, role, provider and incarnation, and $ per trained group,
+    release and reward point, from the run's store (any machine that reaches it)."""
+    import attrs
+
+    from yeto_core.cli import resolve_run
+    from yeto_core.cost import COST_FILE, cost_figures, read_lines, read_store_lines, spend
+    from yeto_core.event_stream import read_all
+    from yeto_core.plugins import get_plugins
+    from yeto_core.run_summary import summarize
+
+    path, config = resolve_run(run)
+    store = get_plugins().open_store(config.store_url())
+    lines = read_store_lines(store)
+    source = "store"
+    if not lines:  # a run from before the store ledger
+        lines, source = read_lines(path / COST_FILE), "run_dir"
+    import time
+
+    sp = spend(lines, config.island_prices(), time.time())
+    summary = summarize(read_all(store))
+    out = cost_figures(sp, summary)
+    budget = float(config.backstops.budget_usd)
+    out.update(
+        {
+            "run": config.name,
+            "ledger": source,
+            "budget_usd": budget or None,
+            "budget_used": round(sp.total_usd / budget, 6) if budget else None,
+            "within_budget": sp.total_usd <= budget if budget else None,
+            "incarnations": [attrs.asdict(i) for i in sp.incarnations],
+            # the older shape (`yeto cost --json` before the resource ledger)
+            "islands": [
+                {"island": k, "usd": v, "running": any(i.island == k for i in sp.running())}
+                for k, v in sp.by_island.items()
+            ],
+            "total_usd": round(sp.total_usd, 6),
+        }
+    )
+    return out
+
+
 @click.command()
 @click.argument("run", metavar="RUN")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def cost(run: str, as_json: bool) -> None:
-    """Island-seconds and dollars per island of RUN (a run dir or its config), from its cost ledger."""
-    import attrs
-
+    """What RUN (a run dir or its config) cost: by island, role and provider, and $ per
+    trained group, per release and per reward point, from the resource ledger in its store;
+    and what each provider's platform billed, where it reports it."""
     from yeto_core.cli import resolve_run
-    from yeto_core.cost import CostLedger
 
-    path, config = resolve_run(run)
-    ledger = CostLedger(path, config.island_prices())
-    costs = ledger.costs()
-    total = sum(c.usd for c in costs)
-    billed = billed_by_provider(path, config)
+    r = cost_report(run)
+    billed = billed_by_provider(*resolve_run(run))
+    if billed:
+        r["billed"] = billed
     if as_json:
-        out = {"islands": [attrs.asdict(c) for c in costs], "total_usd": total}
-        if billed:
-            out["billed"] = billed
-        click.echo(json.dumps(out, indent=2))
+        click.echo(json.dumps(r, indent=2, sort_keys=True))
         return
-    for c in costs:
-        state = "running" if c.running else "stopped"
+    for i in r["incarnations"]:
+        state = "running" if i["stopped_at"] is None else "stopped"
         click.echo(
-            f"{c.island:16} {c.seconds:10.1f} s  × ${c.price_per_hour:g}/h = ${c.usd:.4f}  ({state})"
+            f"{i['handle']:24} {i['role']:8} {i['provider']:8} {i['seconds']:9.1f} s "
+            f"${i['usd_per_hour']:g}/h ({i['source']}) = ${i['usd']:.4f}  ({state})"
         )
-    click.echo(f"{'total':16} ${total:.4f}")
+    for what in ("by_island", "by_role", "by_provider"):
+        parts = ", ".join(f"{k} ${v:.4f}" for k, v in r[what].items())
+        click.echo(f"{what.replace('_', ' '):12} {parts}")
+
+    def money(v: Any) -> str:
+        return "n/a" if v is None else f"${v:.6f}"
+
+    click.echo(
+        f"total        ${r['usd_total']:.4f}"
+        + (
+            f" of a ${r['budget_usd']:g} budget ({100 * r['budget_used']:.1f}%)"
+            if r["budget_usd"]
+            else ""
+        )
+    )
+    click.echo(
+        f"per trained group {money(r['usd_per_trained_group'])} ({r['groups_trained']} groups), "
+        f"per release {money(r['usd_per_release'])} ({r['releases_published']}), "
+        f"per reward point {money(r['usd_per_reward_point'])} "
+        f"({r['reward_points_gained']} points gained)"
+    )
     for provider, handles in billed.items():
         click.echo(f"billed by the {provider!r} provider (its platform's records):")
         for handle, b in handles.items():

@@ -108,7 +108,7 @@ def up(config_path: str, run_dir: Optional[str], dry_run: bool) -> None:
       1   failed (see the message and the run dir's logs/)
       2   config or plugin error; nothing started
       3   a preflight check failed; nothing started
-      4   stopped by the budget backstop
+      4   stopped by the cost guard at the budget (docs/cost.md)
       5   stopped by the wall-clock backstop
       6   stopped by the silence backstop
       7   another head runs on this run dir

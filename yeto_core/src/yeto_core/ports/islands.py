@@ -194,3 +194,14 @@ class IslandProvider(Port):
         backlog and the budget (the head's pool rule, ``docs/nc.md``), given the group's
         ``provider_options``. Default: None (the group's ``count`` islands, always)."""
         return None
+
+    def price_per_hour(self, handle: str) -> Optional[float]:
+        """Dollars per hour ``handle`` is billed at now, as the provider knows it.
+
+        The head asks at each launch and again every few seconds while the island
+        runs (a spot price can change); a change is a record of the resource ledger
+        (:mod:`yeto_core.cost`). None (the default): the provider knows no price, and
+        the config's ``price_per_hour`` of the island's table is used. With
+        ``[cost] prices = "config"`` the config's price is used always.
+        """
+        return None
