@@ -45,7 +45,7 @@ from yeto_core.records import Batch, Event, ReleaseInfo, Trigger
 from yeto_core.stage_profile import emit_snapshot
 
 #: seconds between two ``stage_profile`` snapshots in an island's event stream
-PROFILE_EVERY_S = 2.0
+PROFILE_EVERY_S = 10.0
 
 
 class Terminated(SystemExit):

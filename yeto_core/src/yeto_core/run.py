@@ -542,7 +542,7 @@ class Head(HeadIslands):
                         with stage("head.observe_streams"):
                             self.observe_streams()
                         last_rewards = self.clock()
-                        emit_snapshot(self.events.emit)
+                        emit_snapshot(self.events.emit, every_s=10.0)
                     if not woken or time.monotonic() - last_house >= tick_s:
                         last_house = time.monotonic()
                         with stage("head.tick"):

@@ -4,8 +4,8 @@ Every process of a run (the head, each sampler island, the trainer island) keeps
 one :data:`PROFILE`. Code on a round's path wraps its stages in
 ``with stage("name"):`` (``generate``, ``append``, ``train``, ``publish``,
 ``wait.backlog``, ...); the process writes a cumulative snapshot to its event
-stream as a ``stage_profile`` event (at most every ``every_s`` seconds, and once
-more when it ends), so the last such event of a stream says where that
+stream as a ``stage_profile`` event (at most every 10 s, and once more when it
+ends; each is ~1 KB, and the head re-reads the streams), so the last such event of a stream says where that
 process's time went over the whole run. A stage may contain others (``publish``
 contains ``publish.export``); a stage's seconds include its children's.
 
