@@ -133,3 +133,14 @@ def test_the_provider_prices_a_launch_from_the_catalog(head):
     assert provider.price_per_hour(attrs.evolve(launch, options=table)) == 3.4  # 2 x 1.70
     bad = {"resources": {"acelerators": "L4:1"}}
     assert provider.price_per_hour(attrs.evolve(launch, options=bad)) is None
+
+
+def test_the_provider_prices_a_cluster_it_launched_by_its_handle(head):
+    # the cost ledger asks by handle (IslandProvider.price_per_hour(handle))
+    provider = head.provider_of("sampler-0")
+    handle = provider.launch(head.launch_record("sampler", "sampler-0", 0))
+    try:
+        assert provider.price_per_hour(handle) == 0.31
+    finally:
+        provider.release(handle)
+    assert provider.price_per_hour("sky-no-such-cluster") is None

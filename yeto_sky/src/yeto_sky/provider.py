@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from yeto_core.ports import IslandProvider
 from yeto_core.records import Event, IslandLaunch, IslandStatus
@@ -93,6 +93,7 @@ class SkyIslands(IslandProvider):
         self._lock = threading.Lock()
         self._journal_lock = threading.Lock()
         self._live: dict[str, dict[str, Any]] = {}  # cluster -> in-memory state
+        self._launches: dict[str, IslandLaunch] = {}  # cluster -> its launch (for its price)
         # events() drains these; each keeps the newest MAX_EVENTS when nobody reads them
         self._events: dict[str, collections.deque[Event]] = {}
         self._stop = threading.Event()
@@ -147,14 +148,20 @@ class SkyIslands(IslandProvider):
             where=f"provider_options of {launch.island}",
         )
 
-    def price_per_hour(self, launch: IslandLaunch) -> Optional[float]:
-        """The estimated $/hour of ``launch``'s cluster (catalog, else the dated table).
+    def price_per_hour(self, handle: Union[str, IslandLaunch]) -> Optional[float]:
+        """The estimated $/hour of a cluster (catalog, else the dated table).
 
-        None when there is no estimate or the task is invalid (``launch`` says why).
-        The group's ``price_per_hour`` in the config overrides it.
+        ``handle``: a cluster this provider launched (the head asks by handle, the cost
+        ledger's ``IslandProvider.price_per_hour``) or a launch not made yet. None when
+        there is no estimate, the task is invalid or the cluster is not this provider's;
+        the config's ``price_per_hour`` is used then. ``[cost] prices = "config"`` makes
+        the config's price win always.
         """
         from yeto_sky.prices import estimate
 
+        launch = self._launches.get(handle) if isinstance(handle, str) else handle
+        if launch is None:
+            return None
         try:
             price = estimate(self._task(launch))
         except SkyTaskError:
@@ -184,6 +191,7 @@ class SkyIslands(IslandProvider):
         state = {"state": "launching", "code": None, "use_spot": task.use_spot}
         with self._lock:
             self._live[cluster] = state
+            self._launches[cluster] = launch
         self._emit(cluster, "sky_task", yaml=redacted_yaml(task.config))
         t = threading.Thread(
             target=self._launch_worker,
