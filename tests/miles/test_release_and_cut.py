@@ -84,6 +84,9 @@ def test_cut_around_megatron_iter_dir(tmp_path, base_dir):
     put, put_new = store.put, store.put_if_absent
     store.put = lambda k, d: (keys.append(k), put(k, d))[1]  # type: ignore[method-assign]
     store.put_if_absent = lambda k, d: (keys.append(k), put_new(k, d))[1]  # type: ignore[method-assign]
+    put_match, put_many = store.put_if_match, store.put_many
+    store.put_if_match = lambda k, d, v: (keys.append(k), put_match(k, d, v))[1]  # type: ignore[method-assign]
+    store.put_many = lambda items: (keys.extend(k for k, _ in items), put_many(items))[1]  # type: ignore[method-assign]
     backend = _backend(tmp_path, base_dir)
     _fake_megatron_round(backend, 6)
     out = tmp_path / "cut-out"

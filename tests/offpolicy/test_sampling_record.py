@@ -64,6 +64,9 @@ class _Buffer:
         self.groups.append(g)
         return len(self.groups) - 1
 
+    def append_many(self, groups):
+        return [self.append(g) for g in groups]
+
 
 def test_the_sampler_loop_records_its_sampling_with_each_group():
     sp = SamplingParams(max_new_tokens=3, temperature=0.6, top_k=2)

@@ -109,9 +109,12 @@ def _flip(path: Path, at: int) -> None:
 
 
 def _rewrite(store_root: Path, rel: Release) -> None:
+    """Overwrite ``rel``'s manifest and point LATEST at it (through the store: the pointer
+    is a versioned object on the dir store)."""
     raw = serde.dumps(rel).encode()
-    (store_root / "releases" / rel.release_id / "manifest.json").write_bytes(raw)
-    (store_root / "releases" / "LATEST.json").write_bytes(raw)
+    store = DirStore(store_root, fsync=False)
+    store.put(f"releases/{rel.release_id}/manifest.json", raw)
+    store.put("releases/LATEST.json", raw)
 
 
 def _changed_chunk(rel: Release) -> tuple[str, dict]:

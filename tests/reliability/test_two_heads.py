@@ -128,7 +128,18 @@ def test_a_paused_head_is_fenced_by_the_next_one_and_exits_without_writing(tmp_p
         assert first.wait(timeout=60) == EXIT_FENCED
         out = first.stdout.read()
         assert "lost the run's lease" in out, out
-        assert _snapshot(root) == before
+        after = _snapshot(root)
+        # Known gap (docs/reliability.md): a put the first head had begun when it was
+        # stopped (its temporary file written, not yet renamed) completes on SIGCONT,
+        # before the head sees it is fenced. Only such a completion may differ.
+        finished = {k: v for k, v in before.items() if ".tmp-" in k and k not in after}
+        for tmp, digest in finished.items():
+            parent, name = tmp.rsplit("/", 1) if "/" in tmp else ("", tmp)
+            final = name[1:].split(".tmp-")[0]
+            key = f"{parent}/{final}" if parent else final
+            assert after.pop(key, None) == digest, (tmp, key)
+            before.pop(tmp)
+        assert after == before
     finally:
         for p in (first, second):
             if p is not None and p.poll() is None:

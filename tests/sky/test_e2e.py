@@ -88,6 +88,7 @@ provider_options = {sky_od}
 [scheduler]
 name = "always-on"
 tick_s = 0.1
+head_lease_s = 4.0  # the restarted head takes over a few seconds after the first "dies"
 
 [backstops]
 budget_usd = 10.0
@@ -129,6 +130,7 @@ def _wait(predicate, timeout_s, what):
 def test_sky_run_learns_through_a_preemption_and_a_restarted_head(s3, tmp_path):
     from yeto_core.config import parse_config
     from yeto_core.event_stream import read_events
+    from yeto_core.head_lease import lease_lapsed, read_lease
     from yeto_core.plugins import get_plugins
     from yeto_core.preflight import run_preflight
     from yeto_core.run import Head
@@ -162,6 +164,13 @@ def test_sky_run_learns_through_a_preemption_and_a_restarted_head(s3, tmp_path):
         left_by_first = sorted(cloud.processes())
         assert any("trainer" in c for c in left_by_first), left_by_first
         first_provider.close()  # the head "dies": its clusters keep running
+        # ... and its lease lapses (the same process, so only its expiry frees it)
+        first.lease.stop_renewing()
+        _wait(
+            lambda: lease_lapsed(read_lease(first.store), time.time(), first.lease.host),
+            60,
+            "the first head's lease to lapse",
+        )
 
         # -- a second head: orphans torn down, the run trained to its target ----------
         provider = SkyIslands(run_dir, seam=cloud, poll_s=0.2)

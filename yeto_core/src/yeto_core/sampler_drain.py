@@ -50,6 +50,11 @@ class _CountingBuffer:
             self.appended += 1
         return out
 
+    def append_many(self, groups: Any) -> list[Any]:
+        # one group at a time: the P0-S count stays exact per group (a group commit of
+        # the whole call would land or be abandoned as one)
+        return [self.append(g) for g in groups]
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._buffer, name)
 

@@ -280,10 +280,9 @@ class SamplerLoop:
         return positions
 
     def _append(self, groups: list[SampleGroup]) -> list[int]:
-        """Append one call's groups: one group commit (``append_many``) when the buffer has it."""
-        many = getattr(self.buffer, "append_many", None)
-        if many is not None and len(groups) > 1:
-            return [int(p) for p in many(groups)]
+        """Append one call's groups as one group commit (the port's ``append_many``)."""
+        if len(groups) > 1:
+            return [int(p) for p in self.buffer.append_many(groups)]
         return [int(self.buffer.append(g)) for g in groups]
 
     def run(self, max_rounds: Optional[int] = None) -> int:

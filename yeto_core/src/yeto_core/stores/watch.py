@@ -83,8 +83,9 @@ class DirWatch(Watch):
         if fd is None:
             time.sleep(max(0.0, timeout))
             return False
-        ready, _, _ = select.select([fd], [], [], max(0.0, timeout))
-        if not ready:
+        poller = select.poll()  # poll, not select: a busy process has fds past FD_SETSIZE
+        poller.register(fd, select.POLLIN)
+        if not poller.poll(max(0.0, timeout) * 1000.0):
             return False
         try:
             while os.read(fd, 65536):
