@@ -4,12 +4,9 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 from yeto_bench.chaos import chaos_config
 from yeto_bench.chaos_evict import evict_config
@@ -35,10 +32,7 @@ def test_evict_config_puts_the_samplers_on_the_pool_with_the_dispenser(tmp_path:
     assert config.trainer.provider == "local"
 
 
-@pytest.mark.soak
-@pytest.mark.skipif(
-    os.environ.get("YETO_SOAK") != "1", reason="real runs under evictions (minutes): YETO_SOAK=1"
-)
+# about a minute on 2 cores: in make test
 def test_ci_profile_evictions_nothing_lost_or_trained_twice(tmp_path: Path) -> None:
     """The CI profile: 4 evictions (``make chaos-evict`` runs 20)."""
     proc = subprocess.run(
