@@ -50,7 +50,7 @@ from yeto_core import run_store
 from yeto_core.breakers import Breakers, BreakerWatch
 from yeto_core.clock_skew import ClockSkewWatch
 from yeto_core.config import RunConfig, config_to_dict
-from yeto_core.cost import CostLedger, cost_figures
+from yeto_core.cost import CostLedger
 from yeto_core.cost_guard import HeadCostGuard
 from yeto_core.errors import ConfigError, StoreError, YetoError
 from yeto_core.event_stream import EventStream, read_all
@@ -62,6 +62,7 @@ from yeto_core.head_islands import (  # noqa: F401 (re-exported)
     _NoProvider,
 )
 from yeto_core.head_lease import HeadBusyError, HeadFencedError, HeadLease, LeasedStore
+from yeto_core.head_report import HeadReport, HeadState, backstop_reason
 from yeto_core.ports import IslandProvider, LifecycleContext, TrainerLifecycle
 from yeto_core.records import StopReason
 from yeto_core.run_dir import (  # noqa: F401 (the run-dir protocol, re-exported)
@@ -91,7 +92,6 @@ from yeto_core.run_dir import (  # noqa: F401 (the run-dir protocol, re-exported
     request_down,
     write_json_atomic,
 )
-from yeto_core.run_summary import summarize
 from yeto_core.stage_profile import emit_snapshot, stage
 
 #: The head rides out a store that fails (a 503 storm past the store's own retries, a
@@ -99,42 +99,7 @@ from yeto_core.stage_profile import emit_snapshot, stage
 STORE_OUTAGE_LIMIT_S = 120.0
 
 
-def backstop_reason(
-    *,
-    cost_usd: float,
-    budget_usd: float,
-    elapsed_s: float,
-    wall_clock_s: float,
-    silent_s: float,
-    silence_s: float,
-) -> Optional[str]:
-    """Which backstop (``budget``, ``wall_clock``, ``silence``) is hit, if any; 0 = no limit."""
-    if budget_usd > 0 and cost_usd >= budget_usd:
-        return "budget"
-    if wall_clock_s > 0 and elapsed_s >= wall_clock_s:
-        return "wall_clock"
-    if silence_s > 0 and silent_s >= silence_s:
-        return "silence"
-    return None
-
-
-@attrs.define
-class HeadState:
-    """What the head tracks between ticks (not persisted: a restarted head starts fresh)."""
-
-    started_at: float
-    last_head_position: int = -1
-    last_arrival_at: float = 0.0
-    sampler_restarts: dict[str, int] = attrs.field(factory=dict)
-    stop_reason: Optional[str] = None
-    exit_code: int = EXIT_OK
-    trainer_starts: int = 0
-    trainer_stops: int = 0
-    finishing: bool = False
-    last_rewards: list[float] = attrs.field(factory=list)
-
-
-class Head(HeadIslands):
+class Head(HeadReport, HeadIslands):
     """One run's head. ``run()`` returns an exit code (see ``EXIT_CODES``).
 
     :param config: the checked run config.
@@ -386,39 +351,6 @@ class Head(HeadIslands):
         if self._stop_requested is None:
             self._stop_requested = reason
 
-    def status(self) -> dict[str, Any]:
-        """The status dict (``status.json``, the progress display)."""
-        now = self.clock()
-        b = self.buffer.backlog()
-        if b.head_position != self.state.last_head_position:
-            self.state.last_head_position = b.head_position
-            self.state.last_arrival_at = now
-        loop = self.trainer_loop
-        lifecycle_state = self.lifecycle.state().value if self.lifecycle is not None else "STOPPED"
-        report = dict(self.lifecycle.report()) if self.lifecycle is not None else {}
-        return {
-            "run": self.config.name,
-            "state": "finishing" if self.state.finishing else "running",
-            "pid": os.getpid(),
-            "updated_at": now,
-            "elapsed_s": round(now - self.state.started_at, 1),
-            "backlog_groups": b.groups,
-            "groups_appended": b.head_position,
-            "watermark": b.watermark,
-            "trainer_state": lifecycle_state,
-            "policy_version": report.get("policy_version"),
-            "trained_rounds": report.get("trained_rounds"),
-            "incarnation": loop.incarnation if loop is not None else None,
-            "mean_reward": _mean(self.state.last_rewards),
-            "cost_usd": round(self.costs.total_usd(now), 4),
-            "samplers": {
-                island: str(self.provider_of(island).status(h).value)
-                for island, h in self.sampler_handles.items()
-            },
-            "convertible_nodes": self.conversion.capacity(),
-            "stop_reason": self._stop_requested,
-        }
-
     def tick(self) -> dict[str, Any]:
         """One step of the head: down request, backstops, samplers, the trainer loop."""
         if (self.run_dir / DOWN_FILE).exists():
@@ -468,14 +400,6 @@ class Head(HeadIslands):
         self.events.emit("target_reached", total_rounds=self.config.trainer.total_rounds)
         self.stop_samplers()
         self.buffer.mark_data_end()
-
-    def update_rewards(self, trainer_events: list[Any]) -> None:
-        """The mean reward of the last trained groups (from the trainer's event stream)."""
-        rewards: list[float] = []
-        for e in trainer_events:
-            if e.kind == "round_trained":
-                rewards.extend(float(r) for r in e.data.get("rewards", ()))
-        self.state.last_rewards = rewards[-16:]
 
     # -- the whole run ---------------------------------------------------------------
 
@@ -658,48 +582,3 @@ class Head(HeadIslands):
         (self.run_dir / HEAD_FILE).unlink(missing_ok=True)
         (self.run_dir / DOWN_FILE).unlink(missing_ok=True)
         return summary
-
-    def write_summary(self, **extra: Any) -> dict[str, Any]:
-        """``summary.json``: figures from the event streams, the buffer and the cost ledger."""
-        self.events.flush()
-        streams = read_all(self.store)
-        appended = self.appended_rewards()
-        now = self.clock()
-        first_up = min((ln.time for ln in self.costs.lines()), default=self.state.started_at)
-        summary = summarize(
-            streams,
-            appended=appended,
-            cost_usd=self.costs.total_usd(now),
-            wall_s=now - min(first_up, self.state.started_at),
-            extra=extra,
-        )
-        summary["cost"] = cost_figures(self.costs.spend(now), summary)
-        write_json_atomic(self.run_dir / SUMMARY_FILE, summary)
-        return summary
-
-    def appended_rewards(self) -> dict[int, float]:
-        """Mean reward of the first tenth of the appended groups, read from the buffer."""
-        entries = self.buffer.entries(0)
-        n = _ceil_tenth(len(entries))
-        out: dict[int, float] = {}
-        for entry in entries[:n]:
-            if not entry.payload:  # a quarantined index line's stand-in: no group to read
-                continue
-            try:
-                group = self.buffer.load(entry)
-            except YetoError:  # a damaged payload (skipped as unconvertible by the trainer)
-                out[entry.position] = math.nan
-                continue
-            rewards = [float(s.reward) for s in group.samples]
-            out[entry.position] = sum(rewards) / len(rewards) if rewards else 0.0
-        for entry in entries[n:]:
-            out.setdefault(entry.position, math.nan)
-        return out
-
-
-def _mean(xs: list[float]) -> Optional[float]:
-    return round(sum(xs) / len(xs), 4) if xs else None
-
-
-def _ceil_tenth(n: int) -> int:
-    return max(1, math.ceil(n / 10)) if n else 0
