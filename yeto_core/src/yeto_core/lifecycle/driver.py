@@ -203,7 +203,7 @@ class DriverLifecycle(TrainerLifecycle):
             "trainer_published",
             release_id=rel.release_id,
             version=rel.version,
-            **getattr(self.releases, "last_publish", {}),
+            **self.releases.last_publish,
         )
 
     def _wait_upload(self) -> None:
