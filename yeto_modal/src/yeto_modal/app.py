@@ -1,14 +1,9 @@
-"""The Modal app of a run: one function per island role, built from the run config.
+"""The Modal app of a run: one function ``yeto-<group>`` per island group on Modal.
 
-Each ``[[samplers]]`` group and the ``[trainer]`` whose ``provider`` is
-``modal`` become one function ``yeto-<group>`` of the app ``yeto-<run name>``;
-their ``provider_options`` (``gpu``, ``cpu``, ``memory``, ``timeout_s``,
-``region``, ``nonpreemptible``, ``volumes``, ``secrets``, ``image``,
-``prices``, ``price_multiplier``, ``environment``; see docs/modal.md) set it.
-The image holds the yeto distributions that provide what the run names, at
-the installed versions, plus ``image.pip``. The store's credentials reach the
-containers as a Secret, never as call arguments. :func:`plan` is pure (the
-dry run prints it); :func:`build` makes the real ``modal`` objects, offline.
+Each ``[[samplers]]`` group and the ``[trainer]`` with ``provider = "modal"`` become one
+function of the app ``yeto-<run name>``, set by their ``provider_options`` (docs/modal.md).
+:func:`plan` is pure (the dry run prints it); :func:`build` makes the real ``modal``
+objects, offline.
 """
 
 from __future__ import annotations
@@ -23,6 +18,7 @@ from typing import Any, Optional
 import attrs
 
 from yeto_core.errors import ConfigError
+from yeto_modal import refuse_unknown
 from yeto_modal.prices import PRICES_DATE, hourly_usd, parse_gpu
 
 PROVIDER = "modal"
@@ -91,11 +87,7 @@ def _requirements(dists: list[str]) -> list[str]:
 def image_steps(options: Mapping[str, Any], modules: list[str]) -> tuple[tuple[str, Any], ...]:
     """The image as (method, argument) steps: debian_slim, apt, pip, env, local sources."""
     img = dict(options.get("image") or {})
-    unknown = sorted(set(img) - IMAGE_OPTIONS)
-    if unknown:
-        raise ConfigError(
-            f"provider_options.image: unknown key(s) {unknown}; allowed: {sorted(IMAGE_OPTIONS)}"
-        )
+    refuse_unknown("provider_options.image", img, IMAGE_OPTIONS)
     python = str(img.get("python") or f"{sys.version_info.major}.{sys.version_info.minor}")
     steps: list[tuple[str, Any]] = [("debian_slim", python)]
     if img.get("apt"):
@@ -125,12 +117,8 @@ def plan(config: Any, plugins: Any) -> list[FunctionPlan]:
     base.append(plugins.store_class_for_url(config.store_url()).__module__)
     out = []
     for role, group, islands, impl, options in modal_groups(config):
-        unknown = sorted(set(options) - OPTIONS)
         where = "trainer" if role == "trainer" else f"samplers[name={group!r}]"
-        if unknown:
-            raise ConfigError(
-                f"{where}.provider_options: unknown key(s) {unknown}; allowed: {sorted(OPTIONS)}"
-            )
+        refuse_unknown(f"{where}.provider_options", options, OPTIONS)
         port = "TrainerBackend" if role == "trainer" else "SamplerEngine"
         modules = [*base, resolve(port, impl).__module__]
         gpu = options.get("gpu")
@@ -204,7 +192,7 @@ def build(
     plans: list[FunctionPlan],
     *,
     credentials: Optional[Mapping[str, str]] = None,
-    config_json: Optional[dict[str, Any]] = None,
+    config_json: dict[str, Any],
 ) -> BuiltApp:
     """``modal.App``, ``Image``, ``Volume``, ``Secret`` and one function per plan."""
     import modal
@@ -246,10 +234,6 @@ def build(
         }
         functions[p.name] = app.function(**kw)(island)
         kwargs[p.name] = kw
-    if config_json is None:
-        from yeto_core.config import config_to_dict
-
-        config_json = config_to_dict(config)
     return BuiltApp(
         app=app,
         app_name=name,

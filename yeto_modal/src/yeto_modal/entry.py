@@ -1,12 +1,8 @@
 """The body of every yeto island function on Modal.
 
-The head spawns ``yeto-<group>`` with the island's identity (store URL, run
-id, role, island, incarnation); the store's credentials are already in the
-container's environment through the function's Secret. The body reloads the
-volumes mounted for model files (a reused container would otherwise see an
-old snapshot; a reload fails while a file is open, so it runs before the
-engine opens anything) and runs the island's entry module
-(``yeto_core.island_main``), which reads everything else from the store.
+It takes the island's identity as its argument (the store's credentials come through
+the function's Secret), reloads the volumes mounted for model files before anything
+opens them, then runs the island's entry module (``yeto_core.island_main``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """``python -m yeto_modal.local SPEC.json``: run one island function's body here, via ``.local()``.
 
-``SPEC.json`` holds ``{"config": <resolved run config>, "function": "yeto-<group>",
-"env": {...}}``. The app is built from the config exactly as the head builds
-it, and the named function's real body runs in this process through Modal's
-``Function.local()``: the way to debug an island function without a token,
-and what yeto's tests run as a container.
+``SPEC.json`` is ``{"config": <resolved run config>, "function": "yeto-<group>", "env":
+{...}}``; the app is built as the head builds it (docs/modal.md, "Running an island
+function's body here"). yeto's tests run every island container this way.
 """
 
 from __future__ import annotations

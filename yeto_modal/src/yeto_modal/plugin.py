@@ -1,10 +1,6 @@
-"""Entry point of yeto-modal (group ``yeto``, name ``modal``).
-
-Registers the ``modal-volume`` store and the ``modal`` island provider, and
-adds preflight checks: the store's layout against its capabilities, the
-Modal plan of every island function (what ``yeto run up --dry-run`` prints:
-function, GPU, image, volumes, $/hour), and each Modal island's
-``price_per_hour`` against Modal's dated prices.
+"""Entry point of yeto-modal (group ``yeto``, name ``modal``): the ``modal-volume`` store,
+the ``modal`` island provider, and preflight checks (the store's layout against its
+capabilities, the plan ``--dry-run`` prints, each Modal island's ``price_per_hour``).
 """
 
 from __future__ import annotations

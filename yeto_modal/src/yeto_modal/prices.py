@@ -1,13 +1,8 @@
 """Modal's per-second prices, as a dated table, and the $/hour of one island function.
 
-Modal bills a running container per second for its GPUs, its CPU cores
-(physical cores; a function reserves at least 0.125) and its memory (GiB).
-The table below is Modal's published list price for functions on the date
-it carries; prices move, so ``provider_options.prices`` overrides any entry
-and ``provider_options.price_multiplier`` covers region pinning and
-non-preemptible surcharges (Modal multiplies the base rate for both). The
-head's cost ledger prices each island at :func:`hourly_usd`, so ``yeto
-cost`` and the budget backstop count Modal islands like any other.
+Modal bills a running container per second for its GPUs, CPU cores (at least 0.125)
+and memory; ``provider_options.prices`` overrides entries and ``price_multiplier``
+covers surcharges (docs/modal.md, "Prices and the budget").
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """The ``modal`` island provider: each island incarnation is one call of a Modal function.
 
-On its first launch the provider reads the run's config from the store, builds
-the run's app (:mod:`yeto_modal.app`) and deploys it, so calls outlive a head
-that dies. Each launch is one ``spawn``; its ``FunctionCall`` id goes to the
-head's launch journal (``<state_dir>/modal/<handle>.json``) before ``launch``
-returns, so a restarted head finds the previous head's calls
-(:meth:`~ModalIslands.orphans`), cancels them (``terminate_containers=True``)
-and confirms each ended. A call that is no longer pending (done, failed, timed
-out, preempted, cancelled, unknown) is an exited incarnation: the head replaces
-it with a new incarnation number (Modal's own retries are off).
+The run's app is built and deployed on the first launch, so calls outlive a head that
+dies; each launch is one ``spawn`` whose ``FunctionCall`` id is journaled
+(``<state_dir>/modal/<handle>.json``) before ``launch`` returns. A restarted head cancels
+and verifies the previous head's calls; a call no longer pending is an exited
+incarnation, replaced with a new number. In full: docs/modal.md.
 """
 
 from __future__ import annotations
@@ -23,12 +19,18 @@ from typing import Any, Optional
 from yeto_core.errors import YetoError
 from yeto_core.ports import IslandProvider
 from yeto_core.records import Event, IslandStatus
+from yeto_core.run_dir import write_json_atomic
 from yeto_modal import app as modal_app
 from yeto_modal.entry import ENV_ENTRY, ENV_MOUNTS
 
 #: Variables a call carries; every other launch variable is a credential (a Secret).
 IDENTITY_PREFIX = "YETO_"
 ENDED = ("success", "failure", "timeout", "terminated", "expired", "missing")
+
+
+def _is_identity(name: str) -> bool:
+    """A launch variable the call carries (``YETO_*`` but the store's ``YETO_STORE_*``)."""
+    return name.startswith(IDENTITY_PREFIX) and not name.startswith("YETO_STORE_")
 
 
 class ModalError(YetoError):
@@ -121,10 +123,6 @@ class ModalIslands(IslandProvider):
         self._events: dict[str, list[Event]] = {}
         self._reported: dict[str, str] = {}
 
-    @classmethod
-    def create(cls, state_dir: Path) -> ModalIslands:
-        return cls(state_dir)
-
     # -- the journal -------------------------------------------------------------------
 
     def _path(self, handle: str) -> Path:
@@ -135,11 +133,6 @@ class ModalIslands(IslandProvider):
             return json.loads(self._path(handle).read_text())
         except (OSError, ValueError):
             return None
-
-    def _write(self, rec: dict[str, Any]) -> None:
-        tmp = self._path(rec["handle"]).with_suffix(".tmp")
-        tmp.write_text(json.dumps(rec, sort_keys=True))
-        os.replace(tmp, self._path(rec["handle"]))
 
     def _event(self, handle: str, kind: str, **data: Any) -> None:
         self._events.setdefault(handle, []).append(
@@ -152,21 +145,17 @@ class ModalIslands(IslandProvider):
         """Build and deploy the run's app once (credentials from the launch's variables)."""
         if self.built is None:
             from yeto_core.config import config_to_dict
+            from yeto_core.plugins import get_plugins
 
             config = self.load_config(launch.store_url)
-            plugins = self.plugins
-            if plugins is None:
-                from yeto_core.plugins import get_plugins
-
-                plugins = get_plugins()
             creds = {
                 k: v
                 for k, v in launch.env.items()
-                if k.startswith("YETO_STORE_") or not k.startswith((IDENTITY_PREFIX, "MODAL_"))
+                if not (_is_identity(k) or k.startswith("MODAL_"))
             }
             built = modal_app.build(
                 config,
-                modal_app.plan(config, plugins),
+                modal_app.plan(config, self.plugins or get_plugins()),
                 credentials=creds,
                 config_json=config_to_dict(config),
             )
@@ -187,19 +176,17 @@ class ModalIslands(IslandProvider):
         if self.record(handle) is not None:
             raise ModalError(f"island {handle} is already in the journal {self._path(handle)}")
         built = self.app_for(launch)
-        group = next(
-            (p for p in built.plans.values() if launch.island in p.islands),
-            None,
-        )
+        group = next((p for p in built.plans.values() if launch.island in p.islands), None)
         if group is None:
             raise ModalError(
                 f"island {launch.island!r} is in no Modal function of app {built.app_name!r} "
                 f"({sorted(built.plans)}); is its provider 'modal' in the run config?"
             )
-        env = {k: v for k, v in launch.env.items() if k.startswith(IDENTITY_PREFIX)}
-        env = {k: v for k, v in env.items() if not k.startswith("YETO_STORE_")}
-        env[ENV_MOUNTS] = json.dumps(group.volumes)
-        env[ENV_ENTRY] = launch.entry_module
+        env = {
+            **{k: v for k, v in launch.env.items() if _is_identity(k)},
+            ENV_MOUNTS: json.dumps(group.volumes),
+            ENV_ENTRY: launch.entry_module,
+        }
         try:
             call_id = self.seam.spawn(built, group.name, env)
         except Exception as exc:
@@ -207,7 +194,8 @@ class ModalIslands(IslandProvider):
             raise ModalError(
                 f"Modal refused to start island {handle} ({group.name}): {exc}"
             ) from exc
-        self._write(
+        write_json_atomic(  # before launch returns: a head that dies now leaves it journaled
+            self._path(handle),
             {
                 "handle": handle,
                 "call_id": call_id,
@@ -217,7 +205,7 @@ class ModalIslands(IslandProvider):
                 "role": launch.role,
                 "incarnation": launch.incarnation,
                 "launched_at": time.time(),
-            }
+            },
         )
         self._launched.add(handle)
         self._event(handle, "modal_spawned", call_id=call_id, function=group.name)

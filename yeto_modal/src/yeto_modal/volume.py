@@ -1,13 +1,10 @@
 """The ``modal-volume`` object store: a run's objects in a Modal Volume, through the SDK.
 
-``modal-volume://VOLUME/PREFIX[?environment=ENV]``. Every verb is one SDK call
-(``read_file``, ``batch_upload``, ``listdir``, ``remove_file``), from the head
-and from island containers alike; mounts are never read, because a mount is a
-snapshot refreshed only by ``reload()`` (which fails while a file is open) and
-yeto's pointers must be read fresh. Modal documents no atomic create on a
-Volume ("last write wins") and the SDK retries lost uploads, so
-``put_if_absent`` is exclusive only within one process, and
-:meth:`ModalVolumeStore.capabilities` says so for preflight. See docs/modal.md.
+``modal-volume://VOLUME/PREFIX[?environment=ENV]``. Every verb is one SDK call, from
+the head and from island containers alike; mounts are never read for the run's
+objects. Why, and what a Volume does not guarantee (an atomic create-if-absent
+across processes, which :meth:`ModalVolumeStore.capabilities` tells preflight):
+docs/modal.md, "The modal-volume store".
 """
 
 from __future__ import annotations
@@ -24,26 +21,28 @@ from urllib.parse import parse_qs, urlsplit
 from yeto_core.errors import ConfigError, NotFoundError, StoreError
 from yeto_core.ports import ObjectStore
 from yeto_core.stores.keys import check_key, check_prefix
+from yeto_modal import refuse_unknown
 
 SCHEME = "modal-volume"
 OPEN_FILES = "there are open files preventing the operation"
 
 
 @contextlib.contextmanager
-def _sdk_errors(volume: str) -> Iterator[None]:
-    """Modal's errors (no token, the service unreachable) as a :class:`StoreError`."""
+def _sdk_errors(volume: str, path: str = "") -> Iterator[None]:
+    """Modal's errors as ours: a missing ``path`` is :class:`FileNotFoundError`, the rest
+    (no token, the service unreachable) :class:`StoreError` saying what to do."""
     import modal.exception as mx
 
     try:
         yield
+    except mx.NotFoundError:
+        raise FileNotFoundError(path) from None
     except mx.AuthError as exc:
         raise StoreError(
             f"Modal volume {volume!r}: no valid Modal token ({exc}); run `modal token new` or "
             "set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET"
         ) from None
     except (mx.Error, ConnectionError) as exc:
-        if isinstance(exc, mx.NotFoundError):
-            raise
         raise StoreError(f"Modal volume {volume!r}: {type(exc).__name__}: {exc}") from exc
 
 
@@ -69,52 +68,32 @@ class VolumeSeam:
 
     def read(self, path: str) -> bytes:
         """The file's bytes; ``FileNotFoundError`` when there is no such file."""
-        import modal.exception
-
-        try:
-            with _sdk_errors(self.name):
-                return b"".join(self.volume.read_file(path))
-        except modal.exception.NotFoundError:
-            raise FileNotFoundError(path) from None
+        with _sdk_errors(self.name, path):
+            return b"".join(self.volume.read_file(path))
 
     def files(self, path: str) -> list[str]:
         """Paths of every file under the directory ``path`` (none when it is missing)."""
-        import modal.exception
         from modal.volume import FileEntryType
 
         try:
-            with _sdk_errors(self.name):
+            with _sdk_errors(self.name, path):
                 entries = self.volume.listdir(path, recursive=True)
-        except modal.exception.NotFoundError:
+        except FileNotFoundError:
             return []
         return [e.path for e in entries if e.type == FileEntryType.FILE]
 
     def remove(self, path: str) -> None:
         """Remove one file; ``FileNotFoundError`` when there is none."""
-        import modal.exception
-
-        try:
-            with _sdk_errors(self.name):
-                self.volume.remove_file(path)
-        except modal.exception.NotFoundError:
-            raise FileNotFoundError(path) from None
+        with _sdk_errors(self.name, path):
+            self.volume.remove_file(path)
 
     def reload(self) -> None:
         """Refresh this container's mount (``RuntimeError`` while a file is open)."""
         self.volume.reload()
 
-    def commit(self) -> None:
-        """Publish this container's writes to the mount (reloads it afterwards)."""
-        self.volume.commit()
 
-
-_LOCKS: dict[str, threading.Lock] = {}
-_LOCKS_GUARD = threading.Lock()
-
-
-def _process_lock(volume: str) -> threading.Lock:
-    with _LOCKS_GUARD:
-        return _LOCKS.setdefault(volume, threading.Lock())
+#: Makes ``put_if_absent`` exclusive among this process's threads (not across processes).
+_CREATE_LOCK = threading.Lock()
 
 
 def parse_volume_url(url: str) -> tuple[str, str, Optional[str]]:
@@ -128,11 +107,7 @@ def parse_volume_url(url: str) -> tuple[str, str, Optional[str]]:
     if prefix:
         check_prefix(prefix)
     query = parse_qs(parts.query)
-    unknown = sorted(set(query) - {"environment"})
-    if unknown:
-        raise ConfigError(
-            f"store URL {url!r}: unknown parameter(s) {unknown}; allowed: environment"
-        )
+    refuse_unknown(f"store URL {url!r}", query, ["environment"])
     env = query.get("environment", [None])[0]
     return parts.netloc, prefix, env
 
@@ -169,11 +144,7 @@ class ModalVolumeStore(ObjectStore):
     @classmethod
     def from_url(cls, url: str, **options: Any) -> ModalVolumeStore:
         name, prefix, env = parse_volume_url(url)
-        unknown = sorted(set(options) - {"environment"})
-        if unknown:
-            raise ConfigError(
-                f"unknown modal-volume store option(s) {unknown}; allowed: environment"
-            )
+        refuse_unknown("modal-volume store options", options, ["environment"])
         return cls(name, prefix, environment=options.get("environment") or env)
 
     def url(self) -> str:
@@ -214,7 +185,7 @@ class ModalVolumeStore(ObjectStore):
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         path = self._path(key)
-        with _process_lock(f"{self.environment}/{self.volume}"):
+        with _CREATE_LOCK:
             try:
                 self.seam.upload(path, bytes(data), overwrite=False)
             except FileExistsError:
