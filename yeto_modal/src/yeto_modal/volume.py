@@ -108,8 +108,7 @@ def parse_volume_url(url: str) -> tuple[str, str, Optional[str]]:
         check_prefix(prefix)
     query = parse_qs(parts.query)
     refuse_unknown(f"store URL {url!r}", query, ["environment"])
-    env = query.get("environment", [None])[0]
-    return parts.netloc, prefix, env
+    return parts.netloc, prefix, query.get("environment", [None])[0]
 
 
 class ModalVolumeStore(ObjectStore):
@@ -203,21 +202,15 @@ class ModalVolumeStore(ObjectStore):
         check_prefix(prefix)
         folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         inside = self._root.lstrip("/")  # listdir paths are relative to the volume root
-        keys = []
-        for path in self.seam.files((self._root + folder).rstrip("/") or "/"):
-            rel = path.lstrip("/")
-            if not rel.startswith(inside):
-                continue
-            key = rel[len(inside) :]
-            if key.startswith(prefix) and (after is None or key > after):
-                keys.append(key)
-        return iter(sorted(keys))
+        paths = (p.lstrip("/") for p in self.seam.files((self._root + folder).rstrip("/") or "/"))
+        keys = (p[len(inside) :] for p in paths if p.startswith(inside))
+        return iter(
+            sorted(k for k in keys if k.startswith(prefix) and (after is None or k > after))
+        )
 
     def delete(self, key: str) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.seam.remove(self._path(key))
-        except FileNotFoundError:
-            pass
 
 
 def reload_mount(seam: Any, *, attempts: int = 5, wait_s: float = 0.5, sleep=time.sleep) -> int:
