@@ -127,7 +127,8 @@ def test_modal_islands_learn_and_a_restarted_head_cancels_the_previous_calls(
     service = CallService(service_dir)
     request.addfinalizer(service.stop_all)  # no container outlives the test
     first = _head(service_dir, "run", "up", str(config))
-    deadline = time.monotonic() + 600
+    started = time.monotonic()
+    deadline = started + 600
     try:
         while True:
             assert first.poll() is None, first.stdout.read()[-4000:]
@@ -149,6 +150,7 @@ def test_modal_islands_learn_and_a_restarted_head_cancels_the_previous_calls(
     assert {"sampler-0-i0", "sampler-1-i0"} <= set(journal), journal
     assert sorted(service.running()) == left, "the killed head's calls keep running"
 
+    first_s, started = time.monotonic() - started, time.monotonic()
     second = _head(service_dir, "run", "up", str(config))
     try:
         out, _ = second.communicate(timeout=1800)
@@ -156,8 +158,11 @@ def test_modal_islands_learn_and_a_restarted_head_cancels_the_previous_calls(
         if second.poll() is None:
             second.kill()
     print(out[-4000:])
+    print(f"first head killed after {first_s:.0f} s (15 rounds), its calls {left}; "
+          f"second head {time.monotonic() - started:.0f} s")  # fmt: skip
     assert second.returncode == 0, out[-4000:]
     cancels = sorted(p.stem for p in service_dir.glob("*.cancelled"))
+    print(f"cancelled: {cancels}; ended: {[service.poll(c) for c in left]}")
     assert set(left) <= set(cancels), (left, cancels)  # each cancelled with terminate_containers
     assert all(service.poll(c)[0] != "pending" for c in left)  # and confirmed ended
     assert service.running() == [] and not list((run_dir / "modal").glob("*.json"))

@@ -38,12 +38,8 @@ class FunctionPlan:
     role: str
     group: str
     islands: tuple[str, ...]
-    gpu: Optional[str]
-    cpu: Optional[float]
-    memory: Optional[int]
-    timeout_s: int
-    region: Any
-    nonpreemptible: bool
+    #: gpu, cpu, memory, timeout, region, nonpreemptible: the keywords of ``app.function``
+    resources: dict[str, Any]
     image: tuple[tuple[str, Any], ...]  # (Image method, argument) in order
     volumes: dict[str, str]
     secrets: tuple[str, ...]
@@ -129,12 +125,14 @@ def plan(config: Any, plugins: Any) -> list[FunctionPlan]:
                 role=role,
                 group=group,
                 islands=islands,
-                gpu=gpu,
-                cpu=options.get("cpu"),
-                memory=options.get("memory"),
-                timeout_s=int(options.get("timeout_s", DEFAULT_TIMEOUT_S)),
-                region=options.get("region"),
-                nonpreemptible=bool(options.get("nonpreemptible", False)),
+                resources={
+                    "gpu": gpu,
+                    "cpu": options.get("cpu"),
+                    "memory": options.get("memory"),
+                    "timeout": int(options.get("timeout_s", DEFAULT_TIMEOUT_S)),
+                    "region": options.get("region"),
+                    "nonpreemptible": bool(options.get("nonpreemptible", False)),
+                },
                 image=image_steps(options, modules),
                 volumes=dict(options.get("volumes") or {}),
                 secrets=tuple(options.get("secrets") or ()),
@@ -158,9 +156,11 @@ def render(plans: list[FunctionPlan], app_name: str) -> list[str]:
         steps = "; ".join(f"{m} {' '.join(a) if isinstance(a, tuple) else a}" for m, a in p.image)
         islands = ", ".join(p.islands)
         vols = ", ".join(f"{k} <- {v}" for k, v in p.volumes.items()) or "none"
+        r = p.resources
         lines.append(
-            f"  {p.name} ({p.role}: {islands}): gpu {p.gpu or 'none'}, cpu {p.cpu or 0.125}, "
-            f"memory {p.memory or 128} MiB, timeout {p.timeout_s} s, region {p.region or 'any'}; "
+            f"  {p.name} ({p.role}: {islands}): gpu {r['gpu'] or 'none'}, cpu {r['cpu'] or 0.125}, "
+            f"memory {r['memory'] or 128} MiB, timeout {r['timeout']} s, "
+            f"region {r['region'] or 'any'}; "
             f"image: {steps}; volumes: {vols}; secrets: {', '.join(p.secrets) or 'none'} "
             f"(+ store credentials); ${p.usd_per_hour:.4f}/hour per island, "
             f"${p.usd_per_hour * len(p.islands):.4f}/hour for {len(p.islands)}"
@@ -205,25 +205,15 @@ def build(
     functions, kwargs = {}, {}
     for p in plans:
         image: Any = modal.Image
-        for method, arg in p.image:
-            if method == "debian_slim":
-                image = image.debian_slim(python_version=arg)
-            elif isinstance(arg, tuple):
-                image = getattr(image, method)(*arg)
-            else:
-                image = getattr(image, method)(arg)
+        for method, arg in p.image:  # each step's argument is its positional argument(s)
+            image = getattr(image, method)(*(arg if isinstance(arg, tuple) else (arg,)))
         secrets = [modal.Secret.from_name(s, environment_name=p.environment) for s in p.secrets]
         if creds is not None:
             secrets.append(creds)
         kw: dict[str, Any] = {
             "name": p.name,
             "image": image,
-            "gpu": p.gpu,
-            "cpu": p.cpu,
-            "memory": p.memory,
-            "timeout": p.timeout_s,
-            "region": p.region,
-            "nonpreemptible": p.nonpreemptible,
+            **p.resources,
             "volumes": {
                 path: modal.Volume.from_name(v, environment_name=p.environment)
                 for path, v in p.volumes.items()
