@@ -87,7 +87,7 @@ vllm-example: install vllm-venv
 
 # The examples' learning runs end to end (each several minutes on 2 cores; not in make test):
 # examples/vllm (real vLLM servers), examples/sglang (the protocol server standing in for SGLang),
-# examples/modal (island bodies through .local(), a head killed and restarted; ~35 min),
+# examples/modal (island bodies through .local(), a head killed and restarted; ~17 min),
 # the sky provider through a local double on loopback S3 with a preemption (~15 min),
 # examples/convert (a node slot converting between sampler and trainer; ~6-12 min).
 examples: install vllm-venv
