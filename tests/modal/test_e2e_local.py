@@ -77,7 +77,7 @@ def run_toml(store: str, run_dir: Path, base: Path) -> str:
 def s3(tmp_path):
     """SeaweedFS, not moto: on moto (one Python process, writes serialized, every listing
     a scan of the whole bucket) each store request took 50-400 ms by round 15 and a round
-    6-13 s; on SeaweedFS a round takes 2-3 s on the same loaded cores (docs/modal.md).
+    6-13 s; on SeaweedFS a round takes 2-4 s on the same loaded cores (docs/modal.md).
 
     SeaweedFS lists in directory-tree order, not S3's; every prefix this run lists is flat
     or sorts the same both ways, and the store checks the order of every listing (a
