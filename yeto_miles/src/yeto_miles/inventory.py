@@ -1,10 +1,5 @@
-"""Every Miles flag yeto sets, reads or refuses, and the Miles command line yeto builds.
-
-The inventory is the contract with Miles' argument parser
-(``miles/utils/arguments.py`` plus the Megatron flags Miles re-registers).
-``yeto miles doctor`` checks every flag here against the live parser; a test
-fails when :func:`miles_command` sets a flag the inventory lacks.
-"""
+"""Every Miles flag yeto sets or refuses, and the Miles command line yeto builds: the
+contract with Miles' argument parser that ``yeto miles doctor`` checks (docs/miles.md)."""
 
 from __future__ import annotations
 
@@ -32,15 +27,12 @@ POST_SAVE_HOOK = "yeto_miles.rollout.post_save_hook"
 
 @attrs.frozen
 class Flag:
-    """One Miles flag: ``sets`` (yeto passes it), ``reads`` (yeto reads it from ``args``)
-    or ``refuses`` (a user's ``miles_args`` may not hold it), and why."""
-
     name: str
-    role: str
+    role: str  # "sets" (yeto passes it) or "refuses" (a user's miles_args may not hold it)
     why: str
 
 
-#: name | role | why: ``sets`` (yeto passes it), ``refuses`` (not allowed in a user's ``miles_args``).
+#: name | role | why
 _TABLE = """
 --rollout-function-path | sets | Miles takes each round from yeto's rollout function (the durable buffer through yeto's batch reader) instead of generating it
 --custom-rollout-log-function-path | sets | Miles' rollout logging runs over the real samples only, plus padded_samples and padded_fraction
@@ -82,33 +74,26 @@ def flags_with_role(role: str) -> list[str]:
     return [name for name, f in FLAGS.items() if f.role == role]
 
 
+_PROBLEM = {
+    "refuses": "{}: yeto refuses it ({})",
+    "sets": "{}: yeto sets it itself ({}); remove it from miles_args",
+}
+
+
 def check_user_args(miles_args: Sequence[str]) -> list[str]:
     """Problems with a user's ``miles_args`` (flags yeto sets itself, or refuses)."""
-    problems = []
-    for arg in miles_args:
-        name = str(arg).split("=", 1)[0]
-        flag = FLAGS.get(name)
-        if flag is None:
-            continue
-        if flag.role == "refuses":
-            problems.append(f"{name}: yeto refuses it ({flag.why})")
-        elif flag.role == "sets":
-            problems.append(f"{name}: yeto sets it itself ({flag.why}); remove it from miles_args")
-    return problems
+    flags = [FLAGS.get(str(arg).split("=", 1)[0]) for arg in miles_args]
+    return [_PROBLEM[f.role].format(f.name, f.why) for f in flags if f is not None]
 
 
 def set_flags(command: Sequence[str], user_args: Sequence[str] = ()) -> list[str]:
     """The flags of ``command`` that yeto put there (the user's ``miles_args`` left out)."""
-    mine = list(command[: len(command) - len(user_args)] if user_args else command)
-    return [a for a in mine if str(a).startswith("--")]
+    return [a for a in command[: len(command) - len(user_args)] if str(a).startswith("--")]
 
 
 def miles_command(spec: Any, *, load_dir: str, custom_config: str) -> list[str]:
-    """The exact command line of a trainer incarnation (the user's ``miles_args`` last).
-
-    ``spec`` has ``python, entry, model_dir, save_dir, hf_template, num_rollout,
-    groups_per_round, group_size, seed, ref_load, routed_experts, rollout_form, miles_args``.
-    """
+    """The exact command line of a trainer incarnation (``spec``: a :class:`MilesBackend`),
+    the user's ``miles_args`` last."""
     rollout_form, miles_args = spec.rollout_form, spec.miles_args
     if rollout_form not in ("function", "class"):
         raise ConfigError(
