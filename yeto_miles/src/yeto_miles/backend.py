@@ -44,15 +44,16 @@ EXTRA_FILES = ("generation_config.json",)
 def weight_checksum(weight_dir: Path) -> str:
     """sha256 over (name, dtype, shape, bytes) of every tensor in ``weight_dir``, in name order."""
     import torch
-    from safetensors import safe_open
+    from safetensors.torch import load_file
 
     tensors: dict[str, Any] = {}
     for path in sorted(Path(weight_dir).glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
-                if name in tensors:
-                    raise ReleaseError(f"tensor {name!r} appears twice in {weight_dir}")
-                tensors[name] = f.get_tensor(name)
+        part = load_file(str(path))
+        if set(part) & set(tensors):
+            raise ReleaseError(
+                f"tensors {sorted(set(part) & set(tensors))} appear twice in {weight_dir}"
+            )
+        tensors.update(part)
     if not tensors:
         raise ReleaseError(f"{weight_dir} holds no *.safetensors weights to release")
     h = hashlib.sha256()

@@ -12,10 +12,7 @@ import attrs
 from yeto_core.errors import ConfigError
 
 #: The Miles commits the inventory was checked against (first, last), by reading the source.
-MILES_COMMITS = (
-    "31f1ca961a94cb860cec3b2dea34ec332bfa8f76",
-    "31f1ca961a94cb860cec3b2dea34ec332bfa8f76",
-)
+MILES_COMMITS = ("31f1ca961a94cb860cec3b2dea34ec332bfa8f76",) * 2
 MILES_COMMIT_DATE = "2026-08-21"
 
 #: The functions Miles imports from yeto (``module:attribute`` as Miles' path flags take them).
@@ -105,32 +102,34 @@ def miles_command(spec: Any, *, load_dir: str, custom_config: str) -> list[str]:
         raise ConfigError(
             "trainer.backend_options.miles_args: " + "; ".join(problems) + " (see docs/miles.md)"
         )
-    fn = ROLLOUT_FUNCTION if rollout_form == "function" else ROLLOUT_CLASS
-    pairs = [
-        ("--rollout-function-path", fn),
-        ("--custom-rollout-log-function-path", LOG_FUNCTION),
-        ("--custom-megatron-post-save-hook-path", POST_SAVE_HOOK),
-        ("--debug-train-only", None),
-        ("--debug-skip-weight-update", None),
-        ("--disable-rollout-global-dataset", None),
-        ("--disable-rollout-trim-samples", None),
-        ("--hf-checkpoint", os.path.abspath(spec.model_dir)),
-        ("--load", load_dir),
-        ("--save", spec.save_dir),
-        ("--save-interval", 1),
-        ("--save-hf", spec.hf_template),
-        ("--num-rollout", int(spec.num_rollout)),
-        ("--rollout-batch-size", int(spec.groups_per_round)),
-        ("--n-samples-per-prompt", int(spec.group_size)),
-        ("--global-batch-size", int(spec.groups_per_round) * int(spec.group_size)),
-        ("--custom-config-path", custom_config),
-        ("--seed", int(spec.seed)),
-    ]
+    flags = {  # True: a bare flag; None or False: left out
+        "--rollout-function-path": ROLLOUT_FUNCTION
+        if rollout_form == "function"
+        else ROLLOUT_CLASS,
+        "--custom-rollout-log-function-path": LOG_FUNCTION,
+        "--custom-megatron-post-save-hook-path": POST_SAVE_HOOK,
+        "--debug-train-only": True,
+        "--debug-skip-weight-update": True,
+        "--disable-rollout-global-dataset": True,
+        "--disable-rollout-trim-samples": True,
+        "--hf-checkpoint": os.path.abspath(spec.model_dir),
+        "--load": load_dir,
+        "--save": spec.save_dir,
+        "--save-interval": 1,
+        "--save-hf": spec.hf_template,
+        "--num-rollout": int(spec.num_rollout),
+        "--rollout-batch-size": int(spec.groups_per_round),
+        "--n-samples-per-prompt": int(spec.group_size),
+        "--global-batch-size": int(spec.groups_per_round) * int(spec.group_size),
+        "--custom-config-path": custom_config,
+        "--seed": int(spec.seed),
+        "--ref-load": spec.ref_load or None,
+        "--use-rollout-routing-replay": bool(spec.routed_experts),
+    }
     cmd = [str(spec.python), str(spec.entry)]
-    for flag, value in pairs:
-        cmd += [flag] if value is None else [flag, str(value)]
-    if spec.ref_load:
-        cmd += ["--ref-load", str(spec.ref_load)]
-    if spec.routed_experts:
-        cmd.append("--use-rollout-routing-replay")
+    for flag, value in flags.items():
+        if value is True:
+            cmd.append(flag)
+        elif value is not None and value is not False:
+            cmd += [flag, str(value)]
     return cmd + [str(a) for a in miles_args]
