@@ -34,8 +34,6 @@ NUM_ROLLOUT = 1_000_000
 STATE_FILE = "yeto_miles.json"
 TRACKER = "latest_checkpointed_iteration.txt"
 SIZES = ("group_size", "groups_per_round")
-
-
 #: Files of an export that a release carries besides ``config.json``.
 WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")
 EXTRA_FILES = ("generation_config.json",)
@@ -109,13 +107,7 @@ def base_fingerprint(model_dir: Path) -> str:
 
 def _link_tree(src: Path, dst: Path) -> None:
     """Hard-link (copy across file systems) every file of ``src`` under ``dst``."""
-    for path in sorted(Path(src).rglob("*")):
-        target = dst / path.relative_to(src)
-        if path.is_dir():
-            target.mkdir(parents=True, exist_ok=True)
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            link_or_copy(path, target)
+    shutil.copytree(src, dst, copy_function=link_or_copy, dirs_exist_ok=True)
 
 
 def _stop(proc: subprocess.Popen, bridge: Bridge, grace_s: float) -> None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import inspect
 import json
 import re
+from importlib import import_module
 from pathlib import Path
 from typing import Any, Optional
 
@@ -49,7 +49,7 @@ def _params(fn: Any) -> list[str]:
     return list(inspect.signature(fn).parameters)
 
 
-def describe(import_module: Any = importlib.import_module) -> dict[str, Any]:
+def describe() -> dict[str, Any]:
     """Describe the importable Miles; a part that does not import is an ``error``."""
     out: dict[str, Any] = {"sample": None, "classes": {}, "functions": {}, "flags": None}
     errors: dict[str, str] = {}
@@ -97,9 +97,9 @@ class Row:
     change: str = ""
 
 
-def compare(live: dict[str, Any], expected: Optional[dict[str, Any]] = None) -> list[Row]:
-    """One row per check of ``live`` against ``expected`` (the recorded description)."""
-    exp = expected or recorded()
+def compare(live: dict[str, Any]) -> list[Row]:
+    """One row per check of ``live`` against the recorded description."""
+    exp = recorded()
     was = f"at {exp.get('miles_commit', '?')[:9]}"
     rows = [
         Row(where, "FAIL", f"does not import: {err}", "run the doctor in the Miles image")
