@@ -276,19 +276,16 @@ class MilesBackend(TrainerBackend):
         if not state["from_base"]:
             load_dir, r = Path(cut_dir), int(state["rollout_id"])
             hf = load_dir / "hf"  # a cut without an export republishes the base, as it began
-            self.next_id, self.last_saved = (
-                r + 1,
-                {
-                    "rollout_id": r,
-                    "checkpoint_dir": str(load_dir / iter_name(r)),
-                    "hf_dir": str(hf if hf.is_dir() else self.model_dir),
-                },
-            )
+            self.next_id = r + 1
+            self.last_saved = {
+                "rollout_id": r,
+                "checkpoint_dir": str(load_dir / iter_name(r)),
+                "hf_dir": str(hf if hf.is_dir() else self.model_dir),
+            }
         else:
             shutil.rmtree(self.save_dir, ignore_errors=True)  # Miles starts from --hf-checkpoint
         bridge = self._launch(load_dir)
-        first = lambda: (bridge.requests() or [None])[0]  # noqa: E731
-        got = self._wait(first, "Miles' first rollout request", self.start_timeout_s)
+        got = self._wait(bridge.first_request, "Miles' first rollout request", self.start_timeout_s)
         if got != self.next_id:
             self.close()
             raise CutError(

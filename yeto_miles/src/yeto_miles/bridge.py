@@ -38,8 +38,10 @@ class Bridge:
         except NotFoundError:
             return None
 
-    def requests(self) -> list[int]:
-        return [int(k.rsplit("/", 1)[1][:8]) for k in self.store.list(self.key("requests") + "/")]
+    def first_request(self) -> Optional[int]:
+        """The lowest rollout id Miles asked for, or None before it asked."""
+        keys = sorted(self.store.list(self.key("requests") + "/"))
+        return int(keys[0].rsplit("/", 1)[1][:8]) if keys else None
 
     def close(self) -> None:
         self.store.put(self.key("closed"), b"closed")
@@ -48,7 +50,7 @@ class Bridge:
         return self.store.exists(self.key("closed"))
 
     def put_batch(self, rollout_id: int, batch: Any) -> None:
-        """The reader's batch for Miles' rollout ``rollout_id``: ``g<k>.st`` each, ``round.json`` last."""
+        """The reader's batch for Miles' rollout ``rollout_id``; ``round.json`` last."""
         base = self.key("batches", rollout_id, "")
         for k, g in enumerate(batch.groups):
             self.store.put(f"{base}/g{k:05d}.st", encode_group(g))

@@ -102,10 +102,9 @@ def miles_command(spec: Any, *, load_dir: str, custom_config: str) -> list[str]:
         raise ConfigError(
             "trainer.backend_options.miles_args: " + "; ".join(problems) + " (see docs/miles.md)"
         )
+    fn = ROLLOUT_FUNCTION if rollout_form == "function" else ROLLOUT_CLASS
     flags = {  # True: a bare flag; None or False: left out
-        "--rollout-function-path": ROLLOUT_FUNCTION
-        if rollout_form == "function"
-        else ROLLOUT_CLASS,
+        "--rollout-function-path": fn,
         "--custom-rollout-log-function-path": LOG_FUNCTION,
         "--custom-megatron-post-save-hook-path": POST_SAVE_HOOK,
         "--debug-train-only": True,
