@@ -6,8 +6,9 @@ no checkpoint in ``--load``); per rollout it calls the rollout function
 (legacy form, or the class form with ``RolloutFnConstructorInput``), then the
 custom rollout log function with the flattened samples, trains, saves
 (``--save-interval 1``: ``--save``/``iter_NNNNNNN/`` plus
-``latest_checkpointed_iteration.txt``, then the HF export to ``--save-hf``
-written by ``transformers``), calls the post-save hook on "rank 0", and exits
+``latest_checkpointed_iteration.txt``, then the HF export to ``--save-hf``:
+the weights and a ``config.json`` of the architecture keys only, for an export
+drops the base's other keys), calls the post-save hook on "rank 0", and exits
 after ``--num-rollout``. Its "training" is a deterministic update of one
 weight: a fixed step plus the group-normalized rewards times each sample's
 loss-mask sum, so padding (mask 0, reward 0) adds nothing to it.
@@ -31,6 +32,8 @@ from safetensors.torch import load_file, save_file
 LR = 0.01
 PARAM = "model.norm.weight"
 ARCH = (
+    "model_type",
+    "architectures",
     "vocab_size",
     "hidden_size",
     "intermediate_size",
@@ -92,10 +95,8 @@ def main() -> int:
         fn = fn(base.RolloutFnConstructorInput(args=args, data_source=None))
     log_fn = load_function(args.custom_rollout_log_function_path)
     hook = load_function(args.custom_megatron_post_save_hook_path)
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     base_conf = json.loads((Path(args.hf_checkpoint) / "config.json").read_text())
-    config = LlamaConfig(**{k: base_conf[k] for k in ARCH})  # an export rebuilds its config
+    export_conf = {k: base_conf[k] for k in ARCH if k in base_conf}  # an export rebuilds it
     for rollout_id in range(start, args.num_rollout):
         if args.fake_fail_at == rollout_id:
             print(f"fake miles: failing in rollout {rollout_id}", flush=True)
@@ -120,12 +121,13 @@ def main() -> int:
         state[PARAM] = state[PARAM] + LR * (1.0 + delta / args.global_batch_size)
         ckpt = save / f"iter_{rollout_id:07d}"
         ckpt.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in state.items()}, str(ckpt / "model.safetensors"))
+        weights = {k: v.contiguous() for k, v in state.items()}
+        save_file(weights, str(ckpt / "model.safetensors"))
         (save / "latest_checkpointed_iteration.txt").write_text(str(rollout_id))
         hf = Path(args.save_hf.format(rollout_id=rollout_id))
-        model = LlamaForCausalLM(config)
-        model.load_state_dict(state, strict=False)
-        model.save_pretrained(hf, safe_serialization=True)
+        hf.mkdir(parents=True, exist_ok=True)
+        save_file(weights, str(hf / "model.safetensors"), metadata={"format": "pt"})
+        (hf / "config.json").write_text(json.dumps(export_conf, indent=1))
         with open(log_path, "a") as f:
             f.write(json.dumps({
                 "rollout_id": rollout_id, "n": len(flat),

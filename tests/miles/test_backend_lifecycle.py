@@ -25,8 +25,7 @@ from yeto_core.records import StopReason
 from yeto_core.release import ReleaseStore
 from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
-from yeto_miles.backend import MilesBackend
-from yeto_miles.release import weight_checksum
+from yeto_miles.backend import MilesBackend, weight_checksum
 
 G, N = 2, 3
 

@@ -15,8 +15,13 @@ from yeto_core.errors import CutError
 from yeto_core.records import Trigger
 from yeto_core.release import ReleaseStore
 from yeto_core.stores.dir_store import DirStore
-from yeto_miles.backend import STATE_FILE, MilesBackend, iter_name
-from yeto_miles.release import publish_from_export, weight_checksum
+from yeto_miles.backend import (
+    STATE_FILE,
+    MilesBackend,
+    iter_name,
+    publish_from_export,
+    weight_checksum,
+)
 
 
 def _export(base_dir: Path, out: Path) -> Path:

@@ -1,22 +1,10 @@
-"""The ``miles`` trainer backend: Miles' trainer (Megatron) fed round by round by yeto.
-
-The trainer incarnation's driver (:class:`~yeto_core.lifecycle.DriverLifecycle`)
-takes each round with yeto's batch reader; this backend hands it to a Miles
-process it launched with yeto's plug-ins on Miles' path flags:
-
-- :meth:`restore` starts Miles (``--load`` the cut's ``iter_*`` checkpoint, or
-  the base) and waits for its first rollout request, which must be the cut's.
-- :meth:`train_round` puts the round on the bridge and returns once Miles'
-  post-save hook says it is trained and saved (``--save-interval 1``); only
-  then does the driver record the ledger and commit the watermark.
-- :meth:`publish_release` makes a release of the round's HF export.
-- :meth:`save_cut` writes the round's ``iter_*/``, Megatron's
-  ``latest_checkpointed_iteration.txt``, the HF export and ``yeto_miles.json``;
-  the core commits its manifest last.
-"""
+"""The ``miles`` trainer backend: Miles' trainer (Megatron) fed round by round by yeto, its
+releases from Miles' HF export and its cuts around Megatron's ``iter_*`` checkpoints
+(docs/miles.md: How a round flows, Releases, Cuts and resume)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -33,19 +21,75 @@ from typing import Any, Optional
 
 import attrs
 
-from yeto_core.errors import ConfigError, CutError
+from yeto_core.errors import ConfigError, CutError, ReleaseError
+from yeto_core.hf_release import copy_tokenizer_files, restore_dropped_keys
 from yeto_core.ports import TrainerBackend
 from yeto_core.records import ReleaseInfo, Trigger
 from yeto_miles import inventory
 from yeto_miles.bridge import Bridge
-from yeto_miles.release import publish_from_export
 
 CUT_FORMAT = 1
-#: ``--num-rollout`` unless set: yeto decides when training ends (``total_rounds`` is a
-#: target after which the trainer still drains the backlog), so Miles must not stop first.
+#: ``--num-rollout`` unless set: yeto decides when training ends, so Miles must not stop first.
 NUM_ROLLOUT = 1_000_000
 STATE_FILE = "yeto_miles.json"
 TRACKER = "latest_checkpointed_iteration.txt"
+SIZES = ("group_size", "groups_per_round")
+#: Files of an export that a release carries besides ``config.json``.
+WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")
+EXTRA_FILES = ("generation_config.json",)
+
+
+def weight_checksum(weight_dir: Path) -> str:
+    """sha256 over (name, dtype, shape, bytes) of every tensor in ``weight_dir``, in name order."""
+    import torch
+    from safetensors.torch import load_file
+
+    tensors: dict[str, Any] = {}
+    for path in sorted(Path(weight_dir).glob("*.safetensors")):
+        part = load_file(str(path))
+        if set(part) & set(tensors):
+            raise ReleaseError(
+                f"tensors {sorted(set(part) & set(tensors))} appear twice in {weight_dir}"
+            )
+        tensors.update(part)
+    if not tensors:
+        raise ReleaseError(f"{weight_dir} holds no *.safetensors weights to release")
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        h.update(name.encode())
+        h.update(str(t.dtype).encode())
+        h.update(repr(tuple(t.shape)).encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return "sha256:" + h.hexdigest()
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """Hard-link ``src`` to ``dst`` (a copy across file systems)."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def publish_from_export(export_dir: Path, base_dir: Path, out_dir: Path) -> ReleaseInfo:
+    """Write a release of ``export_dir`` (an HF export, or the base) into ``out_dir``."""
+    export_dir, base_dir, out_dir = Path(export_dir), Path(base_dir), Path(out_dir)
+    if not (export_dir / "config.json").is_file():
+        raise ReleaseError(
+            f"Miles' HF export {export_dir} has no config.json; check --save-hf and the Miles log"
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for path in sorted(export_dir.iterdir()):
+        if path.is_file() and (path.name.endswith(WEIGHT_SUFFIXES) or path.name in EXTRA_FILES):
+            link_or_copy(path, out_dir / path.name)
+    base_cfg = json.loads((base_dir / "config.json").read_text())
+    exported = json.loads((export_dir / "config.json").read_text())
+    merged = restore_dropped_keys(base_cfg, exported)
+    (out_dir / "config.json").write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
+    copy_tokenizer_files(base_dir, out_dir)
+    extra = {"restored_config_keys": sorted(set(merged) - set(exported))}
+    return ReleaseInfo(kind="full", weight_checksum=weight_checksum(out_dir), extra=extra)
 
 
 def iter_name(rollout_id: Any) -> str:
@@ -63,58 +107,39 @@ def base_fingerprint(model_dir: Path) -> str:
 
 def _link_tree(src: Path, dst: Path) -> None:
     """Hard-link (copy across file systems) every file of ``src`` under ``dst``."""
-    for path in sorted(Path(src).rglob("*")):
-        target = dst / path.relative_to(src)
-        if path.is_dir():
-            target.mkdir(parents=True, exist_ok=True)
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(path, target)
-        except OSError:
-            shutil.copyfile(path, target)
+    shutil.copytree(src, dst, copy_function=link_or_copy, dirs_exist_ok=True)
 
 
 def _stop(proc: subprocess.Popen, bridge: Bridge, grace_s: float) -> None:
-    try:
+    with contextlib.suppress(Exception):
         bridge.close()
-    except Exception:
-        pass
     for sig in (signal.SIGTERM, signal.SIGKILL):
         if proc.poll() is not None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
             os.killpg(proc.pid, sig)
             proc.wait(timeout=grace_s)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            continue
 
 
-def _from_run(name: str) -> Any:
-    """``group_size`` or ``groups_per_round`` from the run config in the store."""
+def _run_sizes() -> dict[str, Any]:
+    """``group_size`` and ``groups_per_round`` from the run config in the store (``YETO_STORE``)."""
     url = os.environ.get("YETO_STORE")
     if not url:
-        return None
+        return {}
     from yeto_core.plugins import get_plugins
     from yeto_core.run_store import read_config
 
     cfg = read_config(get_plugins().open_store(url))
-    return {
-        "group_size": cfg.samplers[0].group_size if cfg.samplers else None,
-        "groups_per_round": cfg.trainer.groups_per_round,
-    }[name]
-
-
-def _env(name: str, default: str) -> str:
-    return os.environ.get(name, default)
+    g = cfg.samplers[0].group_size if cfg.samplers else None
+    return {"group_size": g, "groups_per_round": cfg.trainer.groups_per_round}
 
 
 def _default_workdir() -> str:
     """The island's own scratch space (``.yeto-<island>-i<incarnation>-miles`` in its cwd)."""
     if "YETO_ISLAND" not in os.environ:
         return tempfile.mkdtemp(prefix="yeto-miles-")
-    island, inc = _env("YETO_ISLAND", "trainer"), _env("YETO_INCARNATION", "0")
-    return str(Path.cwd() / f".yeto-{island}-i{inc}-miles")
+    inc = os.environ.get("YETO_INCARNATION", "0")
+    return str(Path.cwd() / f".yeto-{os.environ['YETO_ISLAND']}-i{inc}-miles")
 
 
 @attrs.define(eq=False)
@@ -137,7 +162,7 @@ class MilesBackend(TrainerBackend):
     workdir: Path = attrs.field(factory=_default_workdir, converter=Path)
     bridge_url: Optional[str] = None
     bridge_prefix: str = attrs.field(
-        factory=lambda: f"trainer/{_env('YETO_INCARNATION', '0')}/miles"
+        factory=lambda: f"trainer/{os.environ.get('YETO_INCARNATION', '0')}/miles"
     )
     start_timeout_s: float = 3600.0
     round_timeout_s: float = 3600.0
@@ -147,53 +172,41 @@ class MilesBackend(TrainerBackend):
     proc: Optional[subprocess.Popen] = attrs.field(default=None, init=False)
     bridge: Optional[Bridge] = attrs.field(default=None, init=False)
     next_id: int = attrs.field(default=0, init=False)
+    #: The newest trained round's checkpoint (Miles' post-save message, or the restored cut's).
     last_saved: Optional[dict[str, Any]] = attrs.field(default=None, init=False)
-    restored: Optional[Path] = attrs.field(default=None, init=False)
-    restored_state: Optional[dict[str, Any]] = attrs.field(default=None, init=False)
     _finalizer: Any = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
-        missing = []
-        for name in ("group_size", "groups_per_round"):
-            value = getattr(self, name) or _from_run(name)
-            if not value:
-                missing.append(name)
-            setattr(self, name, int(value or 0))
+        run = {} if all(getattr(self, n) for n in SIZES) else _run_sizes()
+        for name in SIZES:
+            setattr(self, name, int(getattr(self, name) or run.get(name) or 0))
+        missing = [name for name in SIZES if not getattr(self, name)]
         if missing:
             raise ConfigError(
                 f"trainer.backend_options: {', '.join(missing)} not set and not found in the run "
                 "config ([[samplers]] group_size, [trainer] groups_per_round)"
             )
-        problems = inventory.check_user_args(self.miles_args)
-        if problems:
-            raise ConfigError("trainer.backend_options.miles_args: " + "; ".join(problems))
+        self.command()  # a ConfigError for a bad rollout_form or miles_args, before any start
         if self.bridge_url is None:
-            self.bridge_url = _env("YETO_STORE", str(self.workdir / "bridge"))
+            self.bridge_url = os.environ.get("YETO_STORE", str(self.workdir / "bridge"))
 
-    @property
-    def save_dir(self) -> Path:
-        return self.workdir / "megatron"
-
+    save_dir = property(lambda self: self.workdir / "megatron")
     hf_template = property(lambda self: str(self.workdir / "hf" / "{rollout_id}"))
     log_path = property(lambda self: self.workdir / "miles.log")
-
-    def custom_config(self) -> dict[str, Any]:
-        """What the plug-ins inside Miles read as ``args.yeto_*``."""
-        return {
-            "yeto_bridge_url": self.bridge_url,
-            "yeto_bridge_prefix": self.bridge_prefix,
-            "yeto_parent": f"{socket.gethostname()}:{os.getpid()}",
-            "yeto_wait_s": self.round_timeout_s * 24,
-            "yeto_poll_s": self.poll_s,
-        }
+    config_path = property(lambda self: self.workdir / "yeto_custom_config.yaml")
 
     def command(self, load_dir: Optional[Path] = None) -> list[str]:
         """The exact Miles command line of this incarnation (``--dry-run`` prints it)."""
         load = load_dir if load_dir is not None else self.save_dir
-        config = self.workdir / "yeto_custom_config.yaml"
-        return inventory.miles_command(self, load_dir=str(load), custom_config=str(config))
+        return inventory.miles_command(
+            self, load_dir=str(load), custom_config=str(self.config_path)
+        )
 
-    # -- the Miles process ----------------------------------------------------------------
+    def _wait(self, get: Any, what: str, timeout_s: float) -> Any:
+        assert self.bridge is not None
+        return self.bridge.wait(
+            get, what=what, timeout_s=timeout_s, alive=self._alive, poll_s=self.poll_s
+        )
 
     def _alive(self) -> Optional[str]:
         code = None if self.proc is None else self.proc.poll()
@@ -214,8 +227,14 @@ class MilesBackend(TrainerBackend):
         bridge = Bridge(get_plugins().open_store(self.bridge_url), self.bridge_prefix)
         for key in list(bridge.store.list(self.bridge_prefix + "/")):
             bridge.store.delete(key)  # a fresh channel per Miles process
-        cfg = json.dumps(self.custom_config(), indent=1) + "\n"  # JSON is YAML
-        (self.workdir / "yeto_custom_config.yaml").write_text(cfg)
+        custom = {  # what the plug-ins inside Miles read as args.yeto_*
+            "yeto_bridge_url": self.bridge_url,
+            "yeto_bridge_prefix": self.bridge_prefix,
+            "yeto_parent": f"{socket.gethostname()}:{os.getpid()}",
+            "yeto_wait_s": self.round_timeout_s * 24,
+            "yeto_poll_s": self.poll_s,
+        }
+        self.config_path.write_text(json.dumps(custom, indent=1) + "\n")  # JSON is YAML
         cmd = self.command(load_dir)
         (self.workdir / "miles_command.json").write_text(json.dumps(cmd, indent=1) + "\n")
         with open(self.log_path, "ab") as log:
@@ -244,8 +263,6 @@ class MilesBackend(TrainerBackend):
             self._finalizer()
         self._finalizer, self.proc = None, None
 
-    # -- port ----------------------------------------------------------------------------
-
     def restore(self, cut_dir: Optional[Path]) -> None:
         """Start Miles from the base (``cut_dir`` None) or from a cut's iter_* checkpoint."""
         if not (self.model_dir / "config.json").is_file():
@@ -254,22 +271,21 @@ class MilesBackend(TrainerBackend):
                 "the base as a Hugging Face checkpoint (it is Miles' --hf-checkpoint)"
             )
         load_dir: Optional[Path] = None
-        self.next_id, self.last_saved, self.restored, self.restored_state = 0, None, None, None
-        if cut_dir is not None:
-            self.restored = Path(cut_dir)
-            self.restored_state = state = self._read_state(self.restored)
-            if not state["from_base"]:
-                load_dir, self.next_id = self.restored, int(state["rollout_id"]) + 1
-        if load_dir is None:
+        self.next_id, self.last_saved = 0, None
+        state = {"from_base": True} if cut_dir is None else self._read_state(Path(cut_dir))
+        if not state["from_base"]:
+            load_dir, r = Path(cut_dir), int(state["rollout_id"])
+            hf = load_dir / "hf"  # a cut without an export republishes the base, as it began
+            self.next_id = r + 1
+            self.last_saved = {
+                "rollout_id": r,
+                "checkpoint_dir": str(load_dir / iter_name(r)),
+                "hf_dir": str(hf if hf.is_dir() else self.model_dir),
+            }
+        else:
             shutil.rmtree(self.save_dir, ignore_errors=True)  # Miles starts from --hf-checkpoint
         bridge = self._launch(load_dir)
-        got = bridge.wait(
-            lambda: (bridge.requests() or [None])[0],
-            what="Miles' first rollout request",
-            timeout_s=self.start_timeout_s,
-            alive=self._alive,
-            poll_s=self.poll_s,
-        )
+        got = self._wait(bridge.first_request, "Miles' first rollout request", self.start_timeout_s)
         if got != self.next_id:
             self.close()
             raise CutError(
@@ -281,10 +297,7 @@ class MilesBackend(TrainerBackend):
         path = cut / STATE_FILE
         state = json.loads(path.read_text()) if path.is_file() else {}
         tracker = (cut / TRACKER).read_text().strip() if (cut / TRACKER).is_file() else None
-        mine = {"format": CUT_FORMAT, "group_size": self.group_size,
-                "groups_per_round": self.groups_per_round,
-                "base_fingerprint": base_fingerprint(self.model_dir)}  # fmt: skip
-        for key, want in mine.items():
+        for key, want in self._identity().items():
             if state.get(key) != want:
                 raise CutError(
                     f"{path}: {key} is {state.get(key)!r}, this trainer has {want!r}; restore a cut "
@@ -306,12 +319,10 @@ class MilesBackend(TrainerBackend):
             raise RuntimeError("train_round before restore(); call restore(None) first")
         r, t0 = self.next_id, time.monotonic()
         bridge.put_batch(r, batch)
-        saved = bridge.wait(
-            lambda: bridge.get_json(bridge.saved_key(r)),
-            what=f"Miles to train and save round {r}",
-            timeout_s=self.round_timeout_s,
-            alive=self._alive,
-            poll_s=self.poll_s,
+        saved = self._wait(
+            lambda: bridge.get_json(bridge.key("saved", r)),
+            f"Miles to train and save round {r}",
+            self.round_timeout_s,
         )
         bridge.drop_batch(r)
         if self.last_saved is not None:  # only the newest round's checkpoint is kept here
@@ -327,50 +338,43 @@ class MilesBackend(TrainerBackend):
 
     def publish_release(self, out_dir: Path) -> ReleaseInfo:
         """The release of the last round's HF export (before the first: the cut's, or the base)."""
-        if self.last_saved is not None:
-            src = self._hf_dir()
-        elif self.restored is not None and (self.restored / "hf").is_dir():
-            src = self.restored / "hf"
-        else:
-            src = self.model_dir
+        src = self.model_dir if self.last_saved is None else self._hf_dir()
         return publish_from_export(src, self.model_dir, Path(out_dir))
+
+    def _identity(self) -> dict[str, Any]:
+        """What a cut shares with the trainer that may restore it."""
+        return {
+            "format": CUT_FORMAT,
+            "group_size": self.group_size,
+            "groups_per_round": self.groups_per_round,
+            "base_fingerprint": base_fingerprint(self.model_dir),
+        }
 
     def save_cut(self, out_dir: Path, trigger: Trigger) -> None:
         """Megatron's iter_* of the last round, its HF export, and ``yeto_miles.json``."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        state: dict[str, Any] = {
-            "format": CUT_FORMAT,
-            "backend": self.PLUGIN_NAME,
-            "trigger": Trigger(trigger).value,
-            "group_size": self.group_size,
-            "groups_per_round": self.groups_per_round,
-            "base_fingerprint": base_fingerprint(self.model_dir),
-            "miles_commits": list(inventory.MILES_COMMITS),
-            "from_base": True,
-            "rollout_id": -1,
-        }
-        if self.last_saved is not None:
-            r = int(self.last_saved["rollout_id"])
+        r = -1 if self.last_saved is None else int(self.last_saved["rollout_id"])
+        if r >= 0:  # a round trained here, or none since the restore: cut the restored one again
             ckpt, hf = Path(self.last_saved["checkpoint_dir"]), self._hf_dir()
-            tracker = self.save_dir / TRACKER
+            tracker = ckpt.parent / TRACKER  # Megatron's --save dir, or the restored cut
             said = tracker.read_text().strip() if tracker.is_file() else None
             if said != str(r) or not ckpt.is_dir():
                 raise CutError(
                     f"Megatron's {tracker} says {said!r} but round {r} was saved to {ckpt}; "
                     "the checkpoint is not complete (is --async-save on?)"
                 )
-        elif self.restored_state is not None and not self.restored_state["from_base"]:
-            assert self.restored is not None  # no round since the restore: cut it again
-            r = int(self.restored_state["rollout_id"])
-            ckpt, hf = self.restored / iter_name(r), self.restored / "hf"
-        else:
-            r = -1
-        if r >= 0:
             _link_tree(ckpt, out / iter_name(r))
-            if hf.is_dir():
+            if hf != self.model_dir and hf.is_dir():
                 _link_tree(hf, out / "hf")
             (out / TRACKER).write_text(f"{r}\n")
-            state.update(from_base=False, rollout_id=r)
-        state["trained_rounds"] = r + 1
+        state = dict(
+            self._identity(),
+            backend=self.PLUGIN_NAME,
+            trigger=Trigger(trigger).value,
+            miles_commits=list(inventory.MILES_COMMITS),
+            from_base=r < 0,
+            rollout_id=r,
+            trained_rounds=r + 1,
+        )
         (out / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")

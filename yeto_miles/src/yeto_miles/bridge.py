@@ -1,14 +1,5 @@
-"""The bridge between a trainer incarnation and the Miles process it launched.
-
-One object per message in an object store (the run's store, so Miles' Ray
-actors on other nodes reach it too), under ``<prefix>/``::
-
-    requests/<rollout_id:08d>.json     Miles' rollout function asks for a round
-    batches/<rollout_id:08d>/g<k>.st   the round's groups (yeto's group payload)
-    batches/<rollout_id:08d>/round.json   the round's record, written last
-    saved/<rollout_id:08d>.json        Miles trained and saved the round (post-save hook)
-    closed                             the incarnation is gone; Miles stops waiting
-"""
+"""The bridge between a trainer incarnation and its Miles process: one object per message
+in the run's store under ``<prefix>/`` (the layout is in docs/miles.md: How a round flows)."""
 
 from __future__ import annotations
 
@@ -33,19 +24,10 @@ class Bridge:
         self.store = store
         self.prefix = prefix.rstrip("/")
 
-    def key(self, *parts: str) -> str:
-        return "/".join((self.prefix, *parts))
-
-    def request_key(self, rollout_id: int) -> str:
-        return self.key("requests", f"{rollout_id:08d}.json")
-
-    def saved_key(self, rollout_id: int) -> str:
-        return self.key("saved", f"{rollout_id:08d}.json")
-
-    def batch_prefix(self, rollout_id: int) -> str:
-        return self.key("batches", f"{rollout_id:08d}")
-
-    # -- messages ---------------------------------------------------------------------
+    def key(self, kind: str, rollout_id: Optional[int] = None, ext: str = ".json") -> str:
+        """``<prefix>/<kind>``, or ``<prefix>/<kind>/<rollout_id:08d><ext>``."""
+        tail = "" if rollout_id is None else f"/{int(rollout_id):08d}{ext}"
+        return f"{self.prefix}/{kind}{tail}"
 
     def put_json(self, key: str, data: dict[str, Any]) -> None:
         self.store.put(key, json.dumps(data, sort_keys=True).encode())
@@ -56,8 +38,10 @@ class Bridge:
         except NotFoundError:
             return None
 
-    def requests(self) -> list[int]:
-        return [int(k.rsplit("/", 1)[1][:8]) for k in self.store.list(self.key("requests") + "/")]
+    def first_request(self) -> Optional[int]:
+        """The lowest rollout id Miles asked for, or None before it asked."""
+        keys = sorted(self.store.list(self.key("requests") + "/"))
+        return int(keys[0].rsplit("/", 1)[1][:8]) if keys else None
 
     def close(self) -> None:
         self.store.put(self.key("closed"), b"closed")
@@ -65,40 +49,34 @@ class Bridge:
     def is_closed(self) -> bool:
         return self.store.exists(self.key("closed"))
 
-    # -- rounds -----------------------------------------------------------------------
-
     def put_batch(self, rollout_id: int, batch: Any) -> None:
         """The reader's batch for Miles' rollout ``rollout_id``; ``round.json`` last."""
-        base = self.batch_prefix(rollout_id)
+        base = self.key("batches", rollout_id, "")
         for k, g in enumerate(batch.groups):
             self.store.put(f"{base}/g{k:05d}.st", encode_group(g))
         template = None
         if batch.padding_from is not None and batch.padding:
             pos, idx = batch.padding_from
             template = [list(batch.positions).index(pos), int(idx)]
-        self.put_json(
-            f"{base}/round.json",
-            {
-                "rollout_id": int(rollout_id),
-                "positions": [int(p) for p in batch.positions],
-                "policy_version": int(batch.policy_version),
-                "n_padding": len(batch.padding),
-                "padding_template": template,
-                "group_size": int(batch.group_size),
-                "groups_per_round": int(batch.groups_per_round),
-            },
-        )
+        record = {
+            "rollout_id": int(rollout_id),
+            "positions": [int(p) for p in batch.positions],
+            "policy_version": int(batch.policy_version),
+            "n_padding": len(batch.padding),
+            "padding_template": template,
+            "group_size": int(batch.group_size),
+            "groups_per_round": int(batch.groups_per_round),
+        }
+        self.put_json(f"{base}/round.json", record)
 
     def get_batch(self, rollout_id: int) -> Optional[dict[str, Any]]:
         """The round record with ``groups`` and ``padding`` loaded, or None before it is there."""
-        base = self.batch_prefix(rollout_id)
+        base = self.key("batches", rollout_id, "")
         rec = self.get_json(f"{base}/round.json")
         if rec is None:
             return None
-        groups = [
-            decode_group(self.store.get(f"{base}/g{k:05d}.st"), where=f"{base}/g{k:05d}.st")
-            for k in range(len(rec["positions"]))
-        ]
+        names = [f"{base}/g{k:05d}.st" for k in range(len(rec["positions"]))]
+        groups = [decode_group(self.store.get(n), where=n) for n in names]
         padding: tuple[Any, ...] = ()
         if rec["n_padding"]:
             g, idx = rec["padding_template"]
@@ -106,8 +84,8 @@ class Bridge:
         return dict(rec, groups=groups, padding=padding)
 
     def drop_batch(self, rollout_id: int) -> None:
-        base = self.batch_prefix(rollout_id)
-        self.store.delete(f"{base}/round.json")
+        base = self.key("batches", rollout_id, "")
+        self.store.delete(f"{base}/round.json")  # first: Miles never sees a round half gone
         for key in list(self.store.list(base + "/")):
             self.store.delete(key)
 
@@ -119,35 +97,30 @@ class Bridge:
         timeout_s: float,
         alive: Callable[[], Optional[str]] = lambda: None,
         poll_s: float = 0.2,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
     ) -> Any:
         """Poll ``get()`` until it returns something; ``alive()`` returns why the peer is gone."""
-        deadline = clock() + timeout_s
-        while True:
-            value = get()
-            if value is not None:
-                return value
+        deadline = time.monotonic() + timeout_s
+        while (value := get()) is None:
             gone = alive()
             if gone:
                 raise BridgeError(f"while waiting for {what}: {gone}")
-            if clock() > deadline:
+            if time.monotonic() > deadline:
                 raise BridgeError(
                     f"{what} did not come within {timeout_s:g} s (bridge {self.prefix}); "
                     "see the Miles log in the incarnation's work dir"
                 )
-            sleep(poll_s)
+            time.sleep(poll_s)
+        return value
 
 
 def parent_alive(parent: str) -> Optional[str]:
     """``"host:pid"`` of the trainer incarnation: why it is gone (same host only), or None."""
     host, _, pid = str(parent).rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return None
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return f"the trainer incarnation (pid {pid}) that launched Miles is gone"
-    except PermissionError:
-        return None
+    if host == socket.gethostname() and pid.isdigit():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return f"the trainer incarnation (pid {pid}) that launched Miles is gone"
+        except PermissionError:
+            pass
     return None

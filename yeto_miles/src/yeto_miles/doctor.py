@@ -1,21 +1,15 @@
-"""``yeto miles doctor``: does the installed Miles still fit yeto's adapter?
-
-:func:`describe` imports the live Miles and describes what yeto relies on:
-``Sample``'s fields and types, its ``Status`` values, the rollout input/output
-records, the default rollout log function's parameters and the option strings
-of Miles' argument parser. :func:`compare` checks a description against the
-one recorded from Miles' source at the pinned commit (``miles_interface.json``)
-and returns one row per check with what to change.
-"""
+"""``yeto miles doctor``: does the installed Miles still fit yeto's adapter? :func:`describe`
+reads the live Miles, :func:`compare` checks it against the description recorded at the
+pinned commit (``miles_interface.json``), one row per check (docs/miles.md)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import inspect
 import json
 import re
+from importlib import import_module
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,19 +19,9 @@ from yeto_miles import inventory
 
 RECORDED = Path(__file__).with_name("miles_interface.json")
 #: Sample fields yeto writes or reads; a change to one of them breaks the adapter.
-USED_FIELDS = (
-    "group_index",
-    "index",
-    "tokens",
-    "response_length",
-    "reward",
-    "loss_mask",
-    "weight_versions",
-    "rollout_log_probs",
-    "rollout_routed_experts",
-    "remove_sample",
-    "status",
-    "metadata",
+USED_FIELDS = tuple(
+    "group_index index tokens response_length reward loss_mask weight_versions "
+    "rollout_log_probs rollout_routed_experts remove_sample status metadata".split()
 )
 USED_STATUS = ("completed", "truncated", "aborted", "failed")
 _MODULE_PREFIX = re.compile(r"\b(?:[a-z_][a-z0-9_]*\.)+(?=[A-Z_])")
@@ -53,7 +37,7 @@ def type_name(tp: Any) -> str:
     if isinstance(tp, str):
         return tp
     if isinstance(tp, type) and not getattr(tp, "__args__", None):
-        return tp.__qualname__.rsplit(".", 1)[-1] if "." in tp.__qualname__ else tp.__qualname__
+        return tp.__qualname__.rsplit(".", 1)[-1]
     return _MODULE_PREFIX.sub("", str(tp))
 
 
@@ -65,7 +49,7 @@ def _params(fn: Any) -> list[str]:
     return list(inspect.signature(fn).parameters)
 
 
-def describe(import_module: Any = importlib.import_module) -> dict[str, Any]:
+def describe() -> dict[str, Any]:
     """Describe the importable Miles; a part that does not import is an ``error``."""
     out: dict[str, Any] = {"sample": None, "classes": {}, "functions": {}, "flags": None}
     errors: dict[str, str] = {}
@@ -113,9 +97,9 @@ class Row:
     change: str = ""
 
 
-def compare(live: dict[str, Any], expected: Optional[dict[str, Any]] = None) -> list[Row]:
-    """One row per check of ``live`` against ``expected`` (the recorded description)."""
-    exp = expected or recorded()
+def compare(live: dict[str, Any]) -> list[Row]:
+    """One row per check of ``live`` against the recorded description."""
+    exp = recorded()
     was = f"at {exp.get('miles_commit', '?')[:9]}"
     rows = [
         Row(where, "FAIL", f"does not import: {err}", "run the doctor in the Miles image")
@@ -125,7 +109,7 @@ def compare(live: dict[str, Any], expected: Optional[dict[str, Any]] = None) -> 
     if sample is not None:
         have, want = sample["fields"], exp["sample"]["fields"]
         for name in sorted(set(want) | set(have)):
-            bad, fix = ("FAIL", "adapt yeto_miles.convert") if name in USED_FIELDS else ("warn", "")
+            bad, fix = ("FAIL", "adapt yeto_miles.rollout") if name in USED_FIELDS else ("warn", "")
             if name not in have:
                 rows.append(Row(f"Sample.{name}", bad, f"missing (was {want[name]} {was})", fix))
             elif name not in want:
@@ -167,10 +151,9 @@ def render(rows: list[Row]) -> str:
     width = max((len(r.check) for r in rows), default=5)
     lines = [f"{'check':{width}}  status  found / what to change"]
     for r in rows:
-        line = f"{r.check:{width}}  {r.status:6}  {r.found}"
-        if r.change:
-            line += f"  -> {r.change}"
-        lines.append(line)
+        lines.append(
+            f"{r.check:{width}}  {r.status:6}  {r.found}" + (r.change and f"  -> {r.change}")
+        )
     fails = sum(r.status == "FAIL" for r in rows)
     lines.append(
         f"{fails} failing check(s) of {len(rows)}; recorded Miles "
@@ -197,10 +180,9 @@ def doctor_command() -> Any:
         """Check the installed Miles against what yeto's adapter relies on."""
         live = json.loads(Path(description).read_text()) if description else describe()
         rows = compare(live)
-        if as_json:
-            click.echo(json.dumps([attrs.asdict(r) for r in rows], indent=1))
-        else:
-            click.echo(render(rows))
+        click.echo(
+            json.dumps([attrs.asdict(r) for r in rows], indent=1) if as_json else render(rows)
+        )
         if any(r.status == "FAIL" for r in rows):
             raise SystemExit(1)
 

@@ -1,10 +1,5 @@
-"""Every Miles flag yeto sets, reads or refuses, and the Miles command line yeto builds.
-
-The inventory is the contract with Miles' argument parser
-(``miles/utils/arguments.py`` plus the Megatron flags Miles re-registers).
-``yeto miles doctor`` checks every flag here against the live parser; a test
-fails when :func:`miles_command` sets a flag the inventory lacks.
-"""
+"""Every Miles flag yeto sets or refuses, and the Miles command line yeto builds: the
+contract with Miles' argument parser that ``yeto miles doctor`` checks (docs/miles.md)."""
 
 from __future__ import annotations
 
@@ -17,10 +12,7 @@ import attrs
 from yeto_core.errors import ConfigError
 
 #: The Miles commits the inventory was checked against (first, last), by reading the source.
-MILES_COMMITS = (
-    "31f1ca961a94cb860cec3b2dea34ec332bfa8f76",
-    "31f1ca961a94cb860cec3b2dea34ec332bfa8f76",
-)
+MILES_COMMITS = ("31f1ca961a94cb860cec3b2dea34ec332bfa8f76",) * 2
 MILES_COMMIT_DATE = "2026-08-21"
 
 #: The functions Miles imports from yeto (``module:attribute`` as Miles' path flags take them).
@@ -32,15 +24,12 @@ POST_SAVE_HOOK = "yeto_miles.rollout.post_save_hook"
 
 @attrs.frozen
 class Flag:
-    """One Miles flag: ``sets`` (yeto passes it), ``reads`` (yeto reads it from ``args``)
-    or ``refuses`` (a user's ``miles_args`` may not hold it), and why."""
-
     name: str
-    role: str
+    role: str  # "sets" (yeto passes it) or "refuses" (a user's miles_args may not hold it)
     why: str
 
 
-#: name | role | why: ``sets`` (yeto passes it), ``refuses`` (not allowed in a user's ``miles_args``).
+#: name | role | why
 _TABLE = """
 --rollout-function-path | sets | Miles takes each round from yeto's rollout function (the durable buffer through yeto's batch reader) instead of generating it
 --custom-rollout-log-function-path | sets | Miles' rollout logging runs over the real samples only, plus padded_samples and padded_fraction
@@ -82,33 +71,26 @@ def flags_with_role(role: str) -> list[str]:
     return [name for name, f in FLAGS.items() if f.role == role]
 
 
+_PROBLEM = {
+    "refuses": "{}: yeto refuses it ({})",
+    "sets": "{}: yeto sets it itself ({}); remove it from miles_args",
+}
+
+
 def check_user_args(miles_args: Sequence[str]) -> list[str]:
     """Problems with a user's ``miles_args`` (flags yeto sets itself, or refuses)."""
-    problems = []
-    for arg in miles_args:
-        name = str(arg).split("=", 1)[0]
-        flag = FLAGS.get(name)
-        if flag is None:
-            continue
-        if flag.role == "refuses":
-            problems.append(f"{name}: yeto refuses it ({flag.why})")
-        elif flag.role == "sets":
-            problems.append(f"{name}: yeto sets it itself ({flag.why}); remove it from miles_args")
-    return problems
+    flags = [FLAGS.get(str(arg).split("=", 1)[0]) for arg in miles_args]
+    return [_PROBLEM[f.role].format(f.name, f.why) for f in flags if f is not None]
 
 
 def set_flags(command: Sequence[str], user_args: Sequence[str] = ()) -> list[str]:
     """The flags of ``command`` that yeto put there (the user's ``miles_args`` left out)."""
-    mine = list(command[: len(command) - len(user_args)] if user_args else command)
-    return [a for a in mine if str(a).startswith("--")]
+    return [a for a in command[: len(command) - len(user_args)] if str(a).startswith("--")]
 
 
 def miles_command(spec: Any, *, load_dir: str, custom_config: str) -> list[str]:
-    """The exact command line of a trainer incarnation (the user's ``miles_args`` last).
-
-    ``spec`` has ``python, entry, model_dir, save_dir, hf_template, num_rollout,
-    groups_per_round, group_size, seed, ref_load, routed_experts, rollout_form, miles_args``.
-    """
+    """The exact command line of a trainer incarnation (``spec``: a :class:`MilesBackend`),
+    the user's ``miles_args`` last."""
     rollout_form, miles_args = spec.rollout_form, spec.miles_args
     if rollout_form not in ("function", "class"):
         raise ConfigError(
@@ -121,31 +103,32 @@ def miles_command(spec: Any, *, load_dir: str, custom_config: str) -> list[str]:
             "trainer.backend_options.miles_args: " + "; ".join(problems) + " (see docs/miles.md)"
         )
     fn = ROLLOUT_FUNCTION if rollout_form == "function" else ROLLOUT_CLASS
-    pairs = [
-        ("--rollout-function-path", fn),
-        ("--custom-rollout-log-function-path", LOG_FUNCTION),
-        ("--custom-megatron-post-save-hook-path", POST_SAVE_HOOK),
-        ("--debug-train-only", None),
-        ("--debug-skip-weight-update", None),
-        ("--disable-rollout-global-dataset", None),
-        ("--disable-rollout-trim-samples", None),
-        ("--hf-checkpoint", os.path.abspath(spec.model_dir)),
-        ("--load", load_dir),
-        ("--save", spec.save_dir),
-        ("--save-interval", 1),
-        ("--save-hf", spec.hf_template),
-        ("--num-rollout", int(spec.num_rollout)),
-        ("--rollout-batch-size", int(spec.groups_per_round)),
-        ("--n-samples-per-prompt", int(spec.group_size)),
-        ("--global-batch-size", int(spec.groups_per_round) * int(spec.group_size)),
-        ("--custom-config-path", custom_config),
-        ("--seed", int(spec.seed)),
-    ]
+    flags = {  # True: a bare flag; None or False: left out
+        "--rollout-function-path": fn,
+        "--custom-rollout-log-function-path": LOG_FUNCTION,
+        "--custom-megatron-post-save-hook-path": POST_SAVE_HOOK,
+        "--debug-train-only": True,
+        "--debug-skip-weight-update": True,
+        "--disable-rollout-global-dataset": True,
+        "--disable-rollout-trim-samples": True,
+        "--hf-checkpoint": os.path.abspath(spec.model_dir),
+        "--load": load_dir,
+        "--save": spec.save_dir,
+        "--save-interval": 1,
+        "--save-hf": spec.hf_template,
+        "--num-rollout": int(spec.num_rollout),
+        "--rollout-batch-size": int(spec.groups_per_round),
+        "--n-samples-per-prompt": int(spec.group_size),
+        "--global-batch-size": int(spec.groups_per_round) * int(spec.group_size),
+        "--custom-config-path": custom_config,
+        "--seed": int(spec.seed),
+        "--ref-load": spec.ref_load or None,
+        "--use-rollout-routing-replay": bool(spec.routed_experts),
+    }
     cmd = [str(spec.python), str(spec.entry)]
-    for flag, value in pairs:
-        cmd += [flag] if value is None else [flag, str(value)]
-    if spec.ref_load:
-        cmd += ["--ref-load", str(spec.ref_load)]
-    if spec.routed_experts:
-        cmd.append("--use-rollout-routing-replay")
+    for flag, value in flags.items():
+        if value is True:
+            cmd.append(flag)
+        elif value is not None and value is not False:
+            cmd += [flag, str(value)]
     return cmd + [str(a) for a in miles_args]

@@ -1,10 +1,5 @@
-"""Entry point of yeto-miles (group ``yeto``, name ``miles``).
-
-Registers the ``miles`` trainer backend, the ``yeto miles doctor`` command and
-a preflight for runs with ``trainer.backend = "miles"`` that prints the exact
-Miles command line of the first trainer incarnation. Miles itself is needed
-only on the trainer image; nothing here imports it.
-"""
+"""Entry point of yeto-miles (group ``yeto``, name ``miles``): the ``miles`` trainer backend,
+``yeto miles doctor`` and the preflight of ``backend = "miles"`` runs (nothing imports Miles)."""
 
 from __future__ import annotations
 
@@ -34,17 +29,19 @@ def plan_backend(config: Any) -> Any:
     """The backend the first trainer incarnation of ``config`` builds (nothing is started)."""
     from yeto_miles.backend import MilesBackend
 
-    options = dict(config.trainer.backend_options)
-    options.setdefault("group_size", config.samplers[0].group_size if config.samplers else None)
-    options.setdefault("groups_per_round", config.trainer.groups_per_round)
-    options.setdefault("seed", config.seed)
-    options.setdefault(
-        "workdir", str(Path(config.run_dir).absolute() / "work" / f"{config.trainer.name}-i0-miles")
+    work = Path(config.run_dir).absolute() / "work" / f"{config.trainer.name}-i0-miles"
+    options = {
+        "group_size": config.samplers[0].group_size if config.samplers else None,
+        "groups_per_round": config.trainer.groups_per_round,
+        "seed": config.seed,
+        "workdir": str(work),
+        "bridge_url": config.store_url(),
+        "bridge_prefix": "trainer/0/miles",
+        **config.trainer.backend_options,
+    }
+    return MilesBackend(
+        options.pop("model_dir", str(Path(config.model.path).absolute())), **options
     )
-    options.setdefault("bridge_url", config.store_url())
-    options.setdefault("bridge_prefix", "trainer/0/miles")
-    model_dir = options.pop("model_dir", str(Path(config.model.path).absolute()))
-    return MilesBackend(model_dir, **options)
 
 
 @hookimpl
@@ -63,20 +60,16 @@ def yeto_preflight(config, report):
         )
     try:
         backend = plan_backend(config)
-    except TypeError as exc:
-        report.fail("miles.options", f"trainer.backend_options: {exc} (docs/miles.md lists them)")
-        return
-    except ConfigError as exc:
-        report.fail("miles.options", str(exc))
-        return
+    except (TypeError, ConfigError) as exc:
+        bad = isinstance(exc, TypeError)  # an unknown option
+        msg = f"trainer.backend_options: {exc} (docs/miles.md lists them)" if bad else str(exc)
+        return report.fail("miles.options", msg)
     cmd = backend.command()
     unknown = [f for f in inventory.set_flags(cmd, backend.miles_args) if f not in inventory.FLAGS]
     if unknown:
         report.fail("miles.inventory", f"yeto would set flags the inventory lacks: {unknown}")
-    report.ok(
-        "miles.command",
-        f"(incarnation 0, in {backend.miles_dir}) " + " ".join(shlex.quote(c) for c in cmd),
-    )
+    line = " ".join(shlex.quote(c) for c in cmd)
+    report.ok("miles.command", f"(incarnation 0, in {backend.miles_dir}) {line}")
     if importlib.util.find_spec("miles") is None:
         report.warn(
             "miles.install",

@@ -1,18 +1,7 @@
-"""What Miles imports from yeto through its path flags (runs inside Miles' processes).
-
-- ``--rollout-function-path yeto_miles.rollout.generate_rollout`` (legacy form,
-  every Miles rollout path) or ``yeto_miles.rollout.YetoRolloutFn`` (the class
-  form, built with ``RolloutFnConstructorInput``): asks the trainer
-  incarnation for round ``rollout_id`` through the bridge and returns it as
-  ``list[list[Sample]]``.
-- ``--custom-rollout-log-function-path yeto_miles.rollout.log_rollout_data``:
-  Miles' default rollout logging over the real samples only, plus
-  ``rollout/padded_samples`` and ``rollout/padded_fraction``.
-- ``--custom-megatron-post-save-hook-path yeto_miles.rollout.post_save_hook``:
-  tells the incarnation the round is trained and saved.
-
-yeto's settings arrive as ``args.yeto_*`` (``--custom-config-path``).
-"""
+"""What Miles imports from yeto through its path flags (runs inside Miles' processes): the
+rollout function in both forms, which turns yeto rounds into ``list[list[Sample]]`` (groups
+whole, padding marked), the rollout log function and the post-save hook. yeto's settings
+arrive as ``args.yeto_*`` (``--custom-config-path``); docs/miles.md."""
 
 from __future__ import annotations
 
@@ -21,11 +10,90 @@ import copy
 import importlib
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
+import numpy as np
+
+from yeto_core.records import Sample as YetoSample
 from yeto_miles.bridge import Bridge, BridgeError, parent_alive
-from yeto_miles.convert import flatten, is_padding, padding_metrics, to_miles_groups
+
+#: ``metadata`` key that marks a loss-free padding sample.
+PAD_KEY = "yeto_padding"
+
+
+def _sample(s: YetoSample, cls: type, gi: int, i: int, g: int, meta: Optional[dict]) -> Any:
+    """Sample ``i`` of Miles group ``gi`` (of ``g``); ``meta`` None makes it loss-free padding."""
+    pad = meta is None
+    routed = s.routed_experts
+    out = cls(
+        group_index=gi,
+        index=gi * g + i,
+        tokens=[int(t) for t in np.asarray(s.tokens)],
+        response_length=int(s.response_len),
+        reward=0.0 if pad else float(s.reward),
+        loss_mask=[0 if pad else int(m) for m in np.asarray(s.loss_mask)],
+        rollout_log_probs=[float(x) for x in np.asarray(s.logprobs, dtype=np.float64)],
+        rollout_routed_experts=None if routed is None else np.ascontiguousarray(routed, np.int32),
+        weight_versions=[str(int(s.weight_version))],
+        status=cls.Status(getattr(s.status, "value", s.status)),
+        remove_sample=pad,
+        metadata={PAD_KEY: True} if pad else dict(meta, yeto_sample=i),
+    )
+    if callable(getattr(out, "validate", None)):
+        out.validate()
+    return out
+
+
+def to_miles_groups(
+    groups: Sequence[Any],
+    positions: Sequence[int],
+    padding: Sequence[YetoSample],
+    *,
+    group_size: int,
+    rollout_id: int,
+    groups_per_round: int,
+) -> list[list[Any]]:
+    """The Miles groups of one round: real groups in position order, then padding groups."""
+    try:  # miles.utils.types needs only torch and numpy
+        cls = importlib.import_module("miles.utils.types").Sample
+    except ImportError as exc:
+        raise ImportError(
+            f"cannot import miles.utils.types ({exc}); the miles backend runs on the trainer "
+            "image where Miles is installed (docs/miles.md: building the trainer image)"
+        ) from exc
+    rows: list[tuple[Sequence[YetoSample], Optional[dict]]] = [
+        (g.samples, {"yeto_position": int(p), "yeto_group_id": g.group_id})
+        for g, p in zip(groups, positions, strict=True)
+    ]
+    rows += [(padding[k : k + group_size], None) for k in range(0, len(padding), group_size)]
+    out = []
+    for g, (samples, meta) in enumerate(rows):
+        if len(samples) != group_size:
+            raise ValueError(
+                f"a group of {len(samples)} samples (position {meta and meta['yeto_position']}) "
+                f"in a round of groups of {group_size}; the reader keeps only whole groups and "
+                "pads in whole groups"
+            )
+        gi = rollout_id * groups_per_round + g
+        out.append([_sample(s, cls, gi, i, group_size, meta) for i, s in enumerate(samples)])
+    return out
+
+
+def is_padding(sample: Any) -> bool:
+    return bool((getattr(sample, "metadata", None) or {}).get(PAD_KEY))
+
+
+def flatten(samples: Iterable[Any]) -> list[Any]:
+    return [x for s in samples for x in (flatten(s) if isinstance(s, list) else [s])]
+
+
+def padding_metrics(samples: Iterable[Any]) -> dict[str, float]:
+    """``rollout/padded_samples`` and ``rollout/padded_fraction`` of a round."""
+    flat = flatten(samples)
+    pad = float(sum(map(is_padding, flat)))
+    return {"rollout/padded_samples": pad, "rollout/padded_fraction": pad / max(len(flat), 1)}
+
 
 _BRIDGES: dict[tuple[str, str], Bridge] = {}
 
@@ -46,18 +114,12 @@ def bridge_of(args: Any) -> Bridge:
     return _BRIDGES[(url, prefix)]
 
 
-def next_round(
-    args: Any,
-    rollout_id: int,
-    *,
-    sample_cls: Optional[type] = None,
-    sleep: Callable[[float], None] = time.sleep,
-) -> list[list[Any]]:
+def next_round(args: Any, rollout_id: int) -> list[list[Any]]:
     """Ask for round ``rollout_id`` and wait until the incarnation hands it over."""
-    bridge = bridge_of(args)
+    bridge, r = bridge_of(args), int(rollout_id)
     bridge.put_json(
-        bridge.request_key(int(rollout_id)),
-        {"rollout_id": int(rollout_id), "host": socket.gethostname(), "time": time.time()},
+        bridge.key("requests", r),
+        {"rollout_id": r, "host": socket.gethostname(), "time": time.time()},
     )
     parent = str(getattr(args, "yeto_parent", ""))
 
@@ -67,42 +129,39 @@ def next_round(
         return parent_alive(parent)
 
     rec = bridge.wait(
-        lambda: bridge.get_batch(int(rollout_id)),
-        what=f"round {rollout_id} from the trainer incarnation",
+        lambda: bridge.get_batch(r),
+        what=f"round {r} from the trainer incarnation",
         timeout_s=float(getattr(args, "yeto_wait_s", 86400.0)),
         alive=alive,
         poll_s=float(getattr(args, "yeto_poll_s", 0.2)),
-        sleep=sleep,
     )
     g, n = int(rec["group_size"]), int(rec["groups_per_round"])
     want = (getattr(args, "rollout_batch_size", n), getattr(args, "n_samples_per_prompt", g))
     if want != (n, g):
         raise BridgeError(
             f"Miles runs --rollout-batch-size {want[0]} --n-samples-per-prompt {want[1]}, but "
-            f"yeto's round {rollout_id} holds {n} groups of {g}; start Miles through yeto"
+            f"yeto's round {r} holds {n} groups of {g}; start Miles through yeto"
         )
     return to_miles_groups(
         rec["groups"],
         rec["positions"],
         rec["padding"],
         group_size=g,
-        rollout_id=int(rollout_id),
+        rollout_id=r,
         groups_per_round=n,
-        cls=sample_cls,
     )
 
 
-def _no_eval() -> BridgeError:
-    return BridgeError(
-        "yeto's rollout function serves training rounds only; the trainer island runs no "
-        "engines to evaluate with (do not pass --eval-interval)"
-    )
+NO_EVAL = (
+    "yeto's rollout function serves training rounds only; the trainer island runs no "
+    "engines to evaluate with (do not pass --eval-interval)"
+)
 
 
 def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False):
     """Miles' legacy rollout form: the round as ``list[list[Sample]]``."""
     if evaluation:
-        raise _no_eval()
+        raise BridgeError(NO_EVAL)
     return next_round(args, rollout_id)
 
 
@@ -114,14 +173,10 @@ class YetoRolloutFn:
 
     async def __call__(self, input: Any) -> Any:
         if getattr(input, "evaluation", False):
-            raise _no_eval()
+            raise BridgeError(NO_EVAL)
         groups = await asyncio.to_thread(next_round, self.args, int(input.rollout_id))
         out = importlib.import_module("miles.rollout.base_types").RolloutFnTrainOutput
         return out(samples=groups, metrics=padding_metrics(groups))
-
-
-def _default_log() -> Callable[..., Any]:
-    return importlib.import_module("miles.ray.rollout.metrics").log_rollout_data
 
 
 def log_rollout_data(
@@ -130,20 +185,17 @@ def log_rollout_data(
     samples: Any,
     rollout_extra_metrics: Optional[dict[str, Any]],
     rollout_time: float,
-    *,
-    default: Optional[Callable[..., Any]] = None,
 ) -> bool:
     """Miles' default rollout logging over the real samples, plus the padding figures.
 
     Returns True: Miles skips its own logging (which would count the padding).
     """
     flat = flatten(samples)
-    real = [s for s in flat if not is_padding(s)]
-    extra = dict(rollout_extra_metrics or {})
-    extra.update(padding_metrics(flat))
+    extra = {**(rollout_extra_metrics or {}), **padding_metrics(flat)}
     quiet = copy.copy(args)
     quiet.custom_rollout_log_function_path = None  # the default logging, not this one again
-    (default or _default_log())(rollout_id, quiet, real, extra, rollout_time)
+    log = importlib.import_module("miles.ray.rollout.metrics").log_rollout_data
+    log(rollout_id, quiet, [s for s in flat if not is_padding(s)], extra, rollout_time)
     return True
 
 
@@ -151,13 +203,11 @@ def post_save_hook(
     args: Any, rollout_id: int, checkpoint_dir: str, hf_checkpoint_dir: Optional[str]
 ) -> None:
     """Rank 0, after Miles saved round ``rollout_id``: tell the incarnation where it is."""
-    bridge = bridge_of(args)
-    bridge.put_json(
-        bridge.saved_key(int(rollout_id)),
-        {
-            "rollout_id": int(rollout_id),
-            "checkpoint_dir": str(checkpoint_dir),
-            "hf_dir": None if hf_checkpoint_dir is None else str(hf_checkpoint_dir),
-            "time": time.time(),
-        },
-    )
+    bridge, r = bridge_of(args), int(rollout_id)
+    saved = {
+        "rollout_id": r,
+        "checkpoint_dir": str(checkpoint_dir),
+        "hf_dir": None if hf_checkpoint_dir is None else str(hf_checkpoint_dir),
+        "time": time.time(),
+    }
+    bridge.put_json(bridge.key("saved", r), saved)
