@@ -38,3 +38,27 @@ def test_example_dry_run_prints_the_plan_and_passes(tmp_path, monkeypatch, volum
     assert "FAIL" not in out
     assert not (tmp_path / "run" / "modal").exists()  # nothing was launched
     assert [c[0] for c in service.calls] == ["upload"]  # only the preflight probe
+
+
+def test_example_dry_run_offline_needs_no_token(tmp_path, monkeypatch):
+    """The real SDK and no Modal token: --offline skips the Volume probe, all else runs."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.modal.toml
+    for key in ("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET", "MODAL_PROFILE", "MODAL_CONFIG_PATH"):
+        monkeypatch.delenv(key, raising=False)
+    args = ["run", "up", str(EXAMPLE), "--run-dir", str(tmp_path / "run"), "--dry-run"]
+    res = CliRunner().invoke(cli, [*args, "--offline"])
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "[WARN] store: modal-volume://yeto-runs/modal-quickstart not probed (--offline)" in out
+    assert "yeto-sampler (sampler: sampler-0): gpu L4, cpu 4, memory 16384 MiB" in out
+    assert f"${round(hourly_usd('L4', 4, 16384), 4):.4f}/hour per island" in out
+    assert "FAIL" not in out
+    assert not (tmp_path / "run" / "modal").exists()
+
+
+def test_offline_without_dry_run_is_refused(tmp_path):
+    res = CliRunner().invoke(
+        cli, ["run", "up", str(EXAMPLE), "--run-dir", str(tmp_path / "run"), "--offline"]
+    )
+    assert res.exit_code == 2, res.output
+    assert "--offline only goes with --dry-run" in res.output

@@ -96,7 +96,13 @@ def status_table(s: dict[str, Any]) -> Any:
 @click.argument("config_path", metavar="CONFIG", type=click.Path())
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Overrides run_dir in CONFIG.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and the checks; start nothing.")
-def up(config_path: str, run_dir: Optional[str], dry_run: bool) -> None:
+@click.option(
+    "--offline",
+    is_flag=True,
+    help="With --dry-run: skip the store's write probe (the one check that needs the "
+    "store's service and its credentials); every other check runs.",
+)
+def up(config_path: str, run_dir: Optional[str], dry_run: bool, offline: bool) -> None:
     """Start the run of CONFIG (or continue it in its run dir).
 
     CONFIG is a run config (TOML), or RUN: a run dir a head already ran in
@@ -126,8 +132,12 @@ def up(config_path: str, run_dir: Optional[str], dry_run: bool) -> None:
         _dir, config = resolve_run(config_path)
     else:
         config = load_config(config_path, run_dir=run_dir)
+    if offline and not dry_run:
+        raise click.UsageError("--offline only goes with --dry-run: a run needs its store")
     plugins = get_plugins()
-    report = run_preflight(config, plugins)
+    report = run_preflight(config, plugins, store=not offline)
+    if offline:
+        report.warn("store", f"{config.store_url()} not probed (--offline)")
     click.echo(plan_text(config))
     click.echo("preflight:")
     click.echo(report.render())
