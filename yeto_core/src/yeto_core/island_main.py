@@ -102,11 +102,11 @@ class RecordingBackend(TrainerBackend):
     # the policy fingerprint (yeto_core.fingerprint) is recorded through the wrapper
     @property
     def vocab_size(self) -> Optional[int]:  # type: ignore[override]
-        return getattr(self.backend, "vocab_size", None)
+        return self.backend.vocab_size
 
     @property
     def weights_dtype(self) -> str:  # type: ignore[override]
-        return str(getattr(self.backend, "weights_dtype", "float32"))
+        return str(self.backend.weights_dtype)
 
     def prompt_logprobs(self, prompts: Any) -> Optional[list[list[float]]]:
         return self.backend.prompt_logprobs(prompts)

@@ -322,8 +322,7 @@ class PolicyFollower:
         if not raw:
             return "absent", None
         expected = fp.Fingerprint.from_json(raw)
-        score = getattr(self.engine, "prompt_logprobs", None)
-        measured = score([list(p) for p in expected.probes]) if score is not None else None
+        measured = self.engine.prompt_logprobs([list(p) for p in expected.probes])
         if measured is None:
             return "unsupported", None
         check = fp.compare(expected, measured, overrides=self.fingerprint_tolerance)
