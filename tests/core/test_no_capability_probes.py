@@ -26,7 +26,19 @@ def _port_members() -> set[str]:
     return names - {"PORT", "PLUGIN_NAME"}
 
 
+#: Names the core gives port objects (``engine``, ``self.buffer``, ``self._store``, ...).
+PORT_OBJECTS = {"engine", "backend", "buffer", "store", "provider", "lifecycle", "conversion"}
+
+
+def _name_of(node: ast.expr) -> str:
+    if isinstance(node, ast.Attribute):
+        return node.attr.lstrip("_")
+    return node.id.lstrip("_") if isinstance(node, ast.Name) else ""
+
+
 def _probes(source: str, members: set[str]) -> list[tuple[int, str]]:
+    """``getattr``/``hasattr`` with a literal attribute that is a port member, or any
+    literal attribute of an object named like a port (a capability the port lacks)."""
     out = []
     for node in ast.walk(ast.parse(source)):
         if (
@@ -35,7 +47,7 @@ def _probes(source: str, members: set[str]) -> list[tuple[int, str]]:
             and node.func.id in ("getattr", "hasattr")
             and len(node.args) >= 2
             and isinstance(node.args[1], ast.Constant)
-            and node.args[1].value in members
+            and (node.args[1].value in members or _name_of(node.args[0]) in PORT_OBJECTS)
         ):
             out.append((node.lineno, node.args[1].value))
     return out
@@ -47,6 +59,8 @@ def test_the_port_members_are_found():
     assert _probes('getattr(engine, "prompt_logprobs", None)\n', members) == [
         (1, "prompt_logprobs")
     ]
+    assert _probes('hasattr(self.engine, "restore_base")\n', members) == [(1, "restore_base")]
+    assert _probes('getattr(self._buffer, name)\ngetattr(os, "O_DIRECTORY", 0)\n', members) == []
 
 
 def test_no_core_module_probes_a_port_member_with_getattr():

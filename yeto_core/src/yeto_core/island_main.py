@@ -343,9 +343,8 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
     )
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: guard.request_stop())
-    if hasattr(engine, "add_restart_listener"):
-        # a restarted server got the current release back: check that it serves it
-        engine.add_restart_listener(lambda: follower.verify_served("engine server restarted"))
+    # a restarted server got the current release back: check that it serves it
+    engine.add_restart_listener(lambda: follower.verify_served("engine server restarted"))
     try:
         follower.poll()  # serve the newest release (if any) before the first round
         follower.start(poll_s=0.05 if scfg.sync_rounds else 0.2)

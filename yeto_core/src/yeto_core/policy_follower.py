@@ -365,7 +365,7 @@ class PolicyFollower:
             self.engine.rollback()
         elif self._current is not None:
             self.engine.load_release(self._current)
-        elif hasattr(self.engine, "restore_base"):
+        elif type(self.engine).implements("restore_base"):
             self.engine.restore_base()
         else:
             raise ReleaseError(
