@@ -99,7 +99,8 @@ examples: install vllm-venv
 	YETO_SOAK=1 $(BIN)/python -m pytest -q -s -p no:cacheprovider \
 	  tests/integration/test_vllm_example.py tests/sglang/test_example_learns.py \
 	  tests/modal/test_e2e_local.py tests/sky/test_e2e.py tests/nc/test_e2e_storm.py \
-	  tests/convert/test_convert_example.py
+	  tests/convert/test_convert_example.py \
+	  "tests/ports/test_islands_need_only_the_store.py::test_the_full_quickstart_learns_through_the_tempdir_provider"
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

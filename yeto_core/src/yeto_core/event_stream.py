@@ -110,7 +110,7 @@ class EventStream:
         self._lines = [ln for ln in existing.splitlines() if ln.strip()]
         self._dirty = False
         self._last_flush = self.clock()
-        root = store.local_root() if hasattr(store, "local_root") else None
+        root = store.local_root()
         #: the stream's file when the store keeps objects as local files (appends)
         self._file = None if root is None else root / stream_key(island)
         #: lines in the store after the last flush (None: the next flush puts them all)

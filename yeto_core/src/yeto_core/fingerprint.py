@@ -183,12 +183,11 @@ def for_backend(backend: Any) -> Optional[Fingerprint]:
     Needs ``backend.vocab_size`` and ``backend.prompt_logprobs`` (see
     :class:`~yeto_core.ports.TrainerBackend`); ``backend.weights_dtype`` picks the tolerance.
     """
-    vocab = getattr(backend, "vocab_size", None)
-    score = getattr(backend, "prompt_logprobs", None)
-    if not vocab or score is None:
+    vocab = backend.vocab_size
+    if not vocab:
         return None
     probes = probe_set(int(vocab))
-    out = score(probes)
+    out = backend.prompt_logprobs(probes)
     if out is None:
         return None
-    return record(lambda _p: out, probes, str(getattr(backend, "weights_dtype", "float32")))
+    return record(lambda _p: out, probes, str(backend.weights_dtype))

@@ -102,11 +102,11 @@ class RecordingBackend(TrainerBackend):
     # the policy fingerprint (yeto_core.fingerprint) is recorded through the wrapper
     @property
     def vocab_size(self) -> Optional[int]:  # type: ignore[override]
-        return getattr(self.backend, "vocab_size", None)
+        return self.backend.vocab_size
 
     @property
     def weights_dtype(self) -> str:  # type: ignore[override]
-        return str(getattr(self.backend, "weights_dtype", "float32"))
+        return str(self.backend.weights_dtype)
 
     def prompt_logprobs(self, prompts: Any) -> Optional[list[list[float]]]:
         return self.backend.prompt_logprobs(prompts)
@@ -343,9 +343,8 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
     )
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: guard.request_stop())
-    if hasattr(engine, "add_restart_listener"):
-        # a restarted server got the current release back: check that it serves it
-        engine.add_restart_listener(lambda: follower.verify_served("engine server restarted"))
+    # a restarted server got the current release back: check that it serves it
+    engine.add_restart_listener(lambda: follower.verify_served("engine server restarted"))
     try:
         follower.poll()  # serve the newest release (if any) before the first round
         follower.start(poll_s=0.05 if scfg.sync_rounds else 0.2)

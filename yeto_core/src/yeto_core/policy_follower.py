@@ -322,8 +322,7 @@ class PolicyFollower:
         if not raw:
             return "absent", None
         expected = fp.Fingerprint.from_json(raw)
-        score = getattr(self.engine, "prompt_logprobs", None)
-        measured = score([list(p) for p in expected.probes]) if score is not None else None
+        measured = self.engine.prompt_logprobs([list(p) for p in expected.probes])
         if measured is None:
             return "unsupported", None
         check = fp.compare(expected, measured, overrides=self.fingerprint_tolerance)
@@ -366,7 +365,7 @@ class PolicyFollower:
             self.engine.rollback()
         elif self._current is not None:
             self.engine.load_release(self._current)
-        elif hasattr(self.engine, "restore_base"):
+        elif type(self.engine).implements("restore_base"):
             self.engine.restore_base()
         else:
             raise ReleaseError(

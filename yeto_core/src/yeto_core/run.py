@@ -370,11 +370,11 @@ class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands):
         """Between ticks: at most ``tick_s``, less when the buffer changes (a group
         appended, a round committed: what the scheduler decides on). With an injected
         ``sleep`` (tests) it is that sleep. :returns: whether a change woke it early."""
-        if self.sleep is not time.sleep or not hasattr(self.buffer, "watch"):
+        if self.sleep is time.sleep and self._tick_watch is None:
+            self._tick_watch = self.buffer.watch()  # None: this buffer does not notify
+        if self._tick_watch is None:
             self.sleep(tick_s)
             return False
-        if self._tick_watch is None:
-            self._tick_watch = self.buffer.watch()
         return bool(self._tick_watch.wait(tick_s))
 
     def _fenced(self, say: Callable[[str], None], exc: BaseException) -> int:

@@ -165,8 +165,8 @@ class SamplerLoop:
                     "sampler_backlog_wait", backlog_groups=backlog.groups, cap=self.backlog_cap
                 )
                 announced = True
-            if watch is None and hasattr(self.buffer, "watch"):
-                watch = self.buffer.watch()  # wakes on the trainer's commit
+            if watch is None:
+                watch = self.buffer.watch()  # wakes on the trainer's commit (None: poll)
             with stage("sampler.wait_backlog"):
                 if watch is not None:
                     watch.wait(self.backlog_poll_s)

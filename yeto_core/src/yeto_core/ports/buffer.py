@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 from yeto_core.ports.base import Port, accepts
-from yeto_core.ports.store import ObjectStore
+from yeto_core.ports.store import ObjectStore, Watch
 from yeto_core.records import (
     Backlog,
     BufferRound,
@@ -206,6 +206,12 @@ class DurableSampleBuffer(Port):
     def append_many(self, groups: Sequence[SampleGroup]) -> list[int]:
         """Append several groups; default: :meth:`append` each in order."""
         return [self.append(g) for g in groups]
+
+    def watch(self) -> Optional[Watch]:
+        """A :class:`~yeto_core.stores.watch.Watch` that wakes when the buffer may have
+        changed (a group appended, a round committed), or None (the default): the head
+        and the samplers then poll at their usual intervals."""
+        return None
 
     def entries(self, start: int = 0) -> list[GroupEntry]:
         """Every entry from ``start`` on (O(history): summaries, ``yeto ledger replay``)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
 from yeto_core.ports.base import Port, _with_model_and_seed
@@ -125,6 +125,18 @@ class SamplerEngine(Port):
         engine cannot fingerprint: releases load unverified, and the events say so.
         """
         return None
+
+    def restore_base(self) -> None:
+        """Serve the base model again (a refused first release, with no rollback).
+
+        Optional: when ``type(engine).implements("restore_base")`` is False and there is
+        neither :meth:`rollback` nor a previous release, the follower stops the sampler.
+        """
+        raise NotImplementedError(f"the {self.PLUGIN_NAME!r} engine cannot restore its base")
+
+    def add_restart_listener(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` after the engine's server restarted and got the current release back
+        (the island then checks what it serves). Default: nothing (no server restarts)."""
 
 
 class Task(Port):
