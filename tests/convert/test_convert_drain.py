@@ -128,7 +128,9 @@ def test_a_round_past_the_bound_is_abandoned_counted_and_never_appended() -> Non
     assert buffer.head_position == 3  # round 0 only; nothing of the abandoned round
 
 
-def test_an_append_in_progress_at_the_bound_lands_whole_and_the_rest_is_counted() -> None:
+def test_a_call_in_progress_at_the_bound_lands_whole_through_the_ports_default_commit() -> None:
+    # MemoryBuffer's append_many is the port's default (append each in order): the call
+    # in progress when the bound passes still lands whole and every group is counted
     engine, buffer, clock = GatedEngine(gate_round=-1), GatedBuffer(gate_at=4), Clock()
     loop, guard, events, exited = _setup(engine, buffer, clock)
     t = _run(loop, guard)
@@ -139,12 +141,14 @@ def test_an_append_in_progress_at_the_bound_lands_whole_and_the_rest_is_counted(
     while not guard.buffer.closed:  # the watchdog saw the deadline: no new append starts
         assert not deadline.wait(0.01) and t.is_alive()
     buffer.go.set()
-    assert exited.wait(WAIT)
     t.join(WAIT)
+    assert not t.is_alive()
     d = _drained(events)
-    assert (d["finished"], d["abandoned"]) == (1, 1)
-    assert buffer.head_position == 5  # 3 + the two whole groups; the third never appended
-    assert [g.group_id for g in buffer.groups][-1].endswith(f"p{loop.offset + 4}")
+    # the call (round 1) was committing at the stop: its 3 groups count as finished
+    # after the stop (finished + abandoned = the round in flight)
+    assert (d["finished"], d["abandoned"]) == (3, 0)
+    assert buffer.head_position == 6  # both rounds whole; no round started after the stop
+    assert [g.group_id for g in buffer.groups][-1].endswith(f"p{loop.offset + 5}")
 
 
 def test_a_sampler_stopped_while_its_engine_starts_reports_nothing_in_flight(tmp_path) -> None:
@@ -182,3 +186,91 @@ def test_a_sampler_stopped_while_its_engine_starts_reports_nothing_in_flight(tmp
     assert run_island(launch.env, plugins) == 0
     drained = [e.data for e in read_events(store, "sampler-0") if e.kind == "sampler_drained"]
     assert drained == [{"incarnation": 3, "finished": 0, "abandoned": 0, "before_loop": True}]
+
+
+class BatchRecordingBuffer(MemoryBuffer):
+    """Records each ``append_many`` call; the ``gate_call``-th (0-based) waits for ``go``;
+    ``fail_after`` (if set) makes a call land that many new groups, then raise."""
+
+    def __init__(self, gate_call: int = -1, fail_after: int = -1) -> None:
+        super().__init__()
+        self.calls: list[list[str]] = []
+        self.gate_call, self.fail_after = gate_call, fail_after
+        self.entered, self.go = threading.Event(), threading.Event()
+        self.failing = False
+
+    def append(self, group):
+        if self.failing and group.group_id not in self._ids:
+            raise OSError(28, "No space left on device")
+        return super().append(group)
+
+    def append_many(self, groups):
+        self.calls.append([g.group_id for g in groups])
+        if len(self.calls) - 1 == self.gate_call:
+            self.entered.set()
+            assert self.go.wait(WAIT)
+            if self.fail_after >= 0:
+                for g in groups[: self.fail_after]:
+                    super().append(g)
+                self.failing = True
+                raise OSError(28, "No space left on device")
+        return [super(BatchRecordingBuffer, self).append(g) for g in groups]
+
+
+def test_a_calls_groups_go_to_the_buffer_in_one_group_commit() -> None:
+    engine, buffer, clock = GatedEngine(gate_round=2), BatchRecordingBuffer(), Clock()
+    loop, guard, events, exited = _setup(engine, buffer, clock)
+    t = _run(loop, guard)
+    assert engine.entered.wait(WAIT)  # rounds 0 and 1 appended
+    guard.request_stop()
+    engine.go.set()
+    t.join(WAIT)
+    assert [len(c) for c in buffer.calls] == [3, 3, 3]  # one append_many per call
+    assert _drained(events) == {
+        "incarnation": 1, "finished": 3, "abandoned": 0, "bound_s": 5.0,
+        "seconds": _drained(events)["seconds"],
+    }  # fmt: skip
+    assert buffer.head_position == 9
+
+
+def test_a_group_commit_in_progress_at_the_bound_lands_whole_and_counts_every_group() -> None:
+    engine, buffer, clock = GatedEngine(gate_round=-1), BatchRecordingBuffer(gate_call=1), Clock()
+    loop, guard, events, exited = _setup(engine, buffer, clock)
+    t = _run(loop, guard)
+    assert buffer.entered.wait(WAIT)  # round 1's group commit in progress
+    guard.request_stop()
+    clock.t = 6.0  # the bound passed during the commit
+    deadline = threading.Event()
+    while not guard.buffer.closed:
+        assert not deadline.wait(0.01) and t.is_alive()
+    buffer.go.set()
+    t.join(WAIT)
+    assert not t.is_alive()
+    # the round is complete: the watchdog or the loop's end reports it (whichever takes
+    # the lock first; the same report either way)
+    d = _drained(events)
+    assert (d["finished"], d["abandoned"]) == (3, 0)
+    assert buffer.head_position == 6
+    assert len(buffer.calls) == 2  # nothing started after the bound
+
+
+def test_a_group_commit_that_fails_part_way_counts_exactly_the_groups_that_landed() -> None:
+    engine, buffer, clock = (
+        GatedEngine(gate_round=-1),
+        BatchRecordingBuffer(gate_call=1, fail_after=2),
+        Clock(),
+    )
+    loop, guard, events, exited = _setup(engine, buffer, clock)
+    t = _run(loop, guard)
+    assert buffer.entered.wait(WAIT)
+    guard.request_stop()
+    clock.t = 6.0
+    deadline = threading.Event()
+    while not guard.buffer.closed:
+        assert not deadline.wait(0.01) and t.is_alive()
+    buffer.go.set()  # two of the call's three groups land, then the disk is full
+    assert exited.wait(WAIT)
+    t.join(WAIT)
+    d = _drained(events)
+    assert (d["finished"], d["abandoned"]) == (2, 1)
+    assert buffer.head_position == 5

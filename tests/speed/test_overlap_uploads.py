@@ -1,5 +1,6 @@
-"""A round's release upload overlapping the next round: the same releases, in order, and
-every trained round published when ``train`` returns."""
+"""A round's release upload overlapping the next round (and the head's turn after a
+``train`` command): the same releases, in order; every trained round is published
+before the next ``train`` or ``drain`` returns, and a failed upload fails it."""
 
 from __future__ import annotations
 
@@ -41,10 +42,10 @@ def test_overlapped_uploads_publish_the_same_releases(tmp_path):
         store, lc, _ = _setup(tmp_path, f"o{overlap}", overlap=overlap)
         lc.start(0)
         assert lc.train(4) == 4
+        lc.drain(StopReason.FINISHED)  # waits for the last upload
         rs = ReleaseStore(store)
-        assert rs.latest().version == 4  # published before train returned
+        assert rs.latest().version == 4
         got[overlap] = [(r.version, r.seq, r.weight_checksum) for r in rs.list()]
-        lc.drain(StopReason.FINISHED)
         lc.release()
     assert got[True] == got[False]
     assert [v for v, _, _ in got[True]] == [0, 1, 2, 3, 4]
@@ -78,6 +79,7 @@ def test_the_next_round_trains_while_the_upload_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(lc, "_train_one", one)
     assert lc.train(2) == 2
     assert _SlowReleases.trained_while_uploading
+    lc.drain(StopReason.FINISHED)  # waits for the last upload
     assert ReleaseStore(store).latest().version == 2
 
 
@@ -93,4 +95,53 @@ def test_a_failed_background_upload_fails_the_round(tmp_path):
     lc.start(0)
     with pytest.raises(TrainerFailedError, match="No space left"):
         lc.train(4)
+    assert any(e.kind == "trainer_failed" for e in events)
+
+
+class _GatedLastRelease(ReleaseStore):
+    """The upload of release 2 blocks until the test lets it go."""
+
+    gate = threading.Event()
+
+    def publish(self, local_dir, info):
+        if info["version"] == 2:
+            assert type(self).gate.wait(30)
+        return super().publish(local_dir, info)
+
+
+def test_train_answers_while_its_last_upload_runs_and_drain_waits_for_it(tmp_path):
+    store, lc, _ = _setup(tmp_path, "gated", overlap=True, releases_cls=_GatedLastRelease)
+    lc.start(0)
+    assert lc.train(2) == 2  # returns with release 2 still uploading (the head's turn)
+    assert ReleaseStore(store).latest().version == 1
+    done = threading.Event()
+
+    def drain():
+        lc.drain(StopReason.FINISHED)
+        done.set()
+
+    t = threading.Thread(target=drain, daemon=True)
+    t.start()
+    assert not done.wait(0.2)  # the cut waits for the upload
+    _GatedLastRelease.gate.set()
+    t.join(30)
+    assert done.is_set() and ReleaseStore(store).latest().version == 2
+
+
+class _BrokenLastRelease(ReleaseStore):
+    def publish(self, local_dir, info):
+        if info["version"] == 2:
+            raise OSError(28, "No space left on device")
+        return super().publish(local_dir, info)
+
+
+def test_a_failed_last_upload_fails_the_next_command_before_it_trains(tmp_path):
+    _, lc, events = _setup(tmp_path, "broken-last", overlap=True, releases_cls=_BrokenLastRelease)
+    lc.start(0)
+    assert lc.train(2) == 2
+    lc._upload_pending.exception(30)  # (the upload has failed by now)
+    trained = lc.counters.trained_rounds
+    with pytest.raises(TrainerFailedError, match="No space left"):
+        lc.train(2)
+    assert lc.counters.trained_rounds == trained  # nothing trained after the failure
     assert any(e.kind == "trainer_failed" for e in events)

@@ -5,8 +5,10 @@ the trainer, a scale-down, the end of the run), its loop stops dispensing prompt
 and the round in flight goes on. :class:`DrainGuard` bounds that wait: if the round
 has not finished ``bound_s`` after the stop, the island abandons it, reports how
 many in-flight groups it abandoned, flushes its event stream and exits at once.
-Groups are appended one whole group at a time (payload, then its index record), so
-an abandoned group is never half-appended: it is absent from the buffer. Every
+A call's groups go to the buffer as one group commit (``append_many``: the payloads,
+then their index records), counted per group; a commit in progress when the bound
+passes lands whole, and an abandoned group is never half-appended: it is absent
+from the buffer. Every
 stop ends with one ``sampler_drained`` event on the island's stream::
 
     {"incarnation": k, "finished": groups of the in-flight round appended after
@@ -51,9 +53,27 @@ class _CountingBuffer:
         return out
 
     def append_many(self, groups: Any) -> list[Any]:
-        # one group at a time: the P0-S count stays exact per group (a group commit of
-        # the whole call would land or be abandoned as one)
-        return [self.append(g) for g in groups]
+        """The whole call as one group commit (the buffer's ``append_many``), counted.
+
+        Under the guard's lock, like :meth:`append`: an abandoning exit waits for a
+        commit in progress, which then lands whole and counts every group. If the
+        commit raises part way, the groups are appended again one at a time (an
+        append of a group already there returns its position), so exactly the
+        groups that landed are counted and the first one that cannot land raises.
+        """
+        groups = list(groups)
+        with self._lock:
+            if self.closed:
+                raise Abandoned(f"groups {groups[0].group_id}...: the drain bound passed")
+            try:
+                out = list(self._buffer.append_many(groups))
+            except Exception:
+                for g in groups:  # count what landed; the first that cannot land raises
+                    self._buffer.append(g)
+                    self.appended += 1
+                raise
+            self.appended += len(groups)
+        return out
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._buffer, name)

@@ -72,11 +72,11 @@ BASELINES = {
     "no throttle, backlog cap 64) append while the torch trainer island trains rounds of 16 "
     "groups under S1 (policy-age gate 3), with durability (fsynced buffer, ledger, "
     "consumed.json), a release per round (export, fingerprint, manifest) that the samplers "
-    "fetch, verify and load; head tick 0.1 s, rounds_per_tick 2; every wait wakes on the store's "
+    "fetch, verify and load; head tick 0.1 s, up to rounds_per_tick rounds per train command (the JSON's `rounds_per_tick`); every wait wakes on the store's "
     "watch (inotify on the dir store) or its poll interval",
     "sync": "the same run with samplers[].sync_rounds (each island waits, woken by its follower's "
     "load, until it serves the policy trained on its previous call; 2 x 8 groups = one round), "
-    "the always-on scheduler and the same head settings (tick 0.1 s, rounds_per_tick 2)",
+    "the always-on scheduler and the same head settings (tick 0.1 s, the same rounds_per_tick)",
     "plain": "benchmarks/plain_loop.py: 2 sampler processes and 1 trainer process of the same "
     "engine/backend classes and hyperparameters passing group files and releases through a "
     "directory; bounded queue (backlog cap 64, files taken only as a round needs them), "
@@ -96,6 +96,7 @@ def e2e_config(
     samplers: int = 2,
     async_min_round_s: float = 0.0,
     store: str = "",
+    rounds_per_tick: int = 2,
 ) -> str:
     """The TOML of one e2e run (``mode``: ``async`` or ``sync``; ``store``: its URL, empty:
     the run dir's ``store/``)."""
@@ -110,7 +111,9 @@ def e2e_config(
     per_call = groups_per_round // samplers if sync else 8
     scheduler = "always-on" if sync else "s1"
     # the same head settings for both modes (sync trains one round per command anyway)
-    options = "options = { start_seconds_fallback = 3.0, rounds_per_tick = 2 }"
+    options = (
+        f"options = {{ start_seconds_fallback = 3.0, rounds_per_tick = {int(rounds_per_tick)} }}"
+    )
     return bench_run_toml(
         comment=f"yeto bench e2e run ({mode}, generated from the tuned quickstart)",
         name=f"e2e-{mode}",
@@ -219,6 +222,7 @@ def run_mode(
     async_min_round_s: float = 0.0,
     store_latency_ms: Optional[float] = None,
     remote_store: bool = False,
+    rounds_per_tick: int = 2,
 ) -> dict[str, Any]:
     """One run of ``mode`` until the target (or the timeout); its figures."""
     import os
@@ -243,6 +247,7 @@ def run_mode(
             timeout_s=timeout_s,
             async_min_round_s=async_min_round_s,
             store=store_url,
+            rounds_per_tick=rounds_per_tick,
         )
     )
     launched = time.time()
@@ -677,6 +682,14 @@ def combine(reports: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
     is_flag=True,
     help="Add each run's stage profile (seconds per stage and process, ms per trained round).",
 )
+@click.option(
+    "--rounds-per-tick",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="scheduler.options.rounds_per_tick of both yeto modes: the most rounds one train "
+    "command trains (the trainer answers early when no full round waits).",
+)
 def command(
     task: str,
     target: float,
@@ -692,6 +705,7 @@ def command(
     store_latency_ms: Optional[float],
     remote_store: bool,
     profile: bool,
+    rounds_per_tick: int,
 ) -> None:
     """Asynchronous vs synchronous GRPO: time to a target reward (prints JSON)."""
     base = Path(base_dir or f"runs/base/{task}").absolute()
@@ -706,7 +720,11 @@ def command(
             common = dict(
                 base_dir=base, task=task, seed=rep_seed, target=target, timeout_s=timeout_s
             )
-            stores = dict(store_latency_ms=store_latency_ms, remote_store=remote_store)
+            stores = dict(
+                store_latency_ms=store_latency_ms,
+                remote_store=remote_store,
+                rounds_per_tick=rounds_per_tick,
+            )
             a = run_mode(
                 "async", work=work, async_min_round_s=async_min_round_s, **stores, **common
             )
@@ -727,6 +745,7 @@ def command(
     report = dict(
         combine(reports, seeds),
         async_min_round_s=async_min_round_s,
+        rounds_per_tick=rounds_per_tick,
         store={
             "wrapper": "faulty (counting, no faults)"
             if store_latency_ms is not None or remote_store

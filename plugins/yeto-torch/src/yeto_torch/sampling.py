@@ -88,17 +88,23 @@ def sample(
 def prompt_logprobs(model: torch.nn.Module, prompts: Sequence[Sequence[int]]) -> list[list[float]]:
     """Log-prob of every token after the first of each prompt, given those before it (T=1).
 
-    The policy fingerprint's scores (:mod:`yeto_core.fingerprint`); one forward per prompt.
+    The policy fingerprint's scores (:mod:`yeto_core.fingerprint`): one forward per
+    prompt length (the prompts of one length go in one batch, no padding), results in
+    the prompts' order.
     """
     was_training = model.training
     model.eval()
     try:
-        out = []
-        for p in prompts:
-            ids = torch.as_tensor([list(p)], dtype=torch.long)
-            logits = model(input_ids=ids).logits[0, :-1].float()
-            lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
-            out.append([float(x) for x in lp])
+        by_len: dict[int, list[int]] = {}
+        for i, p in enumerate(prompts):
+            by_len.setdefault(len(p), []).append(i)
+        out: list[list[float]] = [[] for _ in prompts]
+        for _n, rows in by_len.items():
+            ids = torch.as_tensor([list(prompts[i]) for i in rows], dtype=torch.long)
+            logits = model(input_ids=ids).logits[:, :-1].float()
+            lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
+            for row, i in enumerate(rows):
+                out[i] = [float(x) for x in lp[row]]
         return out
     finally:
         model.train(was_training)

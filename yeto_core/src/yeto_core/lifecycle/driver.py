@@ -285,17 +285,26 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         return rec, dest / cut_id
 
     def train(self, rounds: int) -> int:
-        """Train up to ``rounds`` whole rounds; stop early (holding) when no full round waits."""
+        """Train up to ``rounds`` whole rounds; stop early (holding) when no full round waits.
+
+        With ``overlap_uploads`` the last round's upload goes on after this returns (over
+        the head's turn); the next publish, ``train`` or ``drain`` waits for it and fails
+        if it failed (``train`` before it trains anything).
+        """
         self.sm.go(S.TRAINING, "train")
         done = 0
         try:
+            pending = self._upload_pending
+            if pending is not None and pending.done():
+                self._wait_upload()  # the previous command's last upload failed: fail now
             try:
                 for _ in range(rounds):
                     if not self._train_one():
                         break
                     done += 1
-            finally:
+            except BaseException:
                 self._wait_upload()
+                raise
         except Exception as exc:
             self._fail(exc, "train")
             raise TrainerFailedError(
