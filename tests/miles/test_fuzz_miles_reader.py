@@ -84,7 +84,7 @@ def test_miles_reader_rounds(kinds, gpr):
             args = argparse.Namespace(yeto_bridge_url=tmp, yeto_bridge_prefix="trainer/0/miles",
                                       yeto_wait_s=5.0, yeto_poll_s=0.01, yeto_parent="",
                                       rollout_batch_size=gpr, n_samples_per_prompt=G)  # fmt: skip
-            rollout._BRIDGES.clear()
+            rollout._bridge.cache_clear()
             fate: dict[int, str] = {}
             r = 0
             while True:

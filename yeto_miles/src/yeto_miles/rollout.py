@@ -1,12 +1,11 @@
-"""What Miles imports from yeto through its path flags (runs inside Miles' processes): the
-rollout function in both forms, which turns yeto rounds into ``list[list[Sample]]`` (groups
-whole, padding marked), the rollout log function and the post-save hook. yeto's settings
-arrive as ``args.yeto_*`` (``--custom-config-path``); docs/miles.md."""
+"""What Miles imports from yeto through its path flags, inside Miles' processes: the rollout
+function (both forms), the rollout log function and the post-save hook (docs/miles.md)."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import importlib
 import socket
 import time
@@ -95,7 +94,11 @@ def padding_metrics(samples: Iterable[Any]) -> dict[str, float]:
     return {"rollout/padded_samples": pad, "rollout/padded_fraction": pad / max(len(flat), 1)}
 
 
-_BRIDGES: dict[tuple[str, str], Bridge] = {}
+@functools.cache
+def _bridge(url: str, prefix: str) -> Bridge:
+    from yeto_core.plugins import get_plugins
+
+    return Bridge(get_plugins().open_store(url), prefix)
 
 
 def bridge_of(args: Any) -> Bridge:
@@ -107,11 +110,7 @@ def bridge_of(args: Any) -> Bridge:
             "args.yeto_bridge_url / yeto_bridge_prefix are missing: Miles was not started by "
             "yeto's miles backend (it passes them with --custom-config-path)"
         )
-    if (url, prefix) not in _BRIDGES:
-        from yeto_core.plugins import get_plugins
-
-        _BRIDGES[(url, prefix)] = Bridge(get_plugins().open_store(url), prefix)
-    return _BRIDGES[(url, prefix)]
+    return _bridge(url, prefix)
 
 
 def next_round(args: Any, rollout_id: int) -> list[list[Any]]:
@@ -186,10 +185,8 @@ def log_rollout_data(
     rollout_extra_metrics: Optional[dict[str, Any]],
     rollout_time: float,
 ) -> bool:
-    """Miles' default rollout logging over the real samples, plus the padding figures.
-
-    Returns True: Miles skips its own logging (which would count the padding).
-    """
+    """Miles' default rollout logging over the real samples, plus the padding figures; True
+    tells Miles to skip its own (which would count the padding)."""
     flat = flatten(samples)
     extra = {**(rollout_extra_metrics or {}), **padding_metrics(flat)}
     quiet = copy.copy(args)

@@ -1,10 +1,5 @@
-"""The Modal app of a run: one function ``yeto-<group>`` per island group on Modal.
-
-Each ``[[samplers]]`` group and the ``[trainer]`` with ``provider = "modal"`` become one
-function of the app ``yeto-<run name>``, set by their ``provider_options`` (docs/modal.md).
-:func:`plan` is pure (the dry run prints it); :func:`build` makes the real ``modal``
-objects, offline.
-"""
+"""The run's Modal app ``yeto-<run>``: one function ``yeto-<group>`` per island group on Modal;
+:func:`plan` is pure (``--dry-run`` prints it), :func:`build` makes the real objects offline."""
 
 from __future__ import annotations
 
@@ -19,7 +14,7 @@ import attrs
 
 from yeto_core.errors import ConfigError
 from yeto_modal import refuse_unknown
-from yeto_modal.prices import PRICES_DATE, hourly_usd, parse_gpu
+from yeto_modal.prices import PRICES_DATE, hourly_usd
 
 PROVIDER = "modal"
 DEFAULT_TIMEOUT_S = 86400
@@ -118,7 +113,6 @@ def plan(config: Any, plugins: Any) -> list[FunctionPlan]:
         port = "TrainerBackend" if role == "trainer" else "SamplerEngine"
         modules = [*base, resolve(port, impl).__module__]
         gpu = options.get("gpu")
-        parse_gpu(gpu)
         out.append(
             FunctionPlan(
                 name=f"yeto-{group}",

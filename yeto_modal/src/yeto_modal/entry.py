@@ -1,9 +1,5 @@
-"""The body of every yeto island function on Modal.
-
-It takes the island's identity as its argument (the store's credentials come through
-the function's Secret), reloads the volumes mounted for model files before anything
-opens them, then runs the island's entry module (``yeto_core.island_main``).
-"""
+"""The body of every yeto island function on Modal: the island's identity as its argument (the
+store's credentials in its Secret); it reloads model-file mounts, then runs the entry module."""
 
 from __future__ import annotations
 

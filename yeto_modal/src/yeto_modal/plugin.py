@@ -1,7 +1,5 @@
-"""Entry point of yeto-modal (group ``yeto``, name ``modal``): the ``modal-volume`` store,
-the ``modal`` island provider, and preflight checks (the store's layout against its
-capabilities, the plan ``--dry-run`` prints, each Modal island's ``price_per_hour``).
-"""
+"""Entry point of yeto-modal: the ``modal-volume`` store, the ``modal`` island provider, and
+preflight (the store's layout, the plan ``--dry-run`` prints, each island's price_per_hour)."""
 
 from __future__ import annotations
 
@@ -45,8 +43,7 @@ def check_store_layout(config: Any, report: Any) -> None:
         return
     if not url.startswith(f"{SCHEME}://"):
         return
-    buffer = getattr(config, "buffer", None)
-    layout = getattr(buffer, "layout", "auto")
+    layout = getattr(getattr(config, "buffer", None), "layout", "auto")
     writers = sum(s.count for s in config.samplers)
     if layout in ("jsonl", "shards"):
         report.fail(

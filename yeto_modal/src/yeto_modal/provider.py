@@ -1,11 +1,5 @@
-"""The ``modal`` island provider: each island incarnation is one call of a Modal function.
-
-The run's app is built and deployed on the first launch, so calls outlive a head that
-dies; each launch is one ``spawn`` whose ``FunctionCall`` id is journaled
-(``<state_dir>/modal/<handle>.json``) before ``launch`` returns. A restarted head cancels
-and verifies the previous head's calls; a call no longer pending is an exited
-incarnation, replaced with a new number. In full: docs/modal.md.
-"""
+"""The ``modal`` island provider: each island incarnation is one ``spawn`` of the run's
+deployed Modal app, journaled in ``<state_dir>/modal/`` (docs/modal.md: A head that dies)."""
 
 from __future__ import annotations
 
@@ -23,14 +17,15 @@ from yeto_core.run_dir import write_json_atomic
 from yeto_modal import app as modal_app
 from yeto_modal.entry import ENV_ENTRY, ENV_MOUNTS
 
-#: Variables a call carries; every other launch variable is a credential (a Secret).
-IDENTITY_PREFIX = "YETO_"
 ENDED = ("success", "failure", "timeout", "terminated", "expired", "missing")
 
 
-def _is_identity(name: str) -> bool:
-    """A launch variable the call carries (``YETO_*`` but the store's ``YETO_STORE_*``)."""
-    return name.startswith(IDENTITY_PREFIX) and not name.startswith("YETO_STORE_")
+def split_env(env: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(the call's ``YETO_*`` but ``YETO_STORE_*``; the Secret's: the rest but ``MODAL_*``)."""
+    ident = {
+        k: v for k, v in env.items() if k.startswith("YETO_") and not k.startswith("YETO_STORE_")
+    }
+    return ident, {k: v for k, v in env.items() if k not in ident and not k.startswith("MODAL_")}
 
 
 class ModalError(YetoError):
@@ -86,14 +81,8 @@ def _load_config(store_url: str) -> Any:
 
 
 class ModalIslands(IslandProvider):
-    """Islands as Modal function calls.
-
-    :param state_dir: the head's local directory (the launch journal lives in ``modal/``).
-    :param seam: the Modal calls (default :class:`CallSeam`).
-    :param load_config: store URL → resolved run config (default: from the store).
-    :param plugins: resolves the implementations the image must hold.
-    :param release_timeout_s: how long a cancelled call may take to end.
-    """
+    """Islands as Modal function calls; ``seam`` (default :class:`CallSeam`) makes the calls,
+    ``load_config`` reads a store URL's run config, ``release_timeout_s`` bounds a cancel."""
 
     PLUGIN_NAME = "modal"
 
@@ -123,8 +112,6 @@ class ModalIslands(IslandProvider):
         self._events: dict[str, list[Event]] = {}
         self._reported: dict[str, str] = {}
 
-    # -- the journal -------------------------------------------------------------------
-
     def _path(self, handle: str) -> Path:
         return self.dir / f"{handle}.json"
 
@@ -139,8 +126,6 @@ class ModalIslands(IslandProvider):
             Event(kind=kind, time=time.time(), source=handle, data=data)
         )
 
-    # -- the app -----------------------------------------------------------------------
-
     def app_for(self, launch: Any) -> Any:
         """Build and deploy the run's app once (credentials from the launch's variables)."""
         if self.built is None:
@@ -148,15 +133,10 @@ class ModalIslands(IslandProvider):
             from yeto_core.plugins import get_plugins
 
             config = self.load_config(launch.store_url)
-            creds = {
-                k: v
-                for k, v in launch.env.items()
-                if not (_is_identity(k) or k.startswith("MODAL_"))
-            }
             built = modal_app.build(
                 config,
                 modal_app.plan(config, self.plugins or get_plugins()),
-                credentials=creds,
+                credentials=split_env(launch.env)[1],
                 config_json=config_to_dict(config),
             )
             try:
@@ -168,8 +148,6 @@ class ModalIslands(IslandProvider):
                 ) from exc
             self.built = built
         return self.built
-
-    # -- the port ----------------------------------------------------------------------
 
     def launch(self, launch: Any) -> str:
         handle = launch.handle
@@ -183,7 +161,7 @@ class ModalIslands(IslandProvider):
                 f"({sorted(built.plans)}); is its provider 'modal' in the run config?"
             )
         env = {
-            **{k: v for k, v in launch.env.items() if _is_identity(k)},
+            **split_env(launch.env)[0],
             ENV_MOUNTS: json.dumps(group.volumes),
             ENV_ENTRY: launch.entry_module,
         }

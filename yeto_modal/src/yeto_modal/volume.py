@@ -1,11 +1,5 @@
-"""The ``modal-volume`` object store: a run's objects in a Modal Volume, through the SDK.
-
-``modal-volume://VOLUME/PREFIX[?environment=ENV]``. Every verb is one SDK call, from
-the head and from island containers alike; mounts are never read for the run's
-objects. Why, and what a Volume does not guarantee (an atomic create-if-absent
-across processes, which :meth:`ModalVolumeStore.capabilities` tells preflight):
-docs/modal.md, "The modal-volume store".
-"""
+"""The ``modal-volume`` object store (``modal-volume://VOLUME/PREFIX[?environment=ENV]``): one SDK
+call per verb, never a mount; no atomic create-if-absent (docs/modal.md: The modal-volume store)."""
 
 from __future__ import annotations
 
@@ -29,8 +23,7 @@ OPEN_FILES = "there are open files preventing the operation"
 
 @contextlib.contextmanager
 def _sdk_errors(volume: str, path: str = "") -> Iterator[None]:
-    """Modal's errors as ours: a missing ``path`` is :class:`FileNotFoundError`, the rest
-    (no token, the service unreachable) :class:`StoreError` saying what to do."""
+    """Modal's errors as ours: a missing ``path`` is FileNotFoundError, the rest StoreError."""
     import modal.exception as mx
 
     try:
@@ -47,11 +40,7 @@ def _sdk_errors(volume: str, path: str = "") -> Iterator[None]:
 
 
 class VolumeSeam:
-    """The Volume calls the store makes, on Modal's SDK (tests put a double here).
-
-    Paths are absolute inside the volume (``/runs/demo/buffer/DATA_END``). Modal's
-    errors other than a missing file arrive as :class:`StoreError`.
-    """
+    """The Volume calls the store makes, on absolute paths in it (tests put a double here)."""
 
     def __init__(self, name: str, environment: Optional[str] = None) -> None:
         import modal
@@ -112,13 +101,7 @@ def parse_volume_url(url: str) -> tuple[str, str, Optional[str]]:
 
 
 class ModalVolumeStore(ObjectStore):
-    """Objects as files in a Modal Volume (``modal-volume://VOLUME/PREFIX``).
-
-    :param volume: the Volume's name (created when missing).
-    :param prefix: a folder inside the volume holding this store's keys.
-    :param environment: the Modal environment (default: the profile's).
-    :param seam: the Volume calls (default: :class:`VolumeSeam` on Modal's SDK).
-    """
+    """Objects as files under ``prefix`` in the Volume ``volume`` (created when missing)."""
 
     PLUGIN_NAME = "modal-volume"
     URL_SCHEMES = (SCHEME,)
@@ -168,8 +151,6 @@ class ModalVolumeStore(ObjectStore):
     def __repr__(self) -> str:
         return f"ModalVolumeStore({self.url()!r})"
 
-    # -- verbs -------------------------------------------------------------------------
-
     def _path(self, key: str) -> str:
         return self._root + check_key(key)
 
@@ -214,10 +195,7 @@ class ModalVolumeStore(ObjectStore):
 
 
 def reload_mount(seam: Any, *, attempts: int = 5, wait_s: float = 0.5, sleep=time.sleep) -> int:
-    """Reload a mounted volume, retrying while files are open; return the attempts used.
-
-    Raises :class:`StoreError` naming the cause once ``attempts`` are spent.
-    """
+    """Reload a mounted volume, retrying while files are open (then StoreError); attempts used."""
     for attempt in range(1, attempts + 1):
         try:
             seam.reload()
