@@ -154,7 +154,7 @@ class MilesBackend(TrainerBackend):
     python: str = attrs.field(factory=lambda: sys.executable)
     miles_args: list[str] = attrs.field(default=(), converter=lambda a: [str(x) for x in a])
     ref_load: Optional[str] = None
-    num_rollout: int = NUM_ROLLOUT
+    num_rollout: int = attrs.field(default=NUM_ROLLOUT, converter=int)
     group_size: Optional[int] = None
     groups_per_round: Optional[int] = None
     rollout_form: str = "function"
@@ -167,7 +167,7 @@ class MilesBackend(TrainerBackend):
     start_timeout_s: float = 3600.0
     round_timeout_s: float = 3600.0
     poll_s: float = 0.2
-    seed: int = 0
+    seed: int = attrs.field(default=0, converter=int)
     env: dict[str, str] = attrs.field(factory=dict)
     proc: Optional[subprocess.Popen] = attrs.field(default=None, init=False)
     bridge: Optional[Bridge] = attrs.field(default=None, init=False)

@@ -26,44 +26,55 @@ POST_SAVE_HOOK = "yeto_miles.rollout.post_save_hook"
 class Flag:
     name: str
     role: str  # "sets" (yeto passes it) or "refuses" (a user's miles_args may not hold it)
+    value: str  # what yeto passes (see _TABLE); empty for a refused flag
     why: str
 
+    def args(self, spec: Any, **fields: Any) -> list[str]:
+        """The words this flag adds to the command line of ``spec`` (none, the flag, or both)."""
+        value, _, when = self.value.partition(" if ")
+        if self.role != "sets" or (when and not getattr(spec, when)):
+            return []
+        return [self.name] if value == "-" else [self.name, value.format(spec=spec, **fields)]
 
-#: name | role | why
+
+#: name | role | value | why. The value is a str.format template over ``spec`` (a MilesBackend)
+#: and the fields miles_command names, or ``-`` for a bare flag; ``if ATTR``: only when spec.ATTR.
 _TABLE = """
---rollout-function-path | sets | Miles takes each round from yeto's rollout function (the durable buffer through yeto's batch reader) instead of generating it
---custom-rollout-log-function-path | sets | Miles' rollout logging runs over the real samples only, plus padded_samples and padded_fraction
---custom-megatron-post-save-hook-path | sets | after every save (rank 0) the hook tells yeto the round is trained and where its iter_* checkpoint and HF export are
---debug-train-only | sets | no SGLang engines and no weight push: samplers follow releases from the store
---debug-skip-weight-update | sets | a second guard: Miles never pushes weights to an engine
---disable-rollout-global-dataset | sets | prompts come from the samplers, not from a Miles dataset
---disable-rollout-trim-samples | sets | Miles never drops a real sample to fit its global batch (yeto pads instead)
---hf-checkpoint | sets | the base model (tokenizer, config, first weights)
---load | sets | the restored cut's Megatron checkpoint (a missing dir from the base)
---save | sets | where Megatron writes the iter_*/ checkpoints that cuts are made of
---save-interval | sets | 1: every round boundary has a checkpoint, so a drain can cut at once
---save-hf | sets | Miles' HF export each round: what a release is made of
---num-rollout | sets | rollouts Miles runs before it exits: 1000000 unless set, yeto decides when training ends
---rollout-batch-size | sets | groups per round (the rollout function reads it back to check)
---n-samples-per-prompt | sets | G, samples per group (the rollout function reads it back to check)
---global-batch-size | sets | groups per round x G: one optimizer step per round, padding included
---custom-config-path | sets | yeto's own settings (the bridge) as args.yeto_*
---seed | sets | the run's seed
---ref-load | sets | the base's Megatron checkpoint, when the user gives one
---use-rollout-routing-replay | sets | MoE: train with the experts the sampler routed to (rollout_routed_experts)
---async-save | refuses | a cut needs the round's checkpoint complete at once
---no-save-optim | refuses | a cut without the optimizer cannot continue training
---colocate | refuses | the trainer island runs no engines
---debug-rollout-only | refuses | the trainer island trains
---load-debug-rollout-data | refuses | rounds come from the durable buffer
---eval-interval | refuses | the trainer island runs no engines to evaluate with
---start-rollout-id | refuses | yeto resumes from the cut's iter_* checkpoint
---fully-async | refuses | yeto's trainer runs Miles' synchronous loop (train.py)
---save-trigger-sentinel | refuses | every round is saved already
+--rollout-function-path | sets | {rollout} | Miles takes each round from yeto's rollout function (the durable buffer through yeto's batch reader) instead of generating it
+--custom-rollout-log-function-path | sets | {LOG_FUNCTION} | Miles' rollout logging runs over the real samples only, plus padded_samples and padded_fraction
+--custom-megatron-post-save-hook-path | sets | {POST_SAVE_HOOK} | after every save (rank 0) the hook tells yeto the round is trained and where its iter_* checkpoint and HF export are
+--debug-train-only | sets | - | no SGLang engines and no weight push: samplers follow releases from the store
+--debug-skip-weight-update | sets | - | a second guard: Miles never pushes weights to an engine
+--disable-rollout-global-dataset | sets | - | prompts come from the samplers, not from a Miles dataset
+--disable-rollout-trim-samples | sets | - | Miles never drops a real sample to fit its global batch (yeto pads instead)
+--hf-checkpoint | sets | {model} | the base model (tokenizer, config, first weights)
+--load | sets | {load} | the restored cut's Megatron checkpoint (a missing dir from the base)
+--save | sets | {spec.save_dir} | where Megatron writes the iter_*/ checkpoints that cuts are made of
+--save-interval | sets | 1 | every round boundary has a checkpoint, so a drain can cut at once
+--save-hf | sets | {spec.hf_template} | Miles' HF export each round: what a release is made of
+--num-rollout | sets | {spec.num_rollout} | rollouts Miles runs before it exits: 1000000 unless set, yeto decides when training ends
+--rollout-batch-size | sets | {spec.groups_per_round} | groups per round (the rollout function reads it back to check)
+--n-samples-per-prompt | sets | {spec.group_size} | G, samples per group (the rollout function reads it back to check)
+--global-batch-size | sets | {global_batch} | groups per round x G: one optimizer step per round, padding included
+--custom-config-path | sets | {config} | yeto's own settings (the bridge) as args.yeto_*
+--seed | sets | {spec.seed} | the run's seed
+--ref-load | sets | {spec.ref_load} if ref_load | the base's Megatron checkpoint, when the user gives one
+--use-rollout-routing-replay | sets | - if routed_experts | MoE: train with the experts the sampler routed to (rollout_routed_experts)
+--async-save | refuses | | a cut needs the round's checkpoint complete at once
+--no-save-optim | refuses | | a cut without the optimizer cannot continue training
+--colocate | refuses | | the trainer island runs no engines
+--debug-rollout-only | refuses | | the trainer island trains
+--load-debug-rollout-data | refuses | | rounds come from the durable buffer
+--eval-interval | refuses | | the trainer island runs no engines to evaluate with
+--start-rollout-id | refuses | | yeto resumes from the cut's iter_* checkpoint
+--fully-async | refuses | | yeto's trainer runs Miles' synchronous loop (train.py)
+--save-trigger-sentinel | refuses | | every round is saved already
 """
 FLAGS: dict[str, Flag] = {
     f.name: f
-    for f in (Flag(*(x.strip() for x in line.split("|"))) for line in _TABLE.strip().splitlines())
+    for f in (
+        Flag(*(x.strip() for x in line.split("|", 3))) for line in _TABLE.strip().splitlines()
+    )
 }
 
 
@@ -102,33 +113,16 @@ def miles_command(spec: Any, *, load_dir: str, custom_config: str) -> list[str]:
         raise ConfigError(
             "trainer.backend_options.miles_args: " + "; ".join(problems) + " (see docs/miles.md)"
         )
-    fn = ROLLOUT_FUNCTION if rollout_form == "function" else ROLLOUT_CLASS
-    flags = {  # True: a bare flag; None or False: left out
-        "--rollout-function-path": fn,
-        "--custom-rollout-log-function-path": LOG_FUNCTION,
-        "--custom-megatron-post-save-hook-path": POST_SAVE_HOOK,
-        "--debug-train-only": True,
-        "--debug-skip-weight-update": True,
-        "--disable-rollout-global-dataset": True,
-        "--disable-rollout-trim-samples": True,
-        "--hf-checkpoint": os.path.abspath(spec.model_dir),
-        "--load": load_dir,
-        "--save": spec.save_dir,
-        "--save-interval": 1,
-        "--save-hf": spec.hf_template,
-        "--num-rollout": int(spec.num_rollout),
-        "--rollout-batch-size": int(spec.groups_per_round),
-        "--n-samples-per-prompt": int(spec.group_size),
-        "--global-batch-size": int(spec.groups_per_round) * int(spec.group_size),
-        "--custom-config-path": custom_config,
-        "--seed": int(spec.seed),
-        "--ref-load": spec.ref_load or None,
-        "--use-rollout-routing-replay": bool(spec.routed_experts),
-    }
+    fields = dict(
+        rollout=ROLLOUT_FUNCTION if rollout_form == "function" else ROLLOUT_CLASS,
+        LOG_FUNCTION=LOG_FUNCTION,
+        POST_SAVE_HOOK=POST_SAVE_HOOK,
+        model=os.path.abspath(spec.model_dir),
+        load=load_dir,
+        config=custom_config,
+        global_batch=int(spec.groups_per_round) * int(spec.group_size),
+    )
     cmd = [str(spec.python), str(spec.entry)]
-    for flag, value in flags.items():
-        if value is True:
-            cmd.append(flag)
-        elif value is not None and value is not False:
-            cmd += [flag, str(value)]
+    for flag in FLAGS.values():
+        cmd += flag.args(spec, **fields)
     return cmd + [str(a) for a in miles_args]
