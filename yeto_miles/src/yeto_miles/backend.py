@@ -1,6 +1,5 @@
-"""The ``miles`` trainer backend: Miles' trainer (Megatron) fed round by round by yeto, its
-releases from Miles' HF export and its cuts around Megatron's ``iter_*`` checkpoints
-(docs/miles.md: How a round flows, Releases, Cuts and resume)."""
+"""The ``miles`` trainer backend: Miles (Megatron) fed round by round by yeto, releases from its
+HF export, cuts around Megatron's ``iter_*`` checkpoints (docs/miles.md)."""
 
 from __future__ import annotations
 
@@ -108,6 +107,15 @@ def base_fingerprint(model_dir: Path) -> str:
 def _link_tree(src: Path, dst: Path) -> None:
     """Hard-link (copy across file systems) every file of ``src`` under ``dst``."""
     shutil.copytree(src, dst, copy_function=link_or_copy, dirs_exist_ok=True)
+
+
+def _tracker_problem(ckpt: Path, r: int) -> Optional[str]:
+    """Why ``ckpt`` is not Megatron's complete checkpoint of round ``r`` (None: it is)."""
+    tracker = ckpt.parent / TRACKER
+    said = tracker.read_text().strip() if tracker.is_file() else None
+    if said == str(r) and ckpt.is_dir():
+        return None
+    return f"Megatron's {tracker} says {said!r} but round {r} should be in {ckpt}"
 
 
 def _stop(proc: subprocess.Popen, bridge: Bridge, grace_s: float) -> None:
@@ -296,20 +304,16 @@ class MilesBackend(TrainerBackend):
     def _read_state(self, cut: Path) -> dict[str, Any]:
         path = cut / STATE_FILE
         state = json.loads(path.read_text()) if path.is_file() else {}
-        tracker = (cut / TRACKER).read_text().strip() if (cut / TRACKER).is_file() else None
         for key, want in self._identity().items():
             if state.get(key) != want:
                 raise CutError(
                     f"{path}: {key} is {state.get(key)!r}, this trainer has {want!r}; restore a cut "
                     "of the miles backend taken with the same base, G and groups per round"
                 )
-        if not state["from_base"] and (
-            tracker != str(state["rollout_id"]) or not (cut / iter_name(tracker)).is_dir()
-        ):
-            raise CutError(
-                f"{cut}: {TRACKER} says {tracker!r} but the cut holds rollout "
-                f"{state['rollout_id']} ({iter_name(state['rollout_id'])}/ expected)"
-            )
+        r = int(state["rollout_id"])
+        problem = None if state["from_base"] else _tracker_problem(cut / iter_name(r), r)
+        if problem:
+            raise CutError(f"cut {cut} is damaged: {problem}; restore another cut")
         return state
 
     def train_round(self, batch: Any) -> dict[str, float]:
@@ -357,13 +361,9 @@ class MilesBackend(TrainerBackend):
         r = -1 if self.last_saved is None else int(self.last_saved["rollout_id"])
         if r >= 0:  # a round trained here, or none since the restore: cut the restored one again
             ckpt, hf = Path(self.last_saved["checkpoint_dir"]), self._hf_dir()
-            tracker = ckpt.parent / TRACKER  # Megatron's --save dir, or the restored cut
-            said = tracker.read_text().strip() if tracker.is_file() else None
-            if said != str(r) or not ckpt.is_dir():
-                raise CutError(
-                    f"Megatron's {tracker} says {said!r} but round {r} was saved to {ckpt}; "
-                    "the checkpoint is not complete (is --async-save on?)"
-                )
+            problem = _tracker_problem(ckpt, r)  # in Megatron's --save dir, or the restored cut
+            if problem:
+                raise CutError(f"{problem}; the checkpoint is not complete (is --async-save on?)")
             _link_tree(ckpt, out / iter_name(r))
             if hf != self.model_dir and hf.is_dir():
                 _link_tree(hf, out / "hf")

@@ -1,6 +1,5 @@
-"""``yeto miles doctor``: does the installed Miles still fit yeto's adapter? :func:`describe`
-reads the live Miles, :func:`compare` checks it against the description recorded at the
-pinned commit (``miles_interface.json``), one row per check (docs/miles.md)."""
+"""``yeto miles doctor``: does the installed Miles still fit yeto's adapter? :func:`describe` reads
+it, :func:`compare` checks it against :data:`RECORDED`, one row per check (docs/miles.md)."""
 
 from __future__ import annotations
 
