@@ -185,7 +185,33 @@ def inject_clock(run: Any, head: subprocess.Popen) -> tuple[dict[str, Any], Any]
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(skews))
     os.replace(tmp, path)
-    return {"kind": "clock", "island": island, "skew_s": round(skew, 1), "at": time.time()}, None
+    rec = {"kind": "clock", "island": island, "skew_s": round(skew, 1), "at": time.time()}
+    # Wait for the head's report (or its exit) before the next fault: a pause right after
+    # would fence the head with the report still unwritten, and the next head counts only
+    # events it sees arrive. ``evaluate`` decides ``detected`` from the store afterwards.
+    t0 = time.monotonic()
+    reported = _wait(
+        lambda: _clock_reported(run.store, island) or head.poll() is not None,
+        CLOCK_REPORT_WAIT_S,
+        step_s=0.25,
+    )
+    rec["waited_s"] = round(time.monotonic() - t0, 1)
+    rec["head_alive"] = reported and head.poll() is None
+    return rec, None
+
+
+#: how long ``inject_clock`` waits for the head to report the skewed island
+CLOCK_REPORT_WAIT_S = 60.0
+
+
+def _clock_reported(store: Any, island: str) -> bool:
+    from yeto_core.event_stream import read_events
+
+    try:
+        events = read_events(store, "head")
+    except Exception:
+        return False
+    return any(e.kind == "island_clock_skew" and e.data.get("island") == island for e in events)
 
 
 def inject_corrupt(run: Any, head: subprocess.Popen) -> tuple[dict[str, Any], Any]:

@@ -1,0 +1,50 @@
+"""`yeto bench chaos --faults ...`: a fault the run ended before is said, not dropped.
+
+Regression: in the CI profile a short run finished while the second head was still
+starting; the pause and clock faults were never injected, and the report simply had no
+row for them (nothing said they were missing). Now every fault still due when the run
+ends is recorded as not injected, so ``per_kind`` shows it and a test asserting
+``injected == 1`` fails for the right reason.
+"""
+
+from __future__ import annotations
+
+import random
+
+from yeto_bench.chaos import ChaosRun
+from yeto_bench.chaos_faults import per_kind
+
+
+class _Done:
+    """A head that already finished (exit 0)."""
+
+    pid = 999_999_999
+    returncode = 0
+
+    def poll(self) -> int:
+        return 0
+
+    def wait(self, timeout=None) -> int:
+        return 0
+
+
+def test_faults_due_when_the_run_ends_are_recorded_as_not_injected(tmp_path):
+    (tmp_path / "FINISHED").write_text("{}")
+    run = ChaosRun(
+        tmp_path,
+        rng=random.Random(0),
+        kills=0,
+        gap_s=(1.0, 2.0),
+        max_heads=3,
+        deadline_s=60,
+        launcher=lambda *a, **k: _Done(),
+        faults={"clock": 1, "pause": 2},
+    )
+    out = run.run()
+    assert out["completed"]
+    kinds = sorted(r["kind"] for r in out["faults_injected"])
+    assert kinds == ["clock", "pause", "pause"]
+    assert all("skipped" in r for r in out["faults_injected"])
+    rows = per_kind([{**out, "groups_lost": 0, "groups_trained_twice": 0}])
+    assert rows["pause"]["injected"] == 0 and rows["pause"]["not_injected"] == 2
+    assert rows["clock"]["injected"] == 0 and rows["clock"]["not_injected"] == 1
