@@ -181,6 +181,8 @@ class Head(HeadReport, HeadIslands):
         self.trainer_loop: Any = None
         self.lifecycle: Optional[TrainerLifecycle] = None
         self._tick_watch: Any = None
+        self.exit_code: Optional[int] = None  # set by shutdown
+        self.final_cut_problem: Optional[str] = None
 
     # -- set-up ----------------------------------------------------------------------
 
@@ -335,6 +337,40 @@ class Head(HeadReport, HeadIslands):
         kind = names.get(event.kind)
         if kind is not None:
             self.events.emit(kind, **dict(event.data))
+
+    def check_final_cut(self) -> Optional[str]:
+        """Read the final cut back before the run is called finished (None: it is valid).
+
+        Nothing reads the last cut again during a run, so a cut damaged after it was
+        committed would otherwise stay ``cuts/LATEST`` unnoticed. A bad one is a
+        ``cut_invalid`` event (``final``: true, with the newest valid cut) and the run is
+        not marked finished (exit 1): its final weights in the store are damaged.
+        """
+        from yeto_core.cut import CutStore
+
+        cuts = CutStore(self.store)
+        cut_id = cuts.latest_id()
+        if cut_id is None:
+            return None
+        problems = cuts.verify(cut_id)
+        if not problems:
+            return None
+        older = [c.cut_id for c in reversed(cuts.list()) if c.cut_id != cut_id]
+        valid = next((c for c in older if not cuts.verify(c)), None)
+        self.events.emit(
+            "cut_invalid",
+            cut_id=cut_id,
+            problem="; ".join(problems),
+            final=True,
+            newest_valid=valid,
+        )
+        self.final_cut_problem = (
+            f"the final cut {cut_id} fails its check ({problems[0]}): the run's final weights "
+            "in the store are damaged, so it is not marked finished; the newest valid cut is "
+            f"{valid or 'none (only the base)'}. Restore the damaged file from a copy to "
+            "finish the run"
+        )
+        return self.final_cut_problem
 
     def stop_trainer(self) -> None:
         """Take the final cut (FINISHED → FINAL trigger) and release the trainer island."""
@@ -527,7 +563,9 @@ class Head(HeadReport, HeadIslands):
             return EXIT_INTERRUPTED
         except HeadFencedError as exc:  # found out while stopping: the rest is the new head's
             return self._fenced(say, exc)
-        return code
+        if self.final_cut_problem is not None:
+            say(f"yeto: {self.final_cut_problem}")
+        return code if self.exit_code is None else self.exit_code
 
     def _wait_tick(self, tick_s: float) -> bool:
         """Between ticks: at most ``tick_s``, less when the buffer changes (a group
@@ -562,6 +600,13 @@ class Head(HeadReport, HeadIslands):
         except Exception as exc:
             errors.append(f"trainer: {exc}")
         finished = self.trainer_loop is not None and self.trainer_loop.finished is not None
+        if finished:
+            bad = self.check_final_cut()
+            if bad is not None:  # not finished: the next `yeto run up` trains the rest again
+                errors.append(bad)
+                finished = False
+                code = EXIT_FAILED if code == EXIT_OK else code
+        self.exit_code = code
         summary = self.write_summary(reason=reason, exit_code=code, errors=errors)
         if finished:
             write_json_atomic(

@@ -224,8 +224,18 @@ def check_run(
         latest = cuts.latest_id()
         found = cuts.latest_valid(tmp)
         if latest is not None and (found is None or found[0].cut_id != latest):
-            torn += 1
-            problems.append(f"cuts/LATEST names {latest}, which is not a valid cut")
+            if f"cuts/{latest}/" in {k[: len(f"cuts/{latest}/")] for k in corrupted}:
+                # a cut the bench damaged on purpose: the head's final check must have said so
+                refused = any(
+                    e.kind == "cut_invalid" and e.data.get("final") and e.data["cut_id"] == latest
+                    for e in read_events(store, "head")
+                )
+                if not refused:
+                    torn += 1
+                    problems.append(f"the damaged final cut {latest} went unnoticed")
+            else:
+                torn += 1
+                problems.append(f"cuts/LATEST names {latest}, which is not a valid cut")
     trained_events = [e for e in read_events(store, "trainer") if e.kind == "round_trained"]
     lineage = final_lineage(trained_events)
     counts = lineage_counts(appended, lineage, upto=watermark)
@@ -311,6 +321,15 @@ def live_processes(run_dir: Path, head_pid: int) -> list[tuple[str, int]]:
     return out
 
 
+def _final_cut_refused(run_dir: Path) -> bool:
+    """Whether the head stopped because the final cut failed its check (summary errors)."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return any("the final cut" in str(e) for e in summary.get("errors") or ())
+
+
 class ChaosRun:
     """One run under kills: start, kill, restart as an operator, until it finishes."""
 
@@ -361,6 +380,7 @@ class ChaosRun:
         t0 = self.clock()
         codes: list[int] = []
         completed = False
+        stopped_reason: Optional[str] = None
         while len(self.heads) < self.max_heads and self.clock() - t0 < self.deadline_s:
             head = self.start_head()
             next_kill = self.clock() + self.rng.uniform(*self.gap_s)
@@ -399,6 +419,10 @@ class ChaosRun:
             if head.returncode == 0 and (self.run_dir / "FINISHED").exists():
                 completed = True
                 break
+            if head.returncode == 1 and _final_cut_refused(self.run_dir):
+                # stopped with a clear reason: an operator's restart would say the same
+                stopped_reason = "final cut invalid"
+                break
         for kind, n in sorted(self.faults_left.items()):
             # said, not silently dropped: a fault the run ended before is not a detected one
             self.fault_records.extend(
@@ -407,6 +431,7 @@ class ChaosRun:
         self.faults_left = {k: 0 for k in self.faults_left}
         return {
             "completed": completed,
+            "stopped_reason": stopped_reason,
             "faults_injected": self.fault_records,
             "head_exit_codes": codes,
             "heads_started": len(self.heads),
@@ -522,7 +547,7 @@ def run_campaign(
         corrupted = {
             str(x.get("key"))
             for x in outcome["faults_injected"]
-            if x.get("kind") == "corrupt" and x.get("target") == "payload"
+            if x.get("kind") == "corrupt" and x.get("target") in ("payload", "cut")
         }
         checks = check_run(run_dir, replay=replay, store_url=inner_url, corrupted=corrupted)
         if fault_kinds:
@@ -606,6 +631,8 @@ def campaign_report(
         "kills_by_role": dict(sorted(by_role.items())),
         "runs": len(results),
         "runs_completed": sum(1 for r in results if r["completed"]),
+        # stopped by the head with a clear reason (a final cut damaged after its commit)
+        "runs_stopped_with_reason": sum(1 for r in results if r.get("stopped_reason")),
         "groups_lost": sum(r["groups_lost"] for r in results),
         "groups_trained_twice": sum(r["groups_trained_twice"] for r in results),
         "ledger_replay_mismatches": mismatches,
@@ -647,7 +674,7 @@ def campaign_report(
             int(v.get("used_after_corruption", 0)) for v in report["faults"].values()
         )
     report["ok"] = (
-        report["runs_completed"] == report["runs"]
+        report["runs_completed"] + report["runs_stopped_with_reason"] == report["runs"]
         and report["groups_lost"] == 0
         and report["groups_trained_twice"] == 0
         and (not replay or report["ledger_replay_mismatches"] == 0)
