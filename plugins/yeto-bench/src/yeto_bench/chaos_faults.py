@@ -231,6 +231,11 @@ def inject_corrupt(run: Any, head: subprocess.Popen) -> tuple[dict[str, Any], An
     return {"kind": "corrupt", "target": target, **rec}, None
 
 
+#: how far past the watermark a corrupted group lies: a round in progress may hold the next
+#: few, and a group trained before its flip landed is not a detection test (``raced``)
+AHEAD = 8
+
+
 def _newest_entry(store: Any) -> Any:
     from yeto_core.sample_buffer import open_buffer
 
@@ -239,9 +244,9 @@ def _newest_entry(store: Any) -> Any:
         entries = buf.entries(_watermark(store))
     finally:
         buf.close()
-    # a group the trainer takes soon (a round or so past the watermark), not the newest one,
-    # which the data end may leave untaken
-    return entries[min(len(entries) - 1, 3)] if entries else None
+    # a group the trainer takes soon (two rounds or so past the watermark: not one it may
+    # be training now), not the newest one, which the data end may leave untaken
+    return entries[min(len(entries) - 1, AHEAD)] if entries else None
 
 
 def _corrupt_payload(run: Any) -> dict[str, Any]:
@@ -261,7 +266,8 @@ def _corrupt_index(run: Any) -> dict[str, Any]:
         lines = data.split(b"\n")[:-1]
         wm = _watermark(run.store)
         k = next(
-            (i for i, ln in enumerate(lines) if (_position(ln) or -1) >= wm + 3), len(lines) - 1
+            (i for i, ln in enumerate(lines) if (_position(ln) or -1) >= wm + AHEAD),
+            len(lines) - 1,
         )
         start = sum(len(ln) + 1 for ln in lines[:k])
         end = start + len(lines[k]) if lines else -1
@@ -280,7 +286,7 @@ def _corrupt_index(run: Any) -> dict[str, Any]:
         return {"position": pos, "key": "buffer/index.jsonl", "at": time.time()}
     wm = _watermark(run.store)
     keys = [k for k in run.store.list("buffer/index/") if k.rsplit("/", 1)[1][:12].isdigit()]
-    later = [k for k in keys if int(k.rsplit("/", 1)[1][:12]) >= wm + 3]
+    later = [k for k in keys if int(k.rsplit("/", 1)[1][:12]) >= wm + AHEAD]
     if not keys:
         return {"skipped": "no index record"}
     key = later[0] if later else keys[-1]
