@@ -127,8 +127,8 @@ class JsonlIndex:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         existed = self.path.exists()
-        self._lfd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        self._wfd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._lfd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        self._wfd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         if not existed and self.fsync:
             fsync_dir(self.path.parent)
 

@@ -39,6 +39,23 @@ _TMP_MARK = ".tmp-"
 _CAS_MARK = ".tmp-cas"  # the versions of a compare-and-swap key (a tmp-shaped name: unlisted)
 
 
+def _process_umask() -> int:
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+#: the mode of every file the store creates: what ``open()`` gives (0666 less the umask);
+#: ``mkstemp`` alone would make temporary-file writes 0600 and the rest 0644
+FILE_MODE = 0o666 & ~_process_umask()
+
+
+def _mkstemp(**kw: Any) -> tuple[int, str]:
+    fd, tmp = tempfile.mkstemp(**kw)
+    os.fchmod(fd, FILE_MODE)
+    return fd, tmp
+
+
 def _is_tmp_name(name: str) -> bool:
     return name.startswith(".") and _TMP_MARK in name
 
@@ -138,12 +155,12 @@ class DirStore(ObjectStore):
 
     def _write_tmp(self, key: str, path: Path, data: bytes) -> str:
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
+            fd, tmp = _mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
         except FileNotFoundError:
             # The directory vanished behind our back (removed by hand): make it again.
             self._made_dirs.discard(path.parent)
             self._ensure_parent(key, path)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
+            fd, tmp = _mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -244,7 +261,7 @@ class DirStore(ObjectStore):
                 path = self._path(key)
                 self._ensure_parent(key, path)
                 self._refuse_prefix_dir(key, path)
-                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
+                fd, tmp = _mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
                 staged.append((key, path, tmp, fd))
                 view = memoryview(bytes(data))
                 while view:
@@ -294,7 +311,7 @@ class DirStore(ObjectStore):
                 if path in seen or os.path.lexists(path):
                     continue  # a repeat in the batch or already there: put_if_absent below
                 seen.add(path)
-                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
+                fd, tmp = _mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
                 staged.append((slot, key, path, tmp, fd))
                 view = memoryview(bytes(data))
                 while view:
@@ -340,7 +357,7 @@ class DirStore(ObjectStore):
 
     def _create_exclusive(self, path: Path, data: bytes) -> bool:
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:
             return False
         with os.fdopen(fd, "wb") as f:
@@ -390,7 +407,7 @@ class DirStore(ObjectStore):
             cdir.mkdir(exist_ok=True)
             if self.fsync:
                 fsync_dir(path.parent)
-        fd, tmp = tempfile.mkstemp(prefix=f".v{_TMP_MARK}", dir=cdir)
+        fd, tmp = _mkstemp(prefix=f".v{_TMP_MARK}", dir=cdir)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(payload)
