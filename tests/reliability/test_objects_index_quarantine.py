@@ -64,3 +64,32 @@ def test_an_intact_index_object_naming_another_position_is_still_refused(tmp_pat
     store.put("buffer/index/000000000001.json", encode_record(rec))
     with pytest.raises(SampleBufferError, match="000000000001.json' names position 7"):
         FileSampleBuffer(store, layout="objects").head_position  # noqa: B018 (reads the index)
+
+
+def test_replay_names_a_trained_position_whose_index_record_was_damaged_later(tmp_path):
+    """Regression (the campaign's replay mismatch): a group trained, then its index record
+    flipped, made ``yeto ledger replay`` fail with "object store key must be a non-empty
+    string" (the quarantined stand-in has no payload). It now names the position."""
+    from yeto_core.ledger import LedgerError, LedgerRound
+    from yeto_core.ledger_replay import rebuild_batch
+
+    store = _buffer(tmp_path, 3)
+    _flip(store, "buffer/index/000000000001.json", b'"g1"', b'"gX"')
+    buf = FileSampleBuffer(store, layout="objects")
+    entries = {e.position: e for e in buf.entries()}
+    rec = LedgerRound(
+        seq=1,
+        incarnation=0,
+        parent_cut=None,
+        policy_version=0,
+        positions=(0, 1, 2),
+        skipped={},
+        watermark_before=0,
+        watermark=3,
+        group_size=2,
+        groups_per_round=3,
+        n_real=3,
+        n_padding=0,
+    )
+    with pytest.raises(LedgerError, match="position 1, whose buffer index record was damaged"):
+        rebuild_batch(buf, rec, entries)
