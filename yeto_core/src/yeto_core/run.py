@@ -93,6 +93,7 @@ from yeto_core.run_dir import (  # noqa: F401 (the run-dir protocol, re-exported
     write_json_atomic,
 )
 from yeto_core.stage_profile import emit_snapshot, stage
+from yeto_core.stores.retrying import RetryingStore
 
 #: The head rides out a store that fails (a 503 storm past the store's own retries, a
 #: full disk) for this long with failing ticks in a row, then stops the run cleanly.
@@ -134,8 +135,11 @@ class Head(HeadReport, HeadIslands):
             else plugins.island_provider(name).create(self.run_dir)
             for name in config.providers()
         }
-        # every write of the head checks its lease first (a fenced head writes nothing)
-        self.store = LeasedStore(plugins.open_store(config.store_url()))
+        # every write of the head checks its lease first (a fenced head writes nothing),
+        # each attempt of a store call retried through a brief outage (the lease checked
+        # again before every attempt; a fenced head is never retried)
+        self.leased = LeasedStore(plugins.open_store(config.store_url()))
+        self.store = RetryingStore(self.leased)
         self.lease: Optional[HeadLease] = None
         # Every path the config names, absolute: the run dir's config.json and the store's
         # run/config.json mean the same from any working directory.
@@ -225,7 +229,7 @@ class Head(HeadReport, HeadIslands):
         holds a live one; a lapsed lease is taken over and its holder fenced)."""
         other = live_head(self.run_dir)
         lease = HeadLease(
-            self.store.inner,
+            self.leased.inner,
             ttl_s=self.config.scheduler.head_lease_s,
             clock=self.clock,
             host=_host(),
@@ -238,7 +242,7 @@ class Head(HeadReport, HeadIslands):
                 f"`yeto run down {self.run_dir}` or wait for it"
             )
         self.lease = lease
-        self.store.lease = lease
+        self.leased.lease = lease
         lease.start_renewing()
         if taken is not None:
             self.events.emit(
@@ -525,6 +529,8 @@ class Head(HeadReport, HeadIslands):
                         say(f"yeto: the store failed ({exc}); retrying")
                     self.sleep(min(5.0, tick_s * 2 ** min(ticks, 6)))
                     continue
+                for report in self.store.take_reports():  # store calls retried through
+                    self.events.emit("store_outage_survived", **report)
                 if outage is not None:
                     self.events.emit(
                         "store_outage_survived",
