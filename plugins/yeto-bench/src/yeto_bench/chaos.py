@@ -62,6 +62,8 @@ def chaos_config(
     store: str = "",
     deltas: str = "auto",
     min_round_s: float = 0.1,
+    silence_s: float = 120.0,
+    wall_clock_s: float = 600.0,
 ) -> str:
     """The TOML of one chaos run: the quickstart, shorter, samplers barely throttled
     (``deltas``: ``[releases] deltas``, with a full release every 3; ``min_round_s``:
@@ -87,8 +89,8 @@ def chaos_config(
             total_rounds=total_rounds,
             scheduler="s1",
             tick_s=0.2,
-            wall_clock_s=600,
-            silence_s=120,
+            wall_clock_s=wall_clock_s,
+            silence_s=silence_s,
         )
         + releases
     )
@@ -464,6 +466,8 @@ class ChaosRun:
 
 #: the samplers' throttle (``min_round_s``) of runs with faults beyond SIGKILL and store faults
 FAULT_MIN_ROUND_S = 0.4
+#: the silence backstop of those runs
+FAULT_SILENCE_S = 360.0
 
 
 def run_campaign(
@@ -523,6 +527,10 @@ def run_campaign(
             # faults beyond SIGKILL are injected one after the other while the run trains
             # (a second head takes seconds to start): throttled samplers give them the time
             min_round_s=FAULT_MIN_ROUND_S if fault_kinds else 0.1,
+            # a trainer relaunched after a takeover starts in minutes on a loaded machine
+            # while the samplers wait at their backlog cap: no arrivals, a healthy run
+            silence_s=FAULT_SILENCE_S if fault_kinds else 120.0,
+            wall_clock_s=max(600.0, run_deadline_s + 60.0),  # the bench's deadline decides
         )
         if fault_kinds:  # a short lease: a paused head is taken over in seconds
             text = text.replace("[scheduler]\n", f"[scheduler]\nhead_lease_s = {head_lease_s}\n", 1)
