@@ -48,3 +48,16 @@ def test_faults_due_when_the_run_ends_are_recorded_as_not_injected(tmp_path):
     rows = per_kind([{**out, "groups_lost": 0, "groups_trained_twice": 0}])
     assert rows["pause"]["injected"] == 0 and rows["pause"]["not_injected"] == 2
     assert rows["clock"]["injected"] == 0 and rows["clock"]["not_injected"] == 1
+
+
+def test_a_corrupted_group_skipped_stale_before_it_was_read_is_not_reached(tmp_path):
+    """The first campaign counted such a group as undetected: the reader skipped it as
+    stale without loading it, so nothing could see the flip (and nothing used it)."""
+    from yeto_bench.chaos_faults import evaluate
+    from yeto_core.stores.dir_store import DirStore
+
+    recs = [{"kind": "corrupt", "target": "payload", "position": 5, "at": 0.0}]
+    lineage = {1: {"positions": [0, 1], "skipped": {"stale": [5]}}}
+    evaluate(DirStore(tmp_path / "s", fsync=False), recs, lineage, watermark=6)
+    assert recs[0]["detected"] is False and recs[0]["used"] == 0
+    assert recs[0]["not_reached"] == "skipped stale unread"

@@ -153,12 +153,16 @@ def inject_second_head(run: Any, head: subprocess.Popen) -> tuple[dict[str, Any]
         rc, out = p.returncode, p.stdout + p.stderr
     except subprocess.TimeoutExpired:
         rc, out = None, "timed out"
+    first_alive = head.poll() is None
     rec.update(
         exit=rc,
         detected=rc == 7 and "another head" in out,
-        first_alive=head.poll() is None,
+        first_alive=first_alive,
         message=out.strip().splitlines()[-1][:200] if out.strip() else "",
     )
+    if not rec["detected"] and not first_alive and rc == 0 and "already finished" in out:
+        # the run finished while the second head started: no live run to refuse
+        rec["not_reached"] = "the run finished first"
     return rec, None
 
 
@@ -414,6 +418,14 @@ def evaluate(
         if reason in ("unconvertible", "quarantined")
         for p in ps
     }
+    # skipped for another reason (stale, ...) before anything read the damaged object
+    skipped_unread = {
+        p: reason
+        for r in lineage.values()
+        for reason, ps in r["skipped"].items()
+        if reason not in ("unconvertible", "quarantined")
+        for p in ps
+    }
     for rec in records:
         if "skipped" in rec:
             continue
@@ -437,6 +449,8 @@ def evaluate(
                     rec["raced"] = True  # trained before the flip landed
                 elif not rec["detected"] and p not in trained and (p or 0) >= watermark:
                     rec["not_reached"] = True
+                elif not rec["detected"] and p in skipped_unread:
+                    rec["not_reached"] = f"skipped {skipped_unread[p]} unread"
             elif t == "cut":
                 rec["detected"] = any(
                     e.kind == "cut_invalid" and e.data.get("cut_id") == rec["cut_id"]
