@@ -93,3 +93,19 @@ def test_replay_names_a_trained_position_whose_index_record_was_damaged_later(tm
     )
     with pytest.raises(LedgerError, match="position 1, whose buffer index record was damaged"):
         rebuild_batch(buf, rec, entries)
+
+
+def test_a_quarantined_record_is_counted_quarantined_not_stale(tmp_path):
+    """Found by the campaign: the stand-in of a damaged record carries no versions (0), so
+    a trainer past ``max_policy_age`` counted it ``stale``; the damage went uncounted."""
+    store = DirStore(tmp_path / "store", fsync=False)
+    buf = FileSampleBuffer(store, layout="objects")
+    for i in range(3):
+        buf.append(build_group(f"g{i}", n=2, host="h1", incarnation=1, version=5))
+    _flip(store, "buffer/index/000000000001.json", b'"g1"', b'"gX"')
+    buf = FileSampleBuffer(store, layout="objects")
+    reader = BatchReader(buf, group_size=2, groups_per_round=2, max_policy_age=2)
+    batch = reader.take(5, short_ok=True)
+    assert [g.group_id for g in batch.groups] == ["g0", "g2"]
+    assert tuple(batch.skipped.get("quarantined", ())) == (1,), batch.skipped
+    assert "stale" not in batch.skipped
