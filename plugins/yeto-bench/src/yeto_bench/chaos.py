@@ -288,7 +288,15 @@ def check_run(
         except (ValueError, IndexError):
             pass
         out["replay"] = info or {"rc": proc.returncode, "stderr": proc.stderr.strip()[-400:]}
-        if proc.returncode != 0 or not info.get("equal"):
+        if (
+            proc.returncode != 0
+            and "no valid cut to compare" in proc.stderr
+            and _bench_damaged_only_cut(store, corrupted)
+        ):
+            # the run's one cut was damaged on purpose (and refused): nothing to compare with
+            out["ledger_replay_mismatch"] = 0
+            out["replay"] = {"not_comparable": "the only cut was damaged by the bench"}
+        elif proc.returncode != 0 or not info.get("equal"):
             out["ledger_replay_mismatch"] = 1
             problems.append(
                 f"yeto ledger replay exit {proc.returncode}: "
@@ -321,6 +329,14 @@ def live_processes(run_dir: Path, head_pid: int) -> list[tuple[str, int]]:
             role = "trainer" if str(rec.get("island", "")).startswith("trainer") else "sampler"
             out.append((role, pid))
     return out
+
+
+def _bench_damaged_only_cut(store: Any, corrupted: Any) -> bool:
+    """Whether every committed cut of the run is one the bench damaged on purpose."""
+    from yeto_core.cut import CutStore
+
+    cuts = [c.cut_id for c in CutStore(store).list()]
+    return bool(cuts) and all(any(k.startswith(f"cuts/{c}/") for k in corrupted) for c in cuts)
 
 
 def _final_cut_refused(run_dir: Path) -> bool:
