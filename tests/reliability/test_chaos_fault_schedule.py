@@ -61,3 +61,21 @@ def test_a_corrupted_group_skipped_stale_before_it_was_read_is_not_reached(tmp_p
     evaluate(DirStore(tmp_path / "s", fsync=False), recs, lineage, watermark=6)
     assert recs[0]["detected"] is False and recs[0]["used"] == 0
     assert recs[0]["not_reached"] == "skipped stale unread"
+
+
+def test_a_clock_fault_on_an_island_that_wrote_nothing_after_it_is_not_reached(tmp_path):
+    """Found by the campaign: a clock jump injected one second after the samplers drained
+    (the run was finishing) was counted undetected, though no event on the skewed clock
+    existed for the head to see. One the island did write after is still undetected."""
+    from yeto_bench.chaos_faults import evaluate
+    from yeto_core.event_stream import EventStream
+    from yeto_core.stores.dir_store import DirStore
+
+    store = DirStore(tmp_path / "s", fsync=False)
+    stream = EventStream(store, "sampler-0", flush_s=0.0)
+    stream.emit("sampler_round")
+    quiet = {"kind": "clock", "island": "sampler-0", "at": 0.0, "events_before": 1}
+    loud = {"kind": "clock", "island": "sampler-0", "at": 0.0, "events_before": 0}
+    evaluate(store, [quiet, loud], {}, watermark=0)
+    assert quiet["detected"] is False and quiet["not_reached"]
+    assert loud["detected"] is False and "not_reached" not in loud

@@ -190,6 +190,7 @@ def inject_clock(run: Any, head: subprocess.Popen) -> tuple[dict[str, Any], Any]
     tmp.write_text(json.dumps(skews))
     os.replace(tmp, path)
     rec = {"kind": "clock", "island": island, "skew_s": round(skew, 1), "at": time.time()}
+    rec["events_before"] = _stream_length(run.store, island)
     # Wait for the head's report (or its exit) before the next fault: a pause right after
     # would fence the head with the report still unwritten, and the next head counts only
     # events it sees arrive. ``evaluate`` decides ``detected`` from the store afterwards.
@@ -206,6 +207,15 @@ def inject_clock(run: Any, head: subprocess.Popen) -> tuple[dict[str, Any], Any]
 
 #: how long ``inject_clock`` waits for the head to report the skewed island
 CLOCK_REPORT_WAIT_S = 60.0
+
+
+def _stream_length(store: Any, island: str) -> int:
+    from yeto_core.event_stream import read_events
+
+    try:
+        return len(read_events(store, island))
+    except Exception:
+        return 0
 
 
 def _clock_reported(store: Any, island: str) -> bool:
@@ -434,6 +444,11 @@ def evaluate(
                 e.kind == "island_clock_skew" and e.data.get("island") == rec["island"]
                 for e in streams.get("head", [])
             )
+            after = len(streams.get(rec["island"], [])) - int(rec.get("events_before", 0))
+            if not rec["detected"] and "events_before" in rec and after <= 0:
+                # nothing stamped on the skewed clock reached the store (the island had
+                # already drained: the run was finishing): nothing could show the skew
+                rec["not_reached"] = "the island wrote no event after its clock jumped"
         elif rec["kind"] == "corrupt":
             t = rec["target"]
             if t in ("payload", "index"):
