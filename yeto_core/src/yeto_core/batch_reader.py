@@ -48,7 +48,7 @@ from yeto_core.reader_batches import (  # noqa: F401 (re-exported)
     make_padding,
     padding_template,
 )
-from yeto_core.records import BufferRound, RoundSpec, Sample
+from yeto_core.records import CORRUPT_INDEX_HOST, BufferRound, RoundSpec, Sample
 
 
 class BatchReader(ReaderAdmission):
@@ -269,6 +269,9 @@ class BatchReader(ReaderAdmission):
                 last_progress = self.clock()
             for e in stale:
                 self._seen[int(e.position)] = e
+                if e.host == CORRUPT_INDEX_HOST:  # its stand-in has no versions: not stale
+                    self._skip(e.position, "quarantined", "its index record fails its checksum")
+                    continue
                 self._skip(
                     e.position, "stale", f"version {e.min_version}, trainer at {current_version}"
                 )

@@ -32,6 +32,7 @@ from yeto_core.manifest import (
     delete_dir,
     digest_dir,
     download_verified,
+    sha256_bytes,
     upload_files,
 )
 from yeto_core.ports import ObjectStore
@@ -177,6 +178,25 @@ class CutStore:
                 self._event("cut_fallback", cut_id=name, latest=latest)
             return cut, local
         return None
+
+    def verify(self, cut_id: str) -> list[str]:
+        """What is wrong with committed cut ``cut_id`` (empty: its manifest reads and every
+        shard matches its digest); nothing is written or kept on disk."""
+        try:
+            cut = self.read_manifest(cut_id)
+        except CutError as exc:
+            return [str(exc)]
+        problems = []
+        for f in cut.files:
+            key = f"{self._dir(cut_id)}/{f.name}"
+            try:
+                data = self.store.get(key)
+            except NotFoundError:
+                problems.append(f"{key}: missing (the manifest lists it)")
+                continue
+            if len(data) != f.size or sha256_bytes(data) != f.sha256:
+                problems.append(f"{key}: size or sha256 does not match the manifest")
+        return problems
 
     # -- writing ------------------------------------------------------------------------
 

@@ -63,7 +63,7 @@ class HeadSetup:
         holds a live one; a lapsed lease is taken over and its holder fenced)."""
         other = live_head(self.run_dir)
         lease = HeadLease(
-            self.store.inner,
+            self.leased.inner,
             ttl_s=self.config.scheduler.head_lease_s,
             clock=self.clock,
             host=_host(),
@@ -76,7 +76,7 @@ class HeadSetup:
                 f"`yeto run down {self.run_dir}` or wait for it"
             )
         self.lease = lease
-        self.store.lease = lease
+        self.leased.lease = lease
         lease.start_renewing()
         if taken is not None:
             self.events.emit(

@@ -3,12 +3,13 @@
 
 ``build_trainer_loop`` builds the scheduler, the ``[trainer] lifecycle`` and the
 :class:`~yeto_core.trainer_loop.TrainerLoop` that drives it; the backlog the
-scheduler sees, the loop's events as head events, and the trainer's final stop.
+scheduler sees, the loop's events as head events, the trainer's final stop and the
+check of its final cut.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import attrs
 
@@ -101,6 +102,40 @@ class HeadTrainer:
         kind = names.get(event.kind)
         if kind is not None:
             self.events.emit(kind, **dict(event.data))
+
+    def check_final_cut(self) -> Optional[str]:
+        """Read the final cut back before the run is called finished (None: it is valid).
+
+        Nothing reads the last cut again during a run, so a cut damaged after it was
+        committed would otherwise stay ``cuts/LATEST`` unnoticed. A bad one is a
+        ``cut_invalid`` event (``final``: true, with the newest valid cut) and the run is
+        not marked finished (exit 1): its final weights in the store are damaged.
+        """
+        from yeto_core.cut import CutStore
+
+        cuts = CutStore(self.store)
+        cut_id = cuts.latest_id()
+        if cut_id is None:
+            return None
+        problems = cuts.verify(cut_id)
+        if not problems:
+            return None
+        older = [c.cut_id for c in reversed(cuts.list()) if c.cut_id != cut_id]
+        valid = next((c for c in older if not cuts.verify(c)), None)
+        self.events.emit(
+            "cut_invalid",
+            cut_id=cut_id,
+            problem="; ".join(problems),
+            final=True,
+            newest_valid=valid,
+        )
+        self.final_cut_problem = (
+            f"the final cut {cut_id} fails its check ({problems[0]}): the run's final weights "
+            "in the store are damaged, so it is not marked finished; the newest valid cut is "
+            f"{valid or 'none (only the base)'}. Restore the damaged file from a copy to "
+            "finish the run"
+        )
+        return self.final_cut_problem
 
     def stop_trainer(self) -> None:
         """Take the final cut (FINISHED → FINAL trigger) and release the trainer island."""

@@ -191,6 +191,7 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
     backend_cls = plugins.trainer_backend(config.trainer.backend)
     buffer = open_run_buffer(plugins, config, store, island)
     stream = EventStream(store, config.trainer.name, flush_s=0.0, observer=plugins.emit)
+    stream.observer = store_outage_reporter(stream, store, plugins.emit)
     recorder: dict[str, RecordingBackend] = {}
     model_dir = base_model(store, config, ident)
     work = scratch_dir(ident)
@@ -229,6 +230,29 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
     return 0
 
 
+def store_outage_reporter(stream: EventStream, store: Any, observer: Any = None) -> Any:
+    """An observer for ``stream`` that also emits a ``store_outage_survived`` event for each
+    store operation that succeeded after failures (:class:`~yeto_core.stores.retrying.
+    RetryingStore` queues them; the stream writes through that store, so they are emitted
+    here, after an event, never from inside a store call)."""
+    take = getattr(store, "take_reports", None)
+    busy = threading.local()
+
+    def observe(event: Event) -> None:
+        if observer is not None:
+            observer(event)
+        if take is None or getattr(busy, "on", False):
+            return
+        busy.on = True
+        try:
+            for report in take():
+                stream.emit("store_outage_survived", **report)
+        finally:
+            busy.on = False
+
+    return observe
+
+
 def release_store(plugins: Any, config: RunConfig, store: Any, **kw: Any) -> Any:
     """The run's :class:`~yeto_core.release.ReleaseStore` (``[releases]``, the plugins' codec)."""
     from yeto_core.release import ReleaseStore
@@ -263,6 +287,7 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
     scfg = groups[island]
     engine_cls = plugins.sampler_engine(scfg.engine)
     stream = EventStream(store, island, flush_s=1.0, observer=plugins.emit)
+    stream.observer = store_outage_reporter(stream, store, plugins.emit)
     on_event = sampler_event_bridge(stream)
     options = dict(scfg.engine_options)
     # Server-backed engines (vllm, sglang) report their server's events and keep its
@@ -424,8 +449,10 @@ def run_island(env: Mapping[str, str], plugins: Any = None) -> int:
         plugins = Plugins()
     try:
         from yeto_core.run_store import read_config
+        from yeto_core.stores.retrying import RetryingStore
 
-        store = plugins.open_store(ident.store_url)
+        # an island rides out a store outage (retries with backoff) instead of exiting
+        store = RetryingStore(plugins.open_store(ident.store_url))
         config = read_config(store)
         if ident.role == "trainer":
             return run_trainer(plugins, store, config, ident)

@@ -18,7 +18,7 @@ import attrs
 
 from yeto_core.batch_reader import ReaderBatch, make_padding
 from yeto_core.ledger import BatchLedger, LedgerError, LedgerRound
-from yeto_core.records import ReleaseInfo
+from yeto_core.records import CORRUPT_INDEX_HOST, ReleaseInfo
 
 
 def rebuild_batch(buffer: Any, rec: LedgerRound, entries: Mapping[int, Any]) -> Any:
@@ -28,6 +28,12 @@ def rebuild_batch(buffer: Any, rec: LedgerRound, entries: Mapping[int, Any]) -> 
         if p not in entries:
             raise LedgerError(
                 f"ledger round {rec.seq} trained position {p}, which the buffer does not hold"
+            )
+        if entries[p].host == CORRUPT_INDEX_HOST:
+            raise LedgerError(
+                f"ledger round {rec.seq} trained position {p}, whose buffer index record was "
+                "damaged after it was trained (it fails its checksum and is quarantined); "
+                "the round cannot be rebuilt: restore that record from a copy"
             )
         g = buffer.load(entries[p])
         if len(g.samples) > rec.group_size:

@@ -93,6 +93,7 @@ from yeto_core.run_dir import (  # noqa: F401 (the run-dir protocol, re-exported
     write_json_atomic,
 )
 from yeto_core.stage_profile import emit_snapshot, stage
+from yeto_core.stores.retrying import RetryingStore
 
 #: The head rides out a store that fails (a 503 storm past the store's own retries, a
 #: full disk) for this long with failing ticks in a row, then stops the run cleanly.
@@ -134,8 +135,11 @@ class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands):
             else plugins.island_provider(name).create(self.run_dir)
             for name in config.providers()
         }
-        # every write of the head checks its lease first (a fenced head writes nothing)
-        self.store = LeasedStore(plugins.open_store(config.store_url()))
+        # every write of the head checks its lease first (a fenced head writes nothing),
+        # each attempt of a store call retried through a brief outage (the lease checked
+        # again before every attempt; a fenced head is never retried)
+        self.leased = LeasedStore(plugins.open_store(config.store_url()))
+        self.store = RetryingStore(self.leased)
         self.lease: Optional[HeadLease] = None
         # Every path the config names, absolute: the run dir's config.json and the store's
         # run/config.json mean the same from any working directory.
@@ -181,6 +185,8 @@ class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands):
         self.trainer_loop: Any = None
         self.lifecycle: Optional[TrainerLifecycle] = None
         self._tick_watch: Any = None
+        self.exit_code: Optional[int] = None  # set by shutdown
+        self.final_cut_problem: Optional[str] = None
 
     # -- the loop --------------------------------------------------------------------
 
@@ -326,6 +332,8 @@ class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands):
                         say(f"yeto: the store failed ({exc}); retrying")
                     self.sleep(min(5.0, tick_s * 2 ** min(ticks, 6)))
                     continue
+                for report in self.store.take_reports():  # store calls retried through
+                    self.events.emit("store_outage_survived", **report)
                 if outage is not None:
                     self.events.emit(
                         "store_outage_survived",
@@ -364,7 +372,9 @@ class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands):
             return EXIT_INTERRUPTED
         except HeadFencedError as exc:  # found out while stopping: the rest is the new head's
             return self._fenced(say, exc)
-        return code
+        if self.final_cut_problem is not None:
+            say(f"yeto: {self.final_cut_problem}")
+        return code if self.exit_code is None else self.exit_code
 
     def _wait_tick(self, tick_s: float) -> bool:
         """Between ticks: at most ``tick_s``, less when the buffer changes (a group
@@ -399,6 +409,13 @@ class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands):
         except Exception as exc:
             errors.append(f"trainer: {exc}")
         finished = self.trainer_loop is not None and self.trainer_loop.finished is not None
+        if finished:
+            bad = self.check_final_cut()
+            if bad is not None:  # not finished: the next `yeto run up` trains the rest again
+                errors.append(bad)
+                finished = False
+                code = EXIT_FAILED if code == EXIT_OK else code
+        self.exit_code = code
         summary = self.write_summary(reason=reason, exit_code=code, errors=errors)
         if finished:
             write_json_atomic(

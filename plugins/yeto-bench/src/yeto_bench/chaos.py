@@ -61,9 +61,13 @@ def chaos_config(
     task: str = "add1",
     store: str = "",
     deltas: str = "auto",
+    min_round_s: float = 0.1,
+    silence_s: float = 120.0,
+    wall_clock_s: float = 600.0,
 ) -> str:
-    """The TOML of one chaos run: the quickstart, shorter, samplers not throttled
-    (``deltas``: ``[releases] deltas``, with a full release every 3)."""
+    """The TOML of one chaos run: the quickstart, shorter, samplers barely throttled
+    (``deltas``: ``[releases] deltas``, with a full release every 3; ``min_round_s``:
+    the samplers' throttle)."""
     releases = f'\n[releases]\ndeltas = "{deltas}"\nfull_every = 3\n' if deltas != "auto" else ""
     return (
         bench_run_toml(
@@ -76,7 +80,7 @@ def chaos_config(
             seed=seed,
             samplers=samplers,
             prompts_per_call=1,
-            min_round_s=0.1,
+            min_round_s=min_round_s,
             backlog_cap=16,
             max_new_tokens=3,
             lr=0.003,
@@ -85,8 +89,8 @@ def chaos_config(
             total_rounds=total_rounds,
             scheduler="s1",
             tick_s=0.2,
-            wall_clock_s=600,
-            silence_s=120,
+            wall_clock_s=wall_clock_s,
+            silence_s=silence_s,
         )
         + releases
     )
@@ -222,8 +226,18 @@ def check_run(
         latest = cuts.latest_id()
         found = cuts.latest_valid(tmp)
         if latest is not None and (found is None or found[0].cut_id != latest):
-            torn += 1
-            problems.append(f"cuts/LATEST names {latest}, which is not a valid cut")
+            if f"cuts/{latest}/" in {k[: len(f"cuts/{latest}/")] for k in corrupted}:
+                # a cut the bench damaged on purpose: the head's final check must have said so
+                refused = any(
+                    e.kind == "cut_invalid" and e.data.get("final") and e.data["cut_id"] == latest
+                    for e in read_events(store, "head")
+                )
+                if not refused:
+                    torn += 1
+                    problems.append(f"the damaged final cut {latest} went unnoticed")
+            else:
+                torn += 1
+                problems.append(f"cuts/LATEST names {latest}, which is not a valid cut")
     trained_events = [e for e in read_events(store, "trainer") if e.kind == "round_trained"]
     lineage = final_lineage(trained_events)
     counts = lineage_counts(appended, lineage, upto=watermark)
@@ -274,7 +288,15 @@ def check_run(
         except (ValueError, IndexError):
             pass
         out["replay"] = info or {"rc": proc.returncode, "stderr": proc.stderr.strip()[-400:]}
-        if proc.returncode != 0 or not info.get("equal"):
+        if (
+            proc.returncode != 0
+            and "no valid cut to compare" in proc.stderr
+            and _bench_damaged_only_cut(store, corrupted)
+        ):
+            # the run's one cut was damaged on purpose (and refused): nothing to compare with
+            out["ledger_replay_mismatch"] = 0
+            out["replay"] = {"not_comparable": "the only cut was damaged by the bench"}
+        elif proc.returncode != 0 or not info.get("equal"):
             out["ledger_replay_mismatch"] = 1
             problems.append(
                 f"yeto ledger replay exit {proc.returncode}: "
@@ -307,6 +329,23 @@ def live_processes(run_dir: Path, head_pid: int) -> list[tuple[str, int]]:
             role = "trainer" if str(rec.get("island", "")).startswith("trainer") else "sampler"
             out.append((role, pid))
     return out
+
+
+def _bench_damaged_only_cut(store: Any, corrupted: Any) -> bool:
+    """Whether every committed cut of the run is one the bench damaged on purpose."""
+    from yeto_core.cut import CutStore
+
+    cuts = [c.cut_id for c in CutStore(store).list()]
+    return bool(cuts) and all(any(k.startswith(f"cuts/{c}/") for k in corrupted) for c in cuts)
+
+
+def _final_cut_refused(run_dir: Path) -> bool:
+    """Whether the head stopped because the final cut failed its check (summary errors)."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return any("the final cut" in str(e) for e in summary.get("errors") or ())
 
 
 class ChaosRun:
@@ -359,6 +398,7 @@ class ChaosRun:
         t0 = self.clock()
         codes: list[int] = []
         completed = False
+        stopped_reason: Optional[str] = None
         while len(self.heads) < self.max_heads and self.clock() - t0 < self.deadline_s:
             head = self.start_head()
             next_kill = self.clock() + self.rng.uniform(*self.gap_s)
@@ -397,8 +437,19 @@ class ChaosRun:
             if head.returncode == 0 and (self.run_dir / "FINISHED").exists():
                 completed = True
                 break
+            if head.returncode == 1 and _final_cut_refused(self.run_dir):
+                # stopped with a clear reason: an operator's restart would say the same
+                stopped_reason = "final cut invalid"
+                break
+        for kind, n in sorted(self.faults_left.items()):
+            # said, not silently dropped: a fault the run ended before is not a detected one
+            self.fault_records.extend(
+                {"kind": kind, "skipped": "the run ended before it was injected"} for _ in range(n)
+            )
+        self.faults_left = {k: 0 for k in self.faults_left}
         return {
             "completed": completed,
+            "stopped_reason": stopped_reason,
             "faults_injected": self.fault_records,
             "head_exit_codes": codes,
             "heads_started": len(self.heads),
@@ -427,6 +478,12 @@ class ChaosRun:
                 pass  # the fenced head's exit is in the record, not in head_exit_codes
             return new_head
         return head
+
+
+#: the samplers' throttle (``min_round_s``) of runs with faults beyond SIGKILL and store faults
+FAULT_MIN_ROUND_S = 0.4
+#: the silence backstop of those runs
+FAULT_SILENCE_S = 360.0
 
 
 def run_campaign(
@@ -483,6 +540,13 @@ def run_campaign(
             total_rounds=total_rounds,
             store=store,
             deltas=deltas,
+            # faults beyond SIGKILL are injected one after the other while the run trains
+            # (a second head takes seconds to start): throttled samplers give them the time
+            min_round_s=FAULT_MIN_ROUND_S if fault_kinds else 0.1,
+            # a trainer relaunched after a takeover starts in minutes on a loaded machine
+            # while the samplers wait at their backlog cap: no arrivals, a healthy run
+            silence_s=FAULT_SILENCE_S if fault_kinds else 120.0,
+            wall_clock_s=max(600.0, run_deadline_s + 60.0),  # the bench's deadline decides
         )
         if fault_kinds:  # a short lease: a paused head is taken over in seconds
             text = text.replace("[scheduler]\n", f"[scheduler]\nhead_lease_s = {head_lease_s}\n", 1)
@@ -507,7 +571,7 @@ def run_campaign(
         corrupted = {
             str(x.get("key"))
             for x in outcome["faults_injected"]
-            if x.get("kind") == "corrupt" and x.get("target") == "payload"
+            if x.get("kind") == "corrupt" and x.get("target") in ("payload", "cut")
         }
         checks = check_run(run_dir, replay=replay, store_url=inner_url, corrupted=corrupted)
         if fault_kinds:
@@ -591,6 +655,8 @@ def campaign_report(
         "kills_by_role": dict(sorted(by_role.items())),
         "runs": len(results),
         "runs_completed": sum(1 for r in results if r["completed"]),
+        # stopped by the head with a clear reason (a final cut damaged after its commit)
+        "runs_stopped_with_reason": sum(1 for r in results if r.get("stopped_reason")),
         "groups_lost": sum(r["groups_lost"] for r in results),
         "groups_trained_twice": sum(r["groups_trained_twice"] for r in results),
         "ledger_replay_mismatches": mismatches,
@@ -632,7 +698,7 @@ def campaign_report(
             int(v.get("used_after_corruption", 0)) for v in report["faults"].values()
         )
     report["ok"] = (
-        report["runs_completed"] == report["runs"]
+        report["runs_completed"] + report["runs_stopped_with_reason"] == report["runs"]
         and report["groups_lost"] == 0
         and report["groups_trained_twice"] == 0
         and (not replay or report["ledger_replay_mismatches"] == 0)

@@ -153,12 +153,16 @@ def inject_second_head(run: Any, head: subprocess.Popen) -> tuple[dict[str, Any]
         rc, out = p.returncode, p.stdout + p.stderr
     except subprocess.TimeoutExpired:
         rc, out = None, "timed out"
+    first_alive = head.poll() is None
     rec.update(
         exit=rc,
         detected=rc == 7 and "another head" in out,
-        first_alive=head.poll() is None,
+        first_alive=first_alive,
         message=out.strip().splitlines()[-1][:200] if out.strip() else "",
     )
+    if not rec["detected"] and not first_alive and rc == 0 and "already finished" in out:
+        # the run finished while the second head started: no live run to refuse
+        rec["not_reached"] = "the run finished first"
     return rec, None
 
 
@@ -185,7 +189,43 @@ def inject_clock(run: Any, head: subprocess.Popen) -> tuple[dict[str, Any], Any]
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(skews))
     os.replace(tmp, path)
-    return {"kind": "clock", "island": island, "skew_s": round(skew, 1), "at": time.time()}, None
+    rec = {"kind": "clock", "island": island, "skew_s": round(skew, 1), "at": time.time()}
+    rec["events_before"] = _stream_length(run.store, island)
+    # Wait for the head's report (or its exit) before the next fault: a pause right after
+    # would fence the head with the report still unwritten, and the next head counts only
+    # events it sees arrive. ``evaluate`` decides ``detected`` from the store afterwards.
+    t0 = time.monotonic()
+    reported = _wait(
+        lambda: _clock_reported(run.store, island) or head.poll() is not None,
+        CLOCK_REPORT_WAIT_S,
+        step_s=0.25,
+    )
+    rec["waited_s"] = round(time.monotonic() - t0, 1)
+    rec["head_alive"] = reported and head.poll() is None
+    return rec, None
+
+
+#: how long ``inject_clock`` waits for the head to report the skewed island
+CLOCK_REPORT_WAIT_S = 60.0
+
+
+def _stream_length(store: Any, island: str) -> int:
+    from yeto_core.event_stream import read_events
+
+    try:
+        return len(read_events(store, island))
+    except Exception:
+        return 0
+
+
+def _clock_reported(store: Any, island: str) -> bool:
+    from yeto_core.event_stream import read_events
+
+    try:
+        events = read_events(store, "head")
+    except Exception:
+        return False
+    return any(e.kind == "island_clock_skew" and e.data.get("island") == island for e in events)
 
 
 def inject_corrupt(run: Any, head: subprocess.Popen) -> tuple[dict[str, Any], Any]:
@@ -205,6 +245,11 @@ def inject_corrupt(run: Any, head: subprocess.Popen) -> tuple[dict[str, Any], An
     return {"kind": "corrupt", "target": target, **rec}, None
 
 
+#: how far past the watermark a corrupted group lies: a round in progress may hold the next
+#: few, and a group trained before its flip landed is not a detection test (``raced``)
+AHEAD = 8
+
+
 def _newest_entry(store: Any) -> Any:
     from yeto_core.sample_buffer import open_buffer
 
@@ -213,9 +258,9 @@ def _newest_entry(store: Any) -> Any:
         entries = buf.entries(_watermark(store))
     finally:
         buf.close()
-    # a group the trainer takes soon (a round or so past the watermark), not the newest one,
-    # which the data end may leave untaken
-    return entries[min(len(entries) - 1, 3)] if entries else None
+    # a group the trainer takes soon (two rounds or so past the watermark: not one it may
+    # be training now), not the newest one, which the data end may leave untaken
+    return entries[min(len(entries) - 1, AHEAD)] if entries else None
 
 
 def _corrupt_payload(run: Any) -> dict[str, Any]:
@@ -235,7 +280,8 @@ def _corrupt_index(run: Any) -> dict[str, Any]:
         lines = data.split(b"\n")[:-1]
         wm = _watermark(run.store)
         k = next(
-            (i for i, ln in enumerate(lines) if (_position(ln) or -1) >= wm + 3), len(lines) - 1
+            (i for i, ln in enumerate(lines) if (_position(ln) or -1) >= wm + AHEAD),
+            len(lines) - 1,
         )
         start = sum(len(ln) + 1 for ln in lines[:k])
         end = start + len(lines[k]) if lines else -1
@@ -254,7 +300,7 @@ def _corrupt_index(run: Any) -> dict[str, Any]:
         return {"position": pos, "key": "buffer/index.jsonl", "at": time.time()}
     wm = _watermark(run.store)
     keys = [k for k in run.store.list("buffer/index/") if k.rsplit("/", 1)[1][:12].isdigit()]
-    later = [k for k in keys if int(k.rsplit("/", 1)[1][:12]) >= wm + 3]
+    later = [k for k in keys if int(k.rsplit("/", 1)[1][:12]) >= wm + AHEAD]
     if not keys:
         return {"skipped": "no index record"}
     key = later[0] if later else keys[-1]
@@ -382,6 +428,14 @@ def evaluate(
         if reason in ("unconvertible", "quarantined")
         for p in ps
     }
+    # skipped for another reason (stale, ...) before anything read the damaged object
+    skipped_unread = {
+        p: reason
+        for r in lineage.values()
+        for reason, ps in r["skipped"].items()
+        if reason not in ("unconvertible", "quarantined")
+        for p in ps
+    }
     for rec in records:
         if "skipped" in rec:
             continue
@@ -390,6 +444,11 @@ def evaluate(
                 e.kind == "island_clock_skew" and e.data.get("island") == rec["island"]
                 for e in streams.get("head", [])
             )
+            after = len(streams.get(rec["island"], [])) - int(rec.get("events_before", 0))
+            if not rec["detected"] and "events_before" in rec and after <= 0:
+                # nothing stamped on the skewed clock reached the store (the island had
+                # already drained: the run was finishing): nothing could show the skew
+                rec["not_reached"] = "the island wrote no event after its clock jumped"
         elif rec["kind"] == "corrupt":
             t = rec["target"]
             if t in ("payload", "index"):
@@ -405,6 +464,8 @@ def evaluate(
                     rec["raced"] = True  # trained before the flip landed
                 elif not rec["detected"] and p not in trained and (p or 0) >= watermark:
                     rec["not_reached"] = True
+                elif not rec["detected"] and p in skipped_unread:
+                    rec["not_reached"] = f"skipped {skipped_unread[p]} unread"
             elif t == "cut":
                 rec["detected"] = any(
                     e.kind == "cut_invalid" and e.data.get("cut_id") == rec["cut_id"]

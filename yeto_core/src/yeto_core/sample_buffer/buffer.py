@@ -90,7 +90,7 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
             self._objects: Optional[ObjectsIndex] = None
         else:
             self._jsonl = None
-            self._objects = ObjectsIndex(store, self.prefix)
+            self._objects = ObjectsIndex(store, self.prefix, events=self.events)
         self._shard: Optional[JsonlIndex] = None
         self._shard_readers: dict[str, JsonlIndex] = {}
         self._merged_seq: dict[str, int] = {}

@@ -13,7 +13,7 @@ import zlib
 from typing import Any, Optional
 
 from yeto_core.errors import SampleBufferError
-from yeto_core.records import GroupEntry
+from yeto_core.records import CORRUPT_INDEX_HOST, GroupEntry
 
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _CRC_MARK = b',"crc":"'
@@ -50,6 +50,27 @@ def decode_record(line: bytes) -> Optional[dict[str, Any]]:
     except ValueError:
         return None
     return rec if isinstance(rec, dict) else None
+
+
+def quarantined_record(position: int) -> dict[str, Any]:
+    """The stand-in of a complete index record that fails its checksum.
+
+    Its position stays taken (positions stay dense and nothing shifts); the reader
+    skips it as ``quarantined`` (host :data:`~yeto_core.records.CORRUPT_INDEX_HOST`,
+    no payload).
+    """
+    return {
+        "position": position,
+        "group_id": f"corrupt-index-line-{position}",
+        "prompt_id": "",
+        "host": CORRUPT_INDEX_HOST,
+        "incarnation": -1,
+        "n_samples": 0,
+        "min_version": 0,
+        "max_version": 0,
+        "appended_at": 0.0,
+        "payload": "",
+    }
 
 
 def entry_from(rec: dict[str, Any], where: str) -> GroupEntry:

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from yeto_core.errors import SampleBufferError
-from yeto_core.records import CORRUPT_INDEX_HOST, Event
-from yeto_core.sample_buffer.codec import decode_record, encode_record
+from yeto_core.records import Event
+from yeto_core.sample_buffer.codec import decode_record, encode_record, quarantined_record
 from yeto_core.stores.fsync import fsync_dir
 
 log = logging.getLogger("yeto.buffer")
@@ -120,26 +120,15 @@ class JsonlIndex:
                 },
             )
         )
-        return {
-            "position": self.count,
-            "group_id": f"corrupt-index-line-{self.count}",
-            "prompt_id": "",
-            "host": CORRUPT_INDEX_HOST,
-            "incarnation": -1,
-            "n_samples": 0,
-            "min_version": 0,
-            "max_version": 0,
-            "appended_at": 0.0,
-            "payload": "",
-        }
+        return quarantined_record(self.count)
 
     def _open_for_write(self) -> None:
         if self._wfd is not None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         existed = self.path.exists()
-        self._lfd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        self._wfd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._lfd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        self._wfd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         if not existed and self.fsync:
             fsync_dir(self.path.parent)
 

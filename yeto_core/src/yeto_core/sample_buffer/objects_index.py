@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from typing import Any, Optional
 
 from yeto_core.errors import SampleBufferError
 from yeto_core.ports import ObjectStore
-from yeto_core.sample_buffer.codec import decode_record, encode_record
+from yeto_core.records import Event
+from yeto_core.sample_buffer.codec import decode_record, encode_record, quarantined_record
 from yeto_core.stores.log import StoreLog
+
+log = logging.getLogger("yeto.buffer")
 
 
 class ObjectsIndex:
     """One object per index record (a :class:`StoreLog` of ``<position:012d>.json``)."""
 
-    def __init__(self, store: ObjectStore, prefix: str) -> None:
+    def __init__(
+        self, store: ObjectStore, prefix: str, *, events: Optional[list[Event]] = None
+    ) -> None:
         self.store = store
+        self.events = events if events is not None else []
+        self.quarantined = 0  # complete records that failed their checksum
         self.log = StoreLog(store, f"{prefix}/index", width=12)
         self.dir = self.log.dir
         self.count = 0  # reader: the next position to read
@@ -48,17 +57,47 @@ class ObjectsIndex:
             pos = self._position_of(key)
             if pos != count:
                 break  # not visible yet (listing raced a creation); read it next time
-            rec = decode_record(self.store.get(key))
-            if rec is None or rec.get("position") != pos:
+            raw = self.store.get(key)
+            rec = decode_record(raw)
+            if rec is None:
+                # Objects are created whole: one that fails its checksum was damaged
+                # afterwards. Its position stays taken by a quarantined stand-in.
+                rec = self._quarantine(key, pos, raw)
+            if rec.get("position") != pos:
                 raise SampleBufferError(
-                    f"index object {key!r} fails its checksum or names another position; "
-                    "objects are created whole, so it was modified. Restore it"
+                    f"index object {key!r} names position {rec.get('position')!r}, not {pos}; "
+                    "objects are created whole, so it was moved or edited. Restore it"
                 )
             out.append(rec)
             count += 1
             last_key = key
         self.count, self.last_key = count, last_key
         return out
+
+    def _quarantine(self, key: str, pos: int, raw: bytes) -> dict[str, Any]:
+        """The stand-in record of an index object that fails its checksum (counted)."""
+        self.quarantined += 1
+        log.warning(
+            "index object %r (position %d) fails its checksum; it is quarantined "
+            "(its group is skipped as 'quarantined')",
+            key,
+            pos,
+        )
+        self.events.append(
+            Event(
+                kind="buffer.index_line_quarantined",
+                time=time.time(),
+                source=key,
+                data={
+                    "key": key,
+                    "position": pos,
+                    "bytes": len(raw),
+                    "head": raw[:80].hex(),
+                    "quarantined": self.quarantined,
+                },
+            )
+        )
+        return quarantined_record(pos)
 
     def append(self, make: Callable[[int], dict[str, Any]]) -> tuple[int, dict[str, Any]]:
         """Take the next free position: ``p`` only after ``p-1`` is seen taken (dense)."""

@@ -5,11 +5,11 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Optional
 
 from yeto_core.ports.store import content_version
+from yeto_core.stores.files import mkstemp
 from yeto_core.stores.fsync import fsync_dir
 
 _TMP_MARK = ".tmp-"
@@ -66,7 +66,7 @@ class DirCompareAndSwap:
             cdir.mkdir(exist_ok=True)
             if self.fsync:
                 fsync_dir(path.parent)
-        fd, tmp = tempfile.mkstemp(prefix=f".v{_TMP_MARK}", dir=cdir)
+        fd, tmp = mkstemp(prefix=f".v{_TMP_MARK}", dir=cdir)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(payload)

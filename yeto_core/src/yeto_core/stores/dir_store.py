@@ -22,7 +22,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
@@ -36,6 +35,7 @@ from yeto_core.stores.dir_cas import (  # noqa: F401 - re-exported
     DirCompareAndSwap,
     _unlink_quietly,
 )
+from yeto_core.stores.files import mkstemp as _mkstemp
 from yeto_core.stores.fsync import fsync_dir
 from yeto_core.stores.keys import check_key, check_prefix
 from yeto_core.stores.watch import Watch
@@ -133,12 +133,12 @@ class DirStore(DirCompareAndSwap, ObjectStore):
 
     def _write_tmp(self, key: str, path: Path, data: bytes) -> str:
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
+            fd, tmp = _mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
         except FileNotFoundError:
             # The directory vanished behind our back (removed by hand): make it again.
             self._made_dirs.discard(path.parent)
             self._ensure_parent(key, path)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
+            fd, tmp = _mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -239,7 +239,7 @@ class DirStore(DirCompareAndSwap, ObjectStore):
                 path = self._path(key)
                 self._ensure_parent(key, path)
                 self._refuse_prefix_dir(key, path)
-                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
+                fd, tmp = _mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
                 staged.append((key, path, tmp, fd))
                 view = memoryview(bytes(data))
                 while view:
@@ -289,7 +289,7 @@ class DirStore(DirCompareAndSwap, ObjectStore):
                 if path in seen or os.path.lexists(path):
                     continue  # a repeat in the batch or already there: put_if_absent below
                 seen.add(path)
-                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
+                fd, tmp = _mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
                 staged.append((slot, key, path, tmp, fd))
                 view = memoryview(bytes(data))
                 while view:
@@ -335,7 +335,7 @@ class DirStore(DirCompareAndSwap, ObjectStore):
 
     def _create_exclusive(self, path: Path, data: bytes) -> bool:
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:
             return False
         with os.fdopen(fd, "wb") as f:

@@ -1,0 +1,81 @@
+"""`yeto bench chaos --faults ...`: a fault the run ended before is said, not dropped.
+
+Regression: in the CI profile a short run finished while the second head was still
+starting; the pause and clock faults were never injected, and the report simply had no
+row for them (nothing said they were missing). Now every fault still due when the run
+ends is recorded as not injected, so ``per_kind`` shows it and a test asserting
+``injected == 1`` fails for the right reason.
+"""
+
+from __future__ import annotations
+
+import random
+
+from yeto_bench.chaos import ChaosRun
+from yeto_bench.chaos_faults import per_kind
+
+
+class _Done:
+    """A head that already finished (exit 0)."""
+
+    pid = 999_999_999
+    returncode = 0
+
+    def poll(self) -> int:
+        return 0
+
+    def wait(self, timeout=None) -> int:
+        return 0
+
+
+def test_faults_due_when_the_run_ends_are_recorded_as_not_injected(tmp_path):
+    (tmp_path / "FINISHED").write_text("{}")
+    run = ChaosRun(
+        tmp_path,
+        rng=random.Random(0),
+        kills=0,
+        gap_s=(1.0, 2.0),
+        max_heads=3,
+        deadline_s=60,
+        launcher=lambda *a, **k: _Done(),
+        faults={"clock": 1, "pause": 2},
+    )
+    out = run.run()
+    assert out["completed"]
+    kinds = sorted(r["kind"] for r in out["faults_injected"])
+    assert kinds == ["clock", "pause", "pause"]
+    assert all("skipped" in r for r in out["faults_injected"])
+    rows = per_kind([{**out, "groups_lost": 0, "groups_trained_twice": 0}])
+    assert rows["pause"]["injected"] == 0 and rows["pause"]["not_injected"] == 2
+    assert rows["clock"]["injected"] == 0 and rows["clock"]["not_injected"] == 1
+
+
+def test_a_corrupted_group_skipped_stale_before_it_was_read_is_not_reached(tmp_path):
+    """The first campaign counted such a group as undetected: the reader skipped it as
+    stale without loading it, so nothing could see the flip (and nothing used it)."""
+    from yeto_bench.chaos_faults import evaluate
+    from yeto_core.stores.dir_store import DirStore
+
+    recs = [{"kind": "corrupt", "target": "payload", "position": 5, "at": 0.0}]
+    lineage = {1: {"positions": [0, 1], "skipped": {"stale": [5]}}}
+    evaluate(DirStore(tmp_path / "s", fsync=False), recs, lineage, watermark=6)
+    assert recs[0]["detected"] is False and recs[0]["used"] == 0
+    assert recs[0]["not_reached"] == "skipped stale unread"
+
+
+def test_a_clock_fault_on_an_island_that_wrote_nothing_after_it_is_not_reached(tmp_path):
+    """Found by the campaign: a clock jump injected one second after the samplers drained
+    (the run was finishing) was counted undetected, though no event on the skewed clock
+    existed for the head to see. One the island did write after is still undetected."""
+    from yeto_bench.chaos_faults import evaluate
+    from yeto_core.event_stream import EventStream
+    from yeto_core.stores.dir_store import DirStore
+
+    store = DirStore(tmp_path / "s", fsync=False)
+    stream = EventStream(store, "sampler-0", flush_s=0.0)
+    stream.emit("sampler_round")
+    quiet = {"kind": "clock", "island": "sampler-0", "at": 0.0, "events_before": 1}
+    loud = {"kind": "clock", "island": "sampler-0", "at": 0.0, "events_before": 0}
+    evaluate(store, [quiet, loud], {}, watermark=0)
+    assert quiet["detected"] is False and quiet["not_reached"]
+    assert loud["detected"] is False and "not_reached" not in loud
