@@ -338,13 +338,14 @@ class ReleaseStore:
             None,
             self._full_reason(local_dir, latest),
         )
+        dfiles = files
         if why is None:
             assert self._parent is not None and self.codec is not None
             prel, pdir = self._parent
             ddir = Path(local_dir).with_name(Path(local_dir).name + ".delta")
             shutil.rmtree(ddir, ignore_errors=True)
             tensor_files = build_delta(self.codec, pdir, Path(local_dir), ddir)
-            dfiles = digest_dir(ddir)
+            dfiles = digest_dir(ddir)  # what is uploaded (digested once)
             if sum(f.size for f in dfiles) < sum(f.size for f in files):
                 pdelta = prel.delta or {}
                 delta = {
@@ -360,7 +361,7 @@ class ReleaseStore:
             else:
                 why = "the delta is not smaller than the full export"
                 shutil.rmtree(ddir, ignore_errors=True)
-        stored = digest_dir(upload_dir) if encoding == "delta" else files
+        stored = dfiles if encoding == "delta" else files
         rel = Release(
             release_id=release_id,
             version=version,

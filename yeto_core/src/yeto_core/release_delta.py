@@ -46,7 +46,7 @@ FORMAT = "yeto-delta/1"
 #: Suffix of a payload file: ``model.safetensors`` -> ``model.safetensors.delta``.
 PAYLOAD_SUFFIX = ".delta"
 #: Tensor encodings a payload chunk may use (the codec picks per tensor).
-ENCODINGS = ("same", "sparse", "xor", "raw")
+ENCODINGS = ("same", "sparse", "xor", "diff", "raw")
 #: ``[releases] deltas = "auto"``: deltas when the export's weights are at least this big.
 AUTO_MIN_BYTES = 64 * 1024 * 1024
 #: ``[releases] full_every``: a full release at least every this many releases.
@@ -77,10 +77,14 @@ class DeltaCodec(abc.ABC):
     NAME: str = ""
 
     @abc.abstractmethod
-    def encode(self, parent: memoryview, result: memoryview, itemsize: int) -> tuple[str, bytes]:
+    def encode(
+        self, parent: memoryview, result: memoryview, itemsize: int, dtype: Optional[str] = None
+    ) -> tuple[str, bytes]:
         """The smallest chunk that turns ``parent`` into ``result`` (same length).
 
         :param itemsize: bytes per element (2 for bf16): sparse indices count elements.
+        :param dtype: the safetensors dtype (``"BF16"``): a hint for the encoding; the
+            chunk alone must be enough to apply it.
         :returns: ``(encoding, chunk)`` with ``encoding`` in :data:`ENCODINGS`.
         """
 
@@ -226,7 +230,7 @@ def _delta_file(codec: DeltaCodec, parent: Path, result: Path, out_dir: Path) ->
                 if pt is not None and pt["dtype"] == t["dtype"] and pt["shape"] == t["shape"]:
                     pbytes = pview[pt["start"] : pt["end"]]
                     entry["parent_checksum"] = _checksum(pbytes)
-                    encoding, chunk = codec.encode(pbytes, rbytes, itemsize)
+                    encoding, chunk = codec.encode(pbytes, rbytes, itemsize, dtype=t["dtype"])
                 else:
                     encoding, chunk = "raw", codec.encode_raw(rbytes)
                 if encoding not in ENCODINGS:
