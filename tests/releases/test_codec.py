@@ -157,3 +157,31 @@ def test_core_checks_every_rebuilt_tensor_and_the_parent(tmp_path):
     with pytest.raises(DeltaError) as err:
         apply_delta(None, delta, want, parent, tmp_path / "d", tmp_path / "bad3")
     assert err.value.reason == "no_codec"
+
+
+@pytest.mark.parametrize("threads", ["1", "4"])
+def test_tensors_worked_on_in_parallel_are_written_and_checked_in_order(
+    tmp_path, monkeypatch, threads
+):
+    """Many tensors on several threads: the rebuilt file is the result byte for byte, and a
+    damaged parent tensor in the middle is named (the first failing tensor in file order)."""
+    monkeypatch.setenv("YETO_DELTA_THREADS", threads)
+    ps, rs = {}, {}
+    for i in range(9):
+        p, r = _adam_like(3_000 + 500 * i, 2e-4, seed=10 + i)
+        ps[f"t{i}"], rs[f"t{i}"] = p.view(np.float16), r.view(np.float16)
+    parent = _export(tmp_path / "p", ps)
+    result = _export(tmp_path / "r", rs)
+    spec = build_delta(NumpyZstdCodec(), parent, result, tmp_path / "d")
+    delta = {"format": "yeto-delta/1", "codec": "numpy-zstd", "parent": "1", "files": spec}
+    want = digest_dir(result)
+    apply_delta(NumpyZstdCodec(), delta, want, parent, tmp_path / "d", tmp_path / "ok")
+    assert (tmp_path / "ok" / "model.safetensors").read_bytes() == (
+        result / "model.safetensors"
+    ).read_bytes()
+    ps["t4"] = ps["t4"].copy()
+    ps["t4"][7] = ps["t4"][8]
+    damaged = _export(tmp_path / "p2", ps)
+    with pytest.raises(DeltaError) as err:
+        apply_delta(NumpyZstdCodec(), delta, want, damaged, tmp_path / "d", tmp_path / "bad")
+    assert err.value.reason == "parent_mismatch" and "tensor t4 " in str(err.value)
