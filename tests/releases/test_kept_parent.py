@@ -75,3 +75,21 @@ def test_the_kept_parent_is_linked_not_copied_and_one_at_a_time(tmp_path):
         w = _weights(v + 1, w)
     parents = sorted(p.name for p in tmp_path.glob("*.parent"))
     assert parents == ["release-3.parent"]
+
+
+def test_a_republication_reports_itself_not_the_previous_publication(tmp_path):
+    store = DirStore(tmp_path / "store", fsync=False)
+    rs = ReleaseStore(store, codec=NumpyZstdCodec(), deltas="on", full_every=8)
+    w1 = _weights(1)
+    _write(tmp_path / "e1", w1)
+    rs.publish(tmp_path / "e1", _info(1))
+    _write(tmp_path / "e2", _weights(2, w1))
+    assert rs.publish(tmp_path / "e2", _info(2)).encoding == "delta"
+    assert rs.last_publish["stored_bytes"] > 0
+    again = ReleaseStore(store, codec=NumpyZstdCodec(), deltas="on")  # a new incarnation
+    _write(tmp_path / "e2b", _weights(2, w1))
+    again.publish(tmp_path / "e2b", _info(2))
+    assert again.last_publish["republished"] is True
+    assert again.last_publish["stored_bytes"] == 0 and again.last_publish["encoding"] == "delta"
+    rs.publish(tmp_path / "e2", _info(2))  # the same publisher again: not its delta's figures
+    assert rs.last_publish["republished"] is True and rs.last_publish["stored_bytes"] == 0

@@ -323,6 +323,12 @@ class ReleaseStore:
                 if latest is None or latest.release_id != existing.release_id:
                     self._swap_pointer(existing, pointer_version)
                 self._keep_parent(local_dir, existing)
+                self.last_publish = {  # nothing stored: not the previous publication's figures
+                    "encoding": existing.encoding,
+                    "stored_bytes": 0,
+                    "full_bytes": sum(f.size for f in (existing.result_files or existing.files)),
+                    "republished": True,
+                }
                 self._event("release_republished", existing)
                 return existing
         committed = [
