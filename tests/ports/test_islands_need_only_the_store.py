@@ -136,6 +136,27 @@ class IslandWatcher:
         self._thread.join(10)
 
 
+def _assert_islands_saw_only_the_store(
+    watcher: IslandWatcher, islands_root: Path, run_dir: Path, store_url: str
+) -> None:
+    """Every island ran with nothing but the store URL, the ids and the credentials in its
+    environment, outside the run dir, and no island directory holds a run dir."""
+    roles = {p["env"].get("YETO_ROLE") for p in watcher.seen.values()}
+    assert roles == {"sampler", "trainer"}, watcher.seen
+    for info in watcher.seen.values():
+        extra = set(info["env"]) - ALLOWED_ENV
+        assert not extra, (extra, info["cwd"])
+        assert info["env"]["YETO_STORE"] == store_url
+        assert not any(str(run_dir) in v for v in info["env"].values()), info["env"]
+        assert not info["cwd"].startswith(str(run_dir))
+    dirs = list(islands_root.iterdir()) if islands_root.exists() else []
+    assert dirs, f"no island directory under {islands_root}"
+    for d in dirs:
+        names = {p.name for p in d.rglob("*")}
+        assert not names & RUN_DIR_FILES - {"config.json"}, (d, names & RUN_DIR_FILES)
+        assert not (d / "config.json").exists(), d  # the model's config.json is in .yeto-model/
+
+
 @pytest.mark.timeout(1500)
 def test_the_quickstart_runs_on_s3_through_a_third_party_provider(tmp_path: Path) -> None:
     endpoint, stop_server = start_moto_server()
@@ -164,21 +185,7 @@ def test_the_quickstart_runs_on_s3_through_a_third_party_provider(tmp_path: Path
         trained = summary["groups_trained"] + sum(summary["groups_skipped"].values())
         assert trained == summary["groups_appended"], summary
 
-        # Every island ran with nothing but the store URL, the ids and the credentials.
-        roles = {p["env"].get("YETO_ROLE") for p in watcher.seen.values()}
-        assert roles == {"sampler", "trainer"}, watcher.seen
-        for info in watcher.seen.values():
-            extra = set(info["env"]) - ALLOWED_ENV
-            assert not extra, (extra, info["cwd"])
-            assert info["env"]["YETO_STORE"] == store_url
-            assert not any(str(run_dir) in v for v in info["env"].values()), info["env"]
-            assert not info["cwd"].startswith(str(run_dir))
-        # No island directory holds a run dir (or any file of one).
-        dirs = list(islands_root.iterdir()) if islands_root.exists() else []
-        for d in dirs:
-            names = {p.name for p in d.rglob("*")}
-            assert not names & RUN_DIR_FILES - {"config.json"}, (d, names & RUN_DIR_FILES)
-            assert not (d / "config.json").exists(), d  # the model's config.json is in .yeto-model/
+        _assert_islands_saw_only_the_store(watcher, islands_root, run_dir, store_url)
         # What the islands read is in S3.
         s3 = S3Store.from_url(store_url, **s3_options(endpoint))
         assert s3.exists("run/config.json") and s3.exists("run/model/manifest.json")
@@ -196,3 +203,53 @@ def test_the_example_run_config_selects_the_tempdir_provider() -> None:
     config = load_config(ROOT / "examples" / "third_party_plugin" / "run.toml")
     assert {s.provider for s in config.samplers} == {"tempdir"}
     assert config.trainer.provider == "tempdir"
+
+
+@pytest.mark.soak
+@pytest.mark.skipif(
+    os.environ.get("YETO_SOAK") != "1",
+    reason="the full 600-round quickstart, 5-15 min on 2 cores: YETO_SOAK=1 (make examples)",
+)
+@pytest.mark.timeout(3000)
+def test_the_full_quickstart_learns_through_the_tempdir_provider(tmp_path: Path) -> None:
+    """`examples/third_party_plugin/run.toml` as it ships (the quickstart, 600 rounds, with its
+    samplers and trainer on `tempdir`), with only the wall-clock backstop raised for a
+    loaded machine, the run dir and the store (a dir store beside the run dir, so an island
+    environment naming the run dir would show) under ``tmp_path`` and the island directories
+    kept there to inspect."""
+    text = (ROOT / "examples" / "third_party_plugin" / "run.toml").read_text()
+    assert text.count('provider = "tempdir"\n') == 2 and "wall_clock_s = 300" in text
+    islands_root, run_dir, store = tmp_path / "islands", tmp_path / "run", tmp_path / "store"
+    assert 'run_dir = "runs/quickstart-tempdir"\n' in text
+    text = text.replace(
+        'run_dir = "runs/quickstart-tempdir"\n',
+        f'run_dir = "{run_dir}"\nstore = "{store}"  # outside the run dir: the env check means it\n',
+    )
+    text = text.replace(
+        'provider = "tempdir"\n',
+        f'provider = "tempdir"\nprovider_options = {{ root = "{islands_root}", keep_dirs = true }}\n',
+    ).replace("wall_clock_s = 300", "wall_clock_s = 2400")
+    toml = tmp_path / "run.toml"
+    toml.write_text(text)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with IslandWatcher(islands_root) as watcher:
+        proc = subprocess.run(
+            [*YETO, "run", "up", str(toml)],
+            cwd=ROOT,  # model.path is relative to the checkout: the quickstart's base
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=2900,
+        )
+    out = proc.stdout + proc.stderr
+    print(out[-3000:])
+    assert proc.returncode == 0, out[-4000:]
+    s = json.loads((run_dir / "summary.json").read_text())
+    print(json.dumps(s, indent=1, sort_keys=True))
+    # the quickstart's acceptance figures (tests/integration/test_quickstart.py)
+    assert s["reward_last"] >= 0.8, s
+    assert s["reward_last"] - s["reward_first"] >= 0.3, s
+    assert s["trainer_starts"] >= 2, s
+    assert s["groups_trained"] + sum(s["groups_skipped"].values()) == s["groups_appended"], s
+    assert not list((run_dir / "islands").glob("*.json"))  # every island released
+    _assert_islands_saw_only_the_store(watcher, islands_root, run_dir, str(store))

@@ -28,10 +28,14 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Optional, Union
 
-import attrs
-import numpy as np
-
-from yeto_core.errors import ConfigError, SampleBufferError
+from yeto_core.errors import ConfigError
+from yeto_core.reader_admit import (
+    ReaderAdmission,
+    _fence_predicate,
+    _Held,
+    _positive_int,
+    _quarantine_predicate,
+)
 from yeto_core.reader_batches import (  # noqa: F401 (re-exported)
     SKIP_REASONS,
     EndOfData,
@@ -44,18 +48,10 @@ from yeto_core.reader_batches import (  # noqa: F401 (re-exported)
     make_padding,
     padding_template,
 )
-from yeto_core.records import CORRUPT_INDEX_HOST, BufferRound, RoundSpec, Sample, SampleGroup
+from yeto_core.records import BufferRound, RoundSpec, Sample
 
 
-@attrs.define
-class _Held:
-    """A usable group the reader holds between takes (carry-over)."""
-
-    entry: Any
-    group: SampleGroup
-
-
-class BatchReader:
+class BatchReader(ReaderAdmission):
     """Builds :class:`ReaderBatch` rounds of whole groups from a sample buffer.
 
     :param buffer: a :class:`~yeto_core.sample_buffer.FileSampleBuffer` (or
@@ -201,51 +197,6 @@ class BatchReader:
         return {r: len(p) for r, p in self.skipped.items()}
 
     # -- taking a round -----------------------------------------------------------------
-
-    def _is_stale(self, entry: Any, current_version: int) -> bool:
-        return current_version - int(entry.min_version) > self.max_policy_age
-
-    def _skip(self, position: int, reason: str, detail: str) -> None:
-        self._pending_skips.append((int(position), reason, detail))
-
-    def _classify_entry(self, entry: Any) -> Optional[tuple[str, str]]:
-        if self._fenced(entry.host, int(entry.incarnation)):
-            return "fenced_incarnation", f"host {entry.host} incarnation {entry.incarnation}"
-        if entry.host == CORRUPT_INDEX_HOST:
-            return "quarantined", f"index line of position {entry.position} fails its checksum"
-        if self._quarantined(entry):
-            return "quarantined", f"host {entry.host} group {entry.group_id}"
-        if int(entry.n_samples) < self.group_size:
-            return "too_small", f"{entry.n_samples} samples, the round needs {self.group_size}"
-        return None
-
-    def _admit(self, entry: Any) -> tuple[Optional[_Held], Optional[tuple[str, str]]]:
-        why = self._classify_entry(entry)
-        if why is not None:
-            return None, why
-        try:
-            group = self.buffer.load(entry)
-        except (SampleBufferError, ValueError, KeyError, IndexError, TypeError, OSError) as exc:
-            return None, ("unconvertible", f"payload does not load: {exc}")
-        if len(group.samples) != int(entry.n_samples):
-            return None, (
-                "unconvertible",
-                f"payload has {len(group.samples)} samples, its index entry says {entry.n_samples}",
-            )
-        why = check_group(
-            group,
-            group_size=self.group_size,
-            vocab_size=self.vocab_size,
-            expected_layers=self.expected_layers,
-            top_k=self.top_k,
-            num_experts=self.num_experts,
-        )
-        if why is not None:
-            return None, why
-        if len(group.samples) > self.group_size:
-            # oversized: GRPO advantages need exactly G; the first G samples are trained
-            group = attrs.evolve(group, samples=tuple(group.samples[: self.group_size]))
-        return _Held(entry, group), None
 
     def take(self, current_version: int, *, short_ok: bool = False) -> ReaderBatch:
         """Build the next round for a trainer at policy ``current_version``.
@@ -516,48 +467,6 @@ def commit_watermark(buffer: Any, batch: ReaderBatch) -> int:
         duplicates=tuple(info.get("duplicates", ())),
     )
     return int(buffer.commit(rnd))
-
-
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ConfigError(f"reader.{name} must be an integer >= 1, got {value!r}")
-    return int(value)
-
-
-def _fence_predicate(value: Any) -> Callable[[str, int], bool]:
-    if value is None:
-        return lambda host, inc: False
-    if callable(value):
-        return value
-    if isinstance(value, Collection) and not isinstance(value, (str, bytes)):
-        pairs = value
-
-        def fenced(host: str, inc: int) -> bool:
-            return (host, inc) in pairs
-
-        return fenced
-    raise ConfigError(
-        "reader.fenced_incarnations must be a set of (host, incarnation) pairs or a "
-        f"callable, got {type(value).__name__}"
-    )
-
-
-def _quarantine_predicate(value: Any) -> Callable[[Any], bool]:
-    if value is None:
-        return lambda entry: False
-    if callable(value):
-        return value
-    if isinstance(value, Collection) and not isinstance(value, (str, bytes)):
-        names = value
-
-        def quarantined(entry: Any) -> bool:
-            return entry.host in names or entry.group_id in names
-
-        return quarantined
-    raise ConfigError(
-        "reader.quarantined must be a set of host names / group ids or a callable, "
-        f"got {type(value).__name__}"
-    )
 
 
 __all__ = [

@@ -46,13 +46,12 @@ from typing import Any, Optional
 
 import attrs
 
-from yeto_core import run_store
 from yeto_core.breakers import Breakers, BreakerWatch
 from yeto_core.clock_skew import ClockSkewWatch
-from yeto_core.config import RunConfig, config_to_dict
+from yeto_core.config import RunConfig
 from yeto_core.cost import CostLedger
 from yeto_core.cost_guard import HeadCostGuard
-from yeto_core.errors import ConfigError, StoreError, YetoError
+from yeto_core.errors import StoreError, YetoError
 from yeto_core.event_stream import EventStream, read_all
 from yeto_core.head_islands import (  # noqa: F401 (re-exported)
     MAX_SAMPLER_RESTARTS,
@@ -63,8 +62,9 @@ from yeto_core.head_islands import (  # noqa: F401 (re-exported)
 )
 from yeto_core.head_lease import HeadBusyError, HeadFencedError, HeadLease, LeasedStore
 from yeto_core.head_report import HeadReport, HeadState, backstop_reason
-from yeto_core.ports import IslandProvider, LifecycleContext, TrainerLifecycle
-from yeto_core.records import StopReason
+from yeto_core.head_setup import HeadSetup
+from yeto_core.head_trainer import HeadTrainer
+from yeto_core.ports import IslandProvider, TrainerLifecycle
 from yeto_core.run_dir import (  # noqa: F401 (the run-dir protocol, re-exported)
     BACKSTOP_EXIT,
     CONFIG_FILE,
@@ -99,7 +99,7 @@ from yeto_core.stage_profile import emit_snapshot, stage
 STORE_OUTAGE_LIMIT_S = 120.0
 
 
-class Head(HeadReport, HeadIslands):
+class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands):
     """One run's head. ``run()`` returns an exit code (see ``EXIT_CODES``).
 
     :param config: the checked run config.
@@ -181,169 +181,6 @@ class Head(HeadReport, HeadIslands):
         self.trainer_loop: Any = None
         self.lifecycle: Optional[TrainerLifecycle] = None
         self._tick_watch: Any = None
-
-    # -- set-up ----------------------------------------------------------------------
-
-    def write_config(self) -> None:
-        """The resolved config and the base model into the store (islands read them there)."""
-        write_json_atomic(self.run_dir / CONFIG_FILE, config_to_dict(self.config))
-        run_store.write_config(self.store, self.config)
-        model = Path(self.config.model.path)
-        if model.is_dir():
-            if run_store.publish_model(self.store, model):
-                self.events.emit("model_published", path=str(model.absolute()))
-
-    def prepare_base(self, say: Callable[[str], None] = print) -> None:
-        """Build the base model through the backend when ``model.path`` holds none and
-        ``model.base_options`` asks for one (never for a mistyped path)."""
-        path = Path(self.config.model.path)
-        if (path / "config.json").is_file():
-            return
-        if not self.config.model.base_options:
-            raise YetoError(
-                f"model.path {str(path)!r} holds no model (no config.json); check it for a "
-                "typo, or set model.base_options to have the backend build a base"
-            )
-        backend_cls = self.plugins.trainer_backend(self.config.trainer.backend)
-        if not backend_cls.implements("prepare_base"):
-            raise YetoError(
-                f"model.path {str(path)!r} has no model and the {self.config.trainer.backend!r} "
-                "backend cannot build one; point model.path at a model directory"
-            )
-        options = dict(self.config.model.base_options)
-        options.setdefault("task", self.config.task.name)
-        options.setdefault("seed", self.config.seed)
-        say(f"building the base model in {path} (first run only) ...")
-        t0 = self.clock()
-        backend_cls.prepare_base(options, path)
-        say(f"base model ready in {self.clock() - t0:.1f} s")
-
-    def claim(self) -> None:
-        """Become this run's head: take the store's head lease (refused while another head
-        holds a live one; a lapsed lease is taken over and its holder fenced)."""
-        other = live_head(self.run_dir)
-        lease = HeadLease(
-            self.store.inner,
-            ttl_s=self.config.scheduler.head_lease_s,
-            clock=self.clock,
-            host=_host(),
-        )
-        taken = lease.acquire()
-        if other is not None and int(other["pid"]) != os.getpid() and taken is None:
-            lease.release()  # a live head that holds no lease in this store
-            raise HeadBusyError(
-                f"another head (pid {other['pid']}) runs on {self.run_dir}; stop it with "
-                f"`yeto run down {self.run_dir}` or wait for it"
-            )
-        self.lease = lease
-        self.store.lease = lease
-        lease.start_renewing()
-        if taken is not None:
-            self.events.emit(
-                "head_lease_taken_over",
-                lapsed=taken,
-                now=self.clock(),
-                message=f"the previous head's lease had lapsed; it is fenced: it stops "
-                f"without writing when it wakes (pid {taken.get('pid')} on {taken.get('host')})",
-            )
-        write_json_atomic(
-            self.run_dir / HEAD_FILE, {"pid": os.getpid(), "started_at": self.state.started_at}
-        )
-        run_store.write_head(
-            self.store, started_at=self.state.started_at, pid=os.getpid(), host=_host()
-        )
-        (self.run_dir / DOWN_FILE).unlink(missing_ok=True)
-
-    # -- the trainer -----------------------------------------------------------------
-
-    def build_trainer_loop(self) -> None:
-        """The scheduler, the ``[trainer] lifecycle`` and the TrainerLoop."""
-        from yeto_core.release import ReleaseStore
-        from yeto_core.trainer_loop import Journal, LoopConfig, TrainerLoop
-
-        t = self.config.trainer
-        trainer_provider = self.providers[t.provider] if t.lifecycle == "remote" else _NoProvider()
-        context = LifecycleContext(
-            config=self.config,
-            plugins=self.plugins,
-            store=self.store,
-            provider=_CostedProvider(self, trainer_provider),
-            launch=self.launch_record("trainer", t.name, 0),
-            work_dir=self.run_dir / "work" / "head",
-            emit=lambda e: None,
-            build_driver=self.build_driver,
-        )
-        self.lifecycle = self.plugins.trainer_lifecycle(t.lifecycle).create(context)
-        options = dict(self.config.scheduler.options)
-        try:
-            loop_config = LoopConfig(
-                groups_per_round=self.config.trainer.groups_per_round,
-                a_hard=self.config.trainer.max_policy_age,
-                **options,
-            )
-        except TypeError as exc:
-            allowed = ", ".join(
-                f.name
-                for f in attrs.fields(LoopConfig)
-                if f.name not in ("groups_per_round", "a_hard")
-            )
-            raise ConfigError(f"scheduler.options: {exc}; allowed keys: {allowed}") from None
-        releases = ReleaseStore(self.store)
-        from yeto_core.conversion_head import install_conversion  # [conversion] local
-
-        self.lifecycle, scheduler = install_conversion(
-            self, self.lifecycle, self.plugins.scheduler(self.config.scheduler.name)()
-        )
-        lifecycle = self.lifecycle
-        self.trainer_loop = TrainerLoop(
-            self.cost_guard.wrap(scheduler),
-            lifecycle,
-            self.backlog_for_scheduler,
-            lambda: releases.latest() is not None,
-            Journal(self.store),
-            loop_config,
-            clock=self.clock,
-            emit=self._on_loop_event,
-        )
-
-    def backlog_for_scheduler(self) -> Any:
-        """The backlog; after the data end a short last round counts as a whole round.
-
-        The trainer takes a short last round once the data ended (the driver's
-        ``partial_last_round``), so that every appended group is trained or skipped.
-        """
-        b = self.buffer.backlog()
-        gpr = self.config.trainer.groups_per_round
-        if b.data_ended and 0 < b.groups % gpr:
-            b = attrs.evolve(b, groups=b.groups + gpr - b.groups % gpr)
-        return b
-
-    def _on_loop_event(self, event: Any) -> None:
-        names = {
-            "head_start": "trainer_start",
-            "head_stop": "trainer_stop",
-            "head_release": "trainer_release",
-            "head_orphan_released": "trainer_orphan_released",
-            "head_finish": "trainer_finish",
-            "head_gave_up": "trainer_gave_up",
-            "head_start_failed": "trainer_start_failed",
-            "head_train_failed": "trainer_train_failed",
-            "head_drain_failed": "trainer_drain_failed",
-        }
-        self.plugins.emit(event)  # the journal's stream (head_decision, head_start, ...)
-        self.cost_guard.observe(event)
-        kind = names.get(event.kind)
-        if kind is not None:
-            self.events.emit(kind, **dict(event.data))
-
-    def stop_trainer(self) -> None:
-        """Take the final cut (FINISHED → FINAL trigger) and release the trainer island."""
-        if self.lifecycle is None or self.trainer_loop is None:
-            return
-        # waits for a STARTING trainer, drains a READY one, releases anything else (the
-        # provider verifies the island is gone); rounds after the newest cut are trained
-        # again by the next incarnation.
-        self.trainer_loop.stop(StopReason.FINISHED)
 
     # -- the loop --------------------------------------------------------------------
 

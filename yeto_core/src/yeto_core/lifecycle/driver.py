@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import tempfile
@@ -13,11 +12,12 @@ from typing import Any, Optional, Union
 
 import attrs
 
-from yeto_core import fingerprint
 from yeto_core.batch_reader import SKIP_REASONS, BatchReader, EndOfData
 from yeto_core.cut import CutStore
 from yeto_core.errors import YetoError
 from yeto_core.ledger import BatchLedger
+from yeto_core.lifecycle.publish import DriverPublishing
+from yeto_core.lifecycle.skip_rounds import DriverSkipRounds
 from yeto_core.lifecycle.states import (
     LEAVE_CODES,
     TRANSITIONS,
@@ -34,7 +34,6 @@ from yeto_core.records import (
     ConsistentCut,
     Event,
     LifecycleState,
-    ReleaseInfo,
     RoundSpec,
     StopReason,
 )
@@ -44,7 +43,7 @@ from yeto_core.stage_profile import PROFILE, stage
 S = LifecycleState
 
 
-class DriverLifecycle(TrainerLifecycle):
+class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
     """The trainer in this process (see the module docstring).
 
     :param backend_factory: builds a fresh backend per incarnation (``factory(incarnation)``).
@@ -160,58 +159,6 @@ class DriverLifecycle(TrainerLifecycle):
             shutil.rmtree(d)
         d.mkdir(parents=True)
         return d
-
-    def _publish(self, *, overlap: bool = False) -> None:
-        """Export this round's release and commit it to the release store.
-
-        ``overlap``: the upload (files, manifest, pointer) runs on a background thread
-        while the next round is read and trained; the export and the fingerprint, which
-        need the weights, stay here. At most one upload is pending; every wait point
-        (the next publication, the end of :meth:`train`, :meth:`drain`) waits for it and
-        raises its error, so when ``train`` returns every trained round is published, as
-        without overlap.
-        """
-        if self.releases is None:
-            return
-        assert self.backend is not None
-        self._wait_upload()
-        out = self._scratch(f"release-{self.counters.policy_version}")
-        with stage("trainer.publish.export"):
-            info = ReleaseInfo.coerce(self.backend.publish_release(out)).as_dict()
-        if fingerprint.INFO_KEY not in info:
-            with stage("trainer.publish.fingerprint"):
-                recorded = fingerprint.for_backend(self.backend)
-            if recorded is not None:
-                info[fingerprint.INFO_KEY] = recorded.to_json()
-        info["version"] = self.counters.policy_version
-        info.setdefault("buffer_watermark", self.counters.buffer_watermark)
-        if overlap:
-            if self._uploader is None:
-                from concurrent.futures import ThreadPoolExecutor
-
-                self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
-            self._upload_pending = self._uploader.submit(self._upload, out, info)
-        else:
-            self._upload(out, info)
-
-    def _upload(self, out: Path, info: dict[str, Any]) -> None:
-        assert self.releases is not None
-        with stage("trainer.publish.upload"):
-            rel = self.releases.publish(out, info)
-        shutil.rmtree(out, ignore_errors=True)
-        self._event(
-            "trainer_published",
-            release_id=rel.release_id,
-            version=rel.version,
-            **self.releases.last_publish,
-        )
-
-    def _wait_upload(self) -> None:
-        """Wait for the pending background upload (raises its error)."""
-        pending, self._upload_pending = self._upload_pending, None
-        if pending is not None:
-            with stage("trainer.publish.wait_upload"):
-                pending.result()
 
     # -- port ---------------------------------------------------------------------------
 
@@ -420,97 +367,6 @@ class DriverLifecycle(TrainerLifecycle):
                 **attrs.asdict(self.counters),
             )
         return True
-
-    def _refuse_round(self, reader: BatchReader, batch: Any, metrics: Mapping[str, Any]) -> None:
-        """The backend refused ``batch`` (its loss or gradient norm was not finite) and kept
-        its weights: commit the round's groups as skipped (``nonfinite_loss``), publish
-        nothing, keep the policy version. The ledger gets a skip-only record, so a replay
-        skips the round as the trainer did. The ``nonfinite_rounds`` breaker stops the run
-        after ``[breakers] nonfinite_rounds`` such rounds in a row.
-        """
-        assert self.incarnation is not None
-        c = self.counters
-        skipped = {r: tuple(ps) for r, ps in batch.skipped.items() if ps}
-        skipped["nonfinite_loss"] = tuple(
-            sorted(set(skipped.get("nonfinite_loss", ())) | set(batch.positions))
-        )
-        refused = attrs.evolve(
-            batch, groups=(), positions=(), padding=(), padding_from=None, skipped=skipped
-        )
-        self.ledger.record_skips(
-            refused,
-            seq=c.trained_rounds,
-            incarnation=self.incarnation,
-            parent_cut=self.restored_cut.cut_id if self.restored_cut else None,
-        )
-        watermark = reader.commit(refused)
-        out = {r: list(ps) for r, ps in sorted(skipped.items())}
-        counts = {r: len(ps) for r, ps in out.items()}
-        for r, n in counts.items():
-            self.skipped_by_reason[r] = self.skipped_by_reason.get(r, 0) + n
-        self.nonfinite_in_a_row += 1
-        self.counters = attrs.evolve(
-            c,
-            buffer_watermark=watermark,
-            stale_groups=c.stale_groups + counts.get("stale", 0),
-            skipped_groups=c.skipped_groups + sum(counts.values()),
-        )
-        what = [
-            name
-            for name, key in (("loss", "loss_finite"), ("gradient norm", "grad_norm_finite"))
-            if float(metrics.get(key, 1.0)) == 0.0
-        ]
-        self._event(
-            "trainer_round_refused",
-            reason="nonfinite_loss",
-            detail=f"the round's {' and '.join(what) or 'loss'} was not finite; "
-            "the optimizer step was refused and the weights kept",
-            positions=list(batch.positions),
-            skipped=out,
-            skipped_counts=counts,
-            nonfinite_in_a_row=self.nonfinite_in_a_row,
-            watermark_before=batch.watermark_before,
-            metrics={k: float(v) for k, v in metrics.items() if math.isfinite(float(v))},
-            **attrs.asdict(self.counters),
-        )
-
-    def _commit_skips_at_data_end(self, reader: BatchReader) -> None:
-        """The data ended with only skipped groups (a stale tail) left: commit their skips.
-
-        Without it the watermark would stop before them for ever and they would be
-        neither trained nor counted (``yeto run up`` checks every group is one or the
-        other). The skips go to the ledger as a skip-only record first, so the ledger
-        ends at the buffer's watermark like after a trained round.
-        """
-        assert self.incarnation is not None
-        c = self.counters
-        batch = reader.flush_skips(c.policy_version)
-        if batch is None:
-            return
-        self.ledger.record_skips(
-            batch,
-            seq=c.trained_rounds,
-            incarnation=self.incarnation,
-            parent_cut=self.restored_cut.cut_id if self.restored_cut else None,
-        )
-        watermark = reader.commit(batch)
-        skipped = {r: list(ps) for r, ps in sorted(batch.skipped.items()) if ps}
-        counts = {r: len(ps) for r, ps in skipped.items()}
-        for r, n in counts.items():
-            self.skipped_by_reason[r] = self.skipped_by_reason.get(r, 0) + n
-        self.counters = attrs.evolve(
-            c,
-            buffer_watermark=watermark,
-            stale_groups=c.stale_groups + counts.get("stale", 0),
-            skipped_groups=c.skipped_groups + sum(counts.values()),
-        )
-        self._event(
-            "trainer_skips_committed",
-            skipped=skipped,
-            skipped_counts=counts,
-            watermark_before=batch.watermark_before,
-            **attrs.asdict(self.counters),
-        )
 
     def drain(self, reason: StopReason) -> ConsistentCut:
         """At a round boundary: cut with ``reason.trigger``, commit it, LEAVE."""

@@ -2,7 +2,8 @@
 
 One module per protocol: :mod:`.codec` (index records), :mod:`.jsonl_index`,
 :mod:`.objects_index`, :mod:`.shards` (the merge), :mod:`.consumed` (the
-consumed state and the choice of a round), :mod:`.buffer` (``FileSampleBuffer``).
+consumed state and the choice of a round), :mod:`.append` (the write path),
+:mod:`.buffer` (``FileSampleBuffer``).
 
 Store layout under ``prefix`` (default ``buffer``)::
 

@@ -7,12 +7,10 @@ rounds and incremental reads.
 from __future__ import annotations
 
 import collections
-import functools
-import hashlib
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -20,9 +18,10 @@ import attrs
 
 from yeto_core import serde
 from yeto_core.errors import NotFoundError, SampleBufferError
-from yeto_core.group_codec import decode_group, encode_group
+from yeto_core.group_codec import decode_group
 from yeto_core.ports import DurableSampleBuffer, ObjectStore
 from yeto_core.records import Backlog, BufferRound, Event, GroupEntry, RoundSpec, SampleGroup
+from yeto_core.sample_buffer.append import BufferAppends, _digest, _serialized
 from yeto_core.sample_buffer.codec import check_group_id, entry_from
 from yeto_core.sample_buffer.consumed import STALE_TAIL, ConsumedState, plan_round
 from yeto_core.sample_buffer.jsonl_index import JsonlIndex
@@ -33,18 +32,7 @@ from yeto_core.stage_profile import stage
 LAYOUTS = ("auto", "jsonl", "objects", "shards")
 
 
-def _serialized(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Run ``method`` holding the buffer's lock (its index cursor and head move together)."""
-
-    @functools.wraps(method)
-    def locked(self: FileSampleBuffer, *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
-            return method(self, *args, **kwargs)
-
-    return locked
-
-
-class FileSampleBuffer(DurableSampleBuffer):
+class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
     """The ``file`` sample buffer on any :class:`~yeto_core.ports.ObjectStore`.
 
     :param store: the run's object store.
@@ -218,148 +206,9 @@ class FileSampleBuffer(DurableSampleBuffer):
 
     # -- port --------------------------------------------------------------------------
 
-    @_serialized
-    def append(self, group: SampleGroup) -> int:
-        """Durably append ``group``; return its position (shards: its shard sequence number).
-
-        Durable before it returns: the payload (fsync, link, directory fsync on a
-        directory store) and then the index record (fdatasync, or create-if-absent).
-        """
-        if self.read_only:
-            raise SampleBufferError("this buffer was opened read-only; open it without read_only")
-        gid = check_group_id(group.group_id)
-        if self.layout == "shards":
-            return self._append_shard(group)
-        known = self._ids.get(gid, self._appended.get(gid))
-        if known is not None:
-            return known
-        payload = self.payload_key(gid)
-        with stage("buffer.encode"):
-            data = encode_group(group)
-        with stage("buffer.payload_put"):
-            fresh = self.store.put_if_absent(payload, data)
-        if not fresh:
-            # A payload exists: an earlier append of this id (maybe one that crashed
-            # before its index record). Look for it in the index.
-            self._catch_up()
-            known = self._ids.get(gid)
-            if known is not None:
-                return known
-            data = self.store.get(payload)  # the record must name the bytes that are there
-        make = self._record_maker(group, payload, _digest(data))
-        if self._jsonl is not None:
-            with stage("buffer.index_append"):
-                pos, recs, _ = self._jsonl.append(gid, make)
-            self._ingest(r for r in recs if r["position"] >= self._head)
-            return pos
-        assert self._objects is not None
-        with stage("buffer.index_append"):
-            pos, _rec = self._objects.append(make)
-        self._appended[gid] = pos
-        return pos
-
-    @_serialized
-    def append_many(self, groups: Sequence[SampleGroup]) -> list[int]:
-        """Durably append several groups with one index sync (group commit); their positions.
-
-        The same guarantees as :meth:`append` for each group: every payload is durable
-        (``put_many_if_absent``) before any of the batch's index records is written,
-        and the records go in one write and one ``fdatasync`` (layout ``jsonl``), so a
-        crash leaves none or a prefix of the batch's records visible, never a torn one,
-        and appending the batch again after a crash deduplicates what was there. Layouts
-        ``objects`` and ``shards`` append the groups one at a time (the payloads still
-        go in one ``put_many_if_absent``).
-        """
-        if self.read_only:
-            raise SampleBufferError("this buffer was opened read-only; open it without read_only")
-        if self._jsonl is None or self.layout != "jsonl":
-            return [self.append(g) for g in groups]
-        out: list[Optional[int]] = []
-        todo: list[tuple[int, SampleGroup, str, bytes]] = []  # (slot, group, key, data)
-        first: dict[str, int] = {}  # a group id twice in one batch: appended once
-        for g in groups:
-            gid = check_group_id(g.group_id)
-            known = self._ids.get(gid)
-            out.append(known)
-            if known is None and gid in first:
-                continue
-            if known is None:
-                first[gid] = len(out) - 1
-                with stage("buffer.encode"):
-                    todo.append((len(out) - 1, g, self.payload_key(gid), encode_group(g)))
-        if not todo:
-            return [int(p) for p in out]  # type: ignore[arg-type]
-        with stage("buffer.payload_put"):
-            created = self.store.put_many_if_absent([(k, d) for _, _, k, d in todo])
-        items = []
-        slots = []
-        for (slot, g, key, data), fresh in zip(todo, created, strict=True):
-            if not fresh:
-                # A payload exists: an earlier append of this id (maybe one that crashed
-                # before its index record). The record must name the bytes that are there.
-                self._catch_up()
-                known = self._ids.get(g.group_id)
-                if known is not None:
-                    out[slot] = known
-                    continue
-                data = self.store.get(key)
-            items.append((g.group_id, self._record_maker(g, key, _digest(data))))
-            slots.append(slot)
-        if items:
-            with stage("buffer.index_append"):
-                positions, recs = self._jsonl.append_many(items)
-            self._ingest(r for r in recs if r["position"] >= self._head)
-            for slot, pos in zip(slots, positions, strict=True):
-                out[slot] = pos
-        for i, g in enumerate(groups):
-            if out[i] is None:
-                out[i] = out[first[g.group_id]]
-        return [int(p) for p in out]  # type: ignore[arg-type]
-
     def watch(self) -> Any:
         """A watch on the buffer's prefix (new index records, commits): the store's."""
         return self.store.watch(self.prefix)
-
-    def _append_shard(self, group: SampleGroup) -> int:
-        shard = self._shard
-        assert shard is not None
-        gid = group.group_id
-        if gid in shard.ids:
-            return shard.ids[gid]
-        payload = self.payload_key(gid)
-        data = encode_group(group)
-        if not self.store.put_if_absent(payload, data):
-            shard.read_new()
-            if gid in shard.ids:
-                return shard.ids[gid]
-            data = self.store.get(payload)
-        pos, _recs, _ = shard.append(gid, self._record_maker(group, payload, _digest(data)))
-        return pos
-
-    def _record_maker(
-        self, group: SampleGroup, payload: str, digest: str
-    ) -> Callable[[int], dict[str, Any]]:
-        versions = [int(s.weight_version) for s in group.samples]
-        base = {
-            "group_id": group.group_id,
-            "prompt_id": group.prompt_id,
-            "host": group.sampler_host,
-            "incarnation": int(group.sampler_incarnation),
-            "n_samples": len(group.samples),
-            "min_version": min(versions),
-            "max_version": max(versions),
-            "appended_at": float(self.clock()),
-            "payload": payload,
-            "seq": -1,
-            "digest": digest,
-        }
-        if self.layout == "shards":
-            base["host"] = self.host
-
-        def make(position: int) -> dict[str, Any]:
-            return {**base, "position": position}
-
-        return make
 
     def load(self, entry: GroupEntry) -> SampleGroup:
         """The group of ``entry``, with numpy arrays."""
@@ -576,7 +425,3 @@ def open_buffer(store: ObjectStore, **options: Any) -> FileSampleBuffer:
             "plugins.open_store(url) first"
         )
     return FileSampleBuffer(store, **options)
-
-
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,112 @@
+"""The head's side of the trainer: :class:`HeadTrainer`, a mixin of
+:class:`~yeto_core.run.Head`.
+
+``build_trainer_loop`` builds the scheduler, the ``[trainer] lifecycle`` and the
+:class:`~yeto_core.trainer_loop.TrainerLoop` that drives it; the backlog the
+scheduler sees, the loop's events as head events, and the trainer's final stop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from yeto_core.errors import ConfigError
+from yeto_core.head_islands import _CostedProvider, _NoProvider
+from yeto_core.ports import LifecycleContext
+from yeto_core.records import StopReason
+
+
+class HeadTrainer:
+    """Building and stopping the trainer loop (the host holds the config, plugins,
+    store, providers, cost guard, events, ``launch_record`` and ``build_driver``)."""
+
+    def build_trainer_loop(self) -> None:
+        """The scheduler, the ``[trainer] lifecycle`` and the TrainerLoop."""
+        from yeto_core.release import ReleaseStore
+        from yeto_core.trainer_loop import Journal, LoopConfig, TrainerLoop
+
+        t = self.config.trainer
+        trainer_provider = self.providers[t.provider] if t.lifecycle == "remote" else _NoProvider()
+        context = LifecycleContext(
+            config=self.config,
+            plugins=self.plugins,
+            store=self.store,
+            provider=_CostedProvider(self, trainer_provider),
+            launch=self.launch_record("trainer", t.name, 0),
+            work_dir=self.run_dir / "work" / "head",
+            emit=lambda e: None,
+            build_driver=self.build_driver,
+        )
+        self.lifecycle = self.plugins.trainer_lifecycle(t.lifecycle).create(context)
+        options = dict(self.config.scheduler.options)
+        try:
+            loop_config = LoopConfig(
+                groups_per_round=self.config.trainer.groups_per_round,
+                a_hard=self.config.trainer.max_policy_age,
+                **options,
+            )
+        except TypeError as exc:
+            allowed = ", ".join(
+                f.name
+                for f in attrs.fields(LoopConfig)
+                if f.name not in ("groups_per_round", "a_hard")
+            )
+            raise ConfigError(f"scheduler.options: {exc}; allowed keys: {allowed}") from None
+        releases = ReleaseStore(self.store)
+        from yeto_core.conversion_head import install_conversion  # [conversion] local
+
+        self.lifecycle, scheduler = install_conversion(
+            self, self.lifecycle, self.plugins.scheduler(self.config.scheduler.name)()
+        )
+        lifecycle = self.lifecycle
+        self.trainer_loop = TrainerLoop(
+            self.cost_guard.wrap(scheduler),
+            lifecycle,
+            self.backlog_for_scheduler,
+            lambda: releases.latest() is not None,
+            Journal(self.store),
+            loop_config,
+            clock=self.clock,
+            emit=self._on_loop_event,
+        )
+
+    def backlog_for_scheduler(self) -> Any:
+        """The backlog; after the data end a short last round counts as a whole round.
+
+        The trainer takes a short last round once the data ended (the driver's
+        ``partial_last_round``), so that every appended group is trained or skipped.
+        """
+        b = self.buffer.backlog()
+        gpr = self.config.trainer.groups_per_round
+        if b.data_ended and 0 < b.groups % gpr:
+            b = attrs.evolve(b, groups=b.groups + gpr - b.groups % gpr)
+        return b
+
+    def _on_loop_event(self, event: Any) -> None:
+        names = {
+            "head_start": "trainer_start",
+            "head_stop": "trainer_stop",
+            "head_release": "trainer_release",
+            "head_orphan_released": "trainer_orphan_released",
+            "head_finish": "trainer_finish",
+            "head_gave_up": "trainer_gave_up",
+            "head_start_failed": "trainer_start_failed",
+            "head_train_failed": "trainer_train_failed",
+            "head_drain_failed": "trainer_drain_failed",
+        }
+        self.plugins.emit(event)  # the journal's stream (head_decision, head_start, ...)
+        self.cost_guard.observe(event)
+        kind = names.get(event.kind)
+        if kind is not None:
+            self.events.emit(kind, **dict(event.data))
+
+    def stop_trainer(self) -> None:
+        """Take the final cut (FINISHED → FINAL trigger) and release the trainer island."""
+        if self.lifecycle is None or self.trainer_loop is None:
+            return
+        # waits for a STARTING trainer, drains a READY one, releases anything else (the
+        # provider verifies the island is gone); rounds after the newest cut are trained
+        # again by the next incarnation.
+        self.trainer_loop.stop(StopReason.FINISHED)
