@@ -245,7 +245,9 @@ def test_auto_publishes_full_under_the_threshold_and_says_why(tmp_path, sort_bas
     rs.delta_min_bytes = 0  # under the old threshold no parent copy was kept
     encodings = []
     for v in (3, 4):
-        out = tmp_path / "out"
+        out = tmp_path / "out"  # a fresh export each time, as the driver writes them
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
         info = dict(backend.publish_release(out), version=v)
         info["weight_checksum"] += str(v)
         encodings.append(rs.publish(out, info).encoding)

@@ -170,6 +170,7 @@ def trainer_event_bridge(stream: EventStream, recorder: dict[str, RecordingBacke
                         "stored_bytes",
                         "full_bytes",
                         "full_because",
+                        "republished",
                     )
                     if k in d
                 },

@@ -118,6 +118,8 @@ class ReleaseStore:
         self.delta_min_bytes = int(delta_min_bytes)
         #: the last export this store published (publishing side): the next delta's parent
         self._parent: Optional[tuple[Release, Path]] = None
+        #: (name, size, mtime_ns, inode) of every kept file when it was kept
+        self._parent_stat: list[tuple[str, int, int, int]] = []
         #: what the last :meth:`fetch` did (encoding, chain, bytes downloaded)
         self.last_fetch: dict[str, Any] = {}
         #: what the last :meth:`publish` stored (encoding, bytes, why it was full)
@@ -321,6 +323,12 @@ class ReleaseStore:
                 if latest is None or latest.release_id != existing.release_id:
                     self._swap_pointer(existing, pointer_version)
                 self._keep_parent(local_dir, existing)
+                self.last_publish = {  # nothing stored: not the previous publication's figures
+                    "encoding": existing.encoding,
+                    "stored_bytes": 0,
+                    "full_bytes": sum(f.size for f in (existing.result_files or existing.files)),
+                    "republished": True,
+                }
                 self._event("release_republished", existing)
                 return existing
         committed = [
@@ -338,13 +346,14 @@ class ReleaseStore:
             None,
             self._full_reason(local_dir, latest),
         )
+        dfiles = files
         if why is None:
             assert self._parent is not None and self.codec is not None
             prel, pdir = self._parent
             ddir = Path(local_dir).with_name(Path(local_dir).name + ".delta")
             shutil.rmtree(ddir, ignore_errors=True)
             tensor_files = build_delta(self.codec, pdir, Path(local_dir), ddir)
-            dfiles = digest_dir(ddir)
+            dfiles = digest_dir(ddir)  # what is uploaded (digested once)
             if sum(f.size for f in dfiles) < sum(f.size for f in files):
                 pdelta = prel.delta or {}
                 delta = {
@@ -360,7 +369,7 @@ class ReleaseStore:
             else:
                 why = "the delta is not smaller than the full export"
                 shutil.rmtree(ddir, ignore_errors=True)
-        stored = digest_dir(upload_dir) if encoding == "delta" else files
+        stored = dfiles if encoding == "delta" else files
         rel = Release(
             release_id=release_id,
             version=version,
@@ -411,6 +420,11 @@ class ReleaseStore:
         if self._parent is None:
             return "no local copy of the previous release (first publication of this trainer)"
         prel = self._parent[0]
+        if _stat_dir(self._parent[1]) != self._parent_stat:
+            return (
+                f"the kept copy of the previous export ({self._parent[1]}) changed since it was "
+                "published (was the export rewritten in place?)"
+            )
         if latest is None or latest.release_id != prel.release_id:
             return (
                 f"LATEST is {latest.release_id if latest else None!r}, not this trainer's "
@@ -430,10 +444,14 @@ class ReleaseStore:
         keep = src.with_name(src.name + ".parent")
         if keep.exists():
             shutil.rmtree(keep)
-        shutil.copytree(src, keep)  # a copy: the caller may rewrite its files in place
+        # hard links where the file system allows (the export is not read or written again),
+        # else a copy; what each kept file looked like is recorded, and a kept copy that
+        # changed since (a caller rewriting its export in place) is never a delta's parent
+        shutil.copytree(src, keep, copy_function=_link_or_copy)
         if self._parent is not None and self._parent[1] != keep:
             shutil.rmtree(self._parent[1], ignore_errors=True)  # one parent copy at a time
         self._parent = (rel, keep)
+        self._parent_stat = _stat_dir(keep)
 
     def _publisher_view(self, latest: Optional[Release]) -> tuple[list[str], int]:
         """(release ids, highest seq) for the next publication.
@@ -485,6 +503,22 @@ class ReleaseStore:
                 },
             )
         )
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another device, no hard links on this file system
+        shutil.copy2(src, dst)
+
+
+def _stat_dir(d: Path) -> list[tuple[str, int, int, int]]:
+    out = []
+    for p in sorted(Path(d).rglob("*")):
+        if p.is_file():
+            st = p.stat()
+            out.append((p.relative_to(d).as_posix(), st.st_size, st.st_mtime_ns, st.st_ino))
+    return out
 
 
 def _size(rel: Release) -> int:

@@ -33,7 +33,9 @@ import json
 import os
 import shutil
 import struct
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Optional
 
@@ -46,7 +48,7 @@ FORMAT = "yeto-delta/1"
 #: Suffix of a payload file: ``model.safetensors`` -> ``model.safetensors.delta``.
 PAYLOAD_SUFFIX = ".delta"
 #: Tensor encodings a payload chunk may use (the codec picks per tensor).
-ENCODINGS = ("same", "sparse", "xor", "raw")
+ENCODINGS = ("same", "sparse", "xor", "diff", "raw")
 #: ``[releases] deltas = "auto"``: deltas when the export's weights are at least this big.
 AUTO_MIN_BYTES = 64 * 1024 * 1024
 #: ``[releases] full_every``: a full release at least every this many releases.
@@ -77,10 +79,14 @@ class DeltaCodec(abc.ABC):
     NAME: str = ""
 
     @abc.abstractmethod
-    def encode(self, parent: memoryview, result: memoryview, itemsize: int) -> tuple[str, bytes]:
+    def encode(
+        self, parent: memoryview, result: memoryview, itemsize: int, dtype: Optional[str] = None
+    ) -> tuple[str, bytes]:
         """The smallest chunk that turns ``parent`` into ``result`` (same length).
 
         :param itemsize: bytes per element (2 for bf16): sparse indices count elements.
+        :param dtype: the safetensors dtype (``"BF16"``): a hint for the encoding; the
+            chunk alone must be enough to apply it.
         :returns: ``(encoding, chunk)`` with ``encoding`` in :data:`ENCODINGS`.
         """
 
@@ -199,44 +205,79 @@ def build_delta(
     return files
 
 
+def workers() -> int:
+    """Threads that encode or apply tensors at once (``YETO_DELTA_THREADS``, else the CPUs, <= 8).
+
+    Hashing (``hashlib``), the codec's numpy and zstd work release the GIL on large
+    buffers, so tensors are worked on in parallel and written in order.
+    """
+    env = os.environ.get("YETO_DELTA_THREADS", "").strip()
+    if env.isdigit() and int(env) >= 1:
+        return int(env)
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def _in_order(fn: Callable[[Any], Any], items: list[Any]) -> Iterator[Any]:
+    """``fn`` over ``items`` on :func:`workers` threads, results in order, a bounded window ahead."""
+    n = workers()
+    if n == 1 or len(items) < 2:
+        yield from map(fn, items)
+        return
+    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="delta") as pool:
+        window: deque[Future[Any]] = deque()
+        it = iter(items)
+        try:
+            for item in it:
+                window.append(pool.submit(fn, item))
+                if len(window) >= 2 * n:
+                    yield window.popleft().result()
+            while window:
+                yield window.popleft().result()
+        finally:
+            for f in window:
+                f.cancel()
+
+
 def _delta_file(codec: DeltaCodec, parent: Path, result: Path, out_dir: Path) -> dict[str, Any]:
     r_header, r_index = read_index(result)
     p_index: dict[str, dict[str, Any]] = {}
-    pm, pview = None, memoryview(b"")
+    pview = memoryview(b"")
     if parent.is_file():
         _, p_index = read_index(parent)
-        pm, pview = _mapped(parent)
-    rm, rview = _mapped(result)
+        _, pview = _mapped(parent)
+    _, rview = _mapped(result)
     payload_name = result.name + PAYLOAD_SUFFIX
     tensors: dict[str, Any] = {}
-    try:
-        with open(out_dir / payload_name, "wb") as out:
-            out.write(r_header)  # the result's header, verbatim: offsets and metadata
-            pos = len(r_header)
-            for name in sorted(r_index, key=lambda n: r_index[n]["start"]):
-                t = r_index[name]
-                rbytes = rview[t["start"] : t["end"]]
-                itemsize = _ITEMSIZE.get(t["dtype"], 1)
-                pt = p_index.get(name)
-                entry: dict[str, Any] = {
-                    "dtype": t["dtype"],
-                    "shape": t["shape"],
-                    "checksum": _checksum(rbytes),
-                }
-                if pt is not None and pt["dtype"] == t["dtype"] and pt["shape"] == t["shape"]:
-                    pbytes = pview[pt["start"] : pt["end"]]
-                    entry["parent_checksum"] = _checksum(pbytes)
-                    encoding, chunk = codec.encode(pbytes, rbytes, itemsize)
-                else:
-                    encoding, chunk = "raw", codec.encode_raw(rbytes)
-                if encoding not in ENCODINGS:
-                    raise DeltaError("malformed", f"codec {codec.NAME!r} chose {encoding!r}")
-                out.write(chunk)
-                entry.update(encoding=encoding, offset=pos, length=len(chunk))
-                pos += len(chunk)
-                tensors[name] = entry
-    finally:
-        del rview, pview, rm, pm
+
+    def encode(name: str) -> tuple[str, dict[str, Any], str, bytes]:
+        t = r_index[name]
+        rbytes = rview[t["start"] : t["end"]]
+        itemsize = _ITEMSIZE.get(t["dtype"], 1)
+        pt = p_index.get(name)
+        entry: dict[str, Any] = {
+            "dtype": t["dtype"],
+            "shape": t["shape"],
+            "checksum": _checksum(rbytes),
+        }
+        if pt is not None and pt["dtype"] == t["dtype"] and pt["shape"] == t["shape"]:
+            pbytes = pview[pt["start"] : pt["end"]]
+            entry["parent_checksum"] = _checksum(pbytes)
+            encoding, chunk = codec.encode(pbytes, rbytes, itemsize, dtype=t["dtype"])
+        else:
+            encoding, chunk = "raw", codec.encode_raw(rbytes)
+        if encoding not in ENCODINGS:
+            raise DeltaError("malformed", f"codec {codec.NAME!r} chose {encoding!r}")
+        return name, entry, encoding, chunk
+
+    with open(out_dir / payload_name, "wb") as out:
+        out.write(r_header)  # the result's header, verbatim: offsets and metadata
+        pos = len(r_header)
+        order = sorted(r_index, key=lambda n: r_index[n]["start"])
+        for name, entry, encoding, chunk in _in_order(encode, order):
+            out.write(chunk)
+            entry.update(encoding=encoding, offset=pos, length=len(chunk))
+            pos += len(chunk)
+            tensors[name] = entry
     return {"payload": payload_name, "header_length": len(r_header), "tensors": tensors}
 
 
@@ -307,40 +348,42 @@ def _apply_file(
         _, p_index = read_index(parent)
     payload = (delta_dir / spec["payload"]).read_bytes()
     header = payload[: int(spec["header_length"])]
-    pm, pview = _mapped(parent) if p_index else (None, memoryview(b""))
-    try:
-        with open(out, "wb") as f:
-            f.write(header)
-            _, r_index = _index_of_header(header)
-            for name in sorted(r_index, key=lambda n: r_index[n]["start"]):
-                t = r_index[name]
-                e = tensors.get(name)
-                if e is None:
-                    raise DeltaError("malformed", f"{where}: no payload entry for tensor {name}")
-                size = t["end"] - t["start"]
-                pbytes: Optional[memoryview] = None
-                if e.get("parent_checksum"):
-                    pt = p_index.get(name)
-                    if pt is None:
-                        raise DeltaError("parent_mismatch", f"{where}: parent lacks {name}")
-                    pbytes = pview[pt["start"] : pt["end"]]
-                    if _checksum(pbytes) != e["parent_checksum"]:
-                        raise DeltaError(
-                            "parent_mismatch",
-                            f"{where}: the local parent's tensor {name} is not the one the delta "
-                            "was made against; refusing it (fetch the nearest full release)",
-                        )
-                chunk = payload[int(e["offset"]) : int(e["offset"]) + int(e["length"])]
-                data = codec.apply(e["encoding"], pbytes, chunk, size, _ITEMSIZE.get(t["dtype"], 1))
-                if len(data) != size or _checksum(memoryview(data)) != e["checksum"]:
+    _, pview = _mapped(parent) if p_index else (None, memoryview(b""))
+    with open(out, "wb") as f:
+        f.write(header)
+        _, r_index = _index_of_header(header)
+
+        def rebuild(name: str) -> bytes:
+            t = r_index[name]
+            e = tensors.get(name)
+            if e is None:
+                raise DeltaError("malformed", f"{where}: no payload entry for tensor {name}")
+            size = t["end"] - t["start"]
+            pbytes: Optional[memoryview] = None
+            if e.get("parent_checksum"):
+                pt = p_index.get(name)
+                if pt is None:
+                    raise DeltaError("parent_mismatch", f"{where}: parent lacks {name}")
+                pbytes = pview[pt["start"] : pt["end"]]
+                if _checksum(pbytes) != e["parent_checksum"]:
                     raise DeltaError(
-                        "tensor_checksum_mismatch",
-                        f"{where}: tensor {name} rebuilt from the delta fails its checksum "
-                        f"{e['checksum']}; do not load it",
+                        "parent_mismatch",
+                        f"{where}: the local parent's tensor {name} is not the one the delta "
+                        "was made against; refusing it (fetch the nearest full release)",
                     )
-                f.write(data)
-    finally:
-        del pview, pm
+            chunk = payload[int(e["offset"]) : int(e["offset"]) + int(e["length"])]
+            data = codec.apply(e["encoding"], pbytes, chunk, size, _ITEMSIZE.get(t["dtype"], 1))
+            if len(data) != size or _checksum(memoryview(data)) != e["checksum"]:
+                raise DeltaError(
+                    "tensor_checksum_mismatch",
+                    f"{where}: tensor {name} rebuilt from the delta fails its checksum "
+                    f"{e['checksum']}; do not load it",
+                )
+            return data
+
+        order = sorted(r_index, key=lambda n: r_index[n]["start"])
+        for data in _in_order(rebuild, order):  # checked in order: the first failure wins
+            f.write(data)
 
 
 def _index_of_header(header: bytes) -> tuple[int, dict[str, dict[str, Any]]]:

@@ -99,6 +99,31 @@ def fixed_batches(base: Path, n: int, prompts: int, g: int, seed: int) -> list[A
     return out
 
 
+_KINDS = ("embed_tokens", "lm_head", "norm", "q_proj", "k_proj", "v_proj", "o_proj")
+_KINDS += ("gate_proj", "up_proj", "down_proj")
+_ITEM = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8}
+
+
+def tensor_kind(name: str) -> str:
+    """``model.layers.3.self_attn.q_proj.weight`` -> ``q_proj`` (the bench's per-kind rows)."""
+    return next((k for k in _KINDS if k in name), "other")
+
+
+def _nbytes(entry: dict[str, Any]) -> int:
+    n = 1
+    for d in entry["shape"]:
+        n *= int(d)
+    return n * _ITEM.get(entry["dtype"], 1)
+
+
+def compressed_size(d: Path, level: int = 1) -> int:
+    """Bytes of the export's weight files, each zstd-compressed whole (a reference only)."""
+    import zstandard
+
+    c = zstandard.ZstdCompressor(level=level)
+    return sum(len(c.compress(p.read_bytes())) for p in sorted(d.glob("*.safetensors")))
+
+
 def _digests(d: Path) -> dict[str, str]:
     from yeto_core.manifest import digest_dir
 
@@ -205,13 +230,26 @@ def run_lr(
                 ),
             }
         row["full_bytes"] = sum((out / n).stat().st_size for n in want)
+        if version == rounds:  # what a follower would fetch if full releases were zstd'd
+            row["full_zstd_bytes"] = compressed_size(out)
         row["delta_ratio"] = row["delta"]["stored_bytes"] / row["full"]["stored_bytes"]
         if row["delta"]["encoding"] == "delta":
             spec = stores["delta"].latest().delta["files"]["model.safetensors"]["tensors"]
             counts: dict[str, int] = {}
-            for e in spec.values():
+            kinds: dict[str, list[int]] = {}
+            for tname, e in spec.items():
                 counts[e["encoding"]] = counts.get(e["encoding"], 0) + 1
+                k = kinds.setdefault(tensor_kind(tname), [0, 0, 0])
+                k[0] += int(e["length"])
+                k[1] += _nbytes(e)
+                k[2] += 1
             row["delta"]["tensor_encodings"] = counts
+            # per kind of tensor: chunk bytes over the tensor's bytes in the export
+            row["delta"]["by_kind"] = {
+                k: {"ratio": round(v[0] / v[1], 4), "tensors": v[2], "bytes": v[1]}
+                for k, v in sorted(kinds.items())
+                if v[1]
+            }
         per.append(row)
         progress(
             f"lr={lr:g} v{version}: full {row['full']['stored_bytes'] / 1e6:.1f} MB, "
@@ -232,6 +270,18 @@ def run_lr(
             "delta_ratio_max": max((r["delta_ratio"] for r in deltas), default=None),
             "delta_mb_median": med([r["delta"]["stored_bytes"] / 1e6 for r in deltas]),
             "full_mb": per[0]["full"]["stored_bytes"] / 1e6,
+            "full_zstd_mb": per[-1]["full_zstd_bytes"] / 1e6,
+            "delta_ratio_vs_zstd_full_median": med(
+                [r["delta"]["stored_bytes"] / per[-1]["full_zstd_bytes"] for r in deltas]
+            ),
+            # the quickstart's cadence: one round (one optimizer step) per release
+            "optimizer_steps_per_release": med(
+                [
+                    b["optimizer_steps"] - a["optimizer_steps"]
+                    for a, b in zip(per[:-1], per[1:], strict=True)
+                ]
+            ),
+            "by_kind_last": deltas[-1]["delta"].get("by_kind") if deltas else None,
             "publish_s_full_median": med([r["full"]["publish_s"] for r in deltas]),
             "publish_s_delta_median": med([r["delta"]["publish_s"] for r in deltas]),
             "serve_s_full_median": med([r["full"]["serve_s"] for r in deltas]),
