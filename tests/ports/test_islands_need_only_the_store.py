@@ -109,8 +109,11 @@ class IslandWatcher:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _scan(self) -> None:
+        # Every scan reads every island process again and keeps its latest view: a child
+        # caught between its fork (already in the island's directory) and its exec still
+        # shows its launcher's environment, which the exec replaces.
         for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) in self.seen:
+            if not entry.name.isdigit():
                 continue
             try:
                 cwd = os.readlink(entry / "cwd")
