@@ -236,7 +236,9 @@ def store_outage_reporter(stream: EventStream, store: Any, observer: Any = None)
     store operation that succeeded after failures (:class:`~yeto_core.stores.retrying.
     RetryingStore` queues them; the stream writes through that store, so they are emitted
     here, after an event, never from inside a store call)."""
-    take = getattr(store, "take_reports", None)
+    from yeto_core.stores.retrying import RetryingStore
+
+    take = store.take_reports if isinstance(store, RetryingStore) else None
     busy = threading.local()
 
     def observe(event: Event) -> None:
