@@ -30,6 +30,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -167,7 +168,12 @@ def lineage_counts(
 
 
 def check_run(
-    run_dir: Path, *, replay: bool = True, store_url: str = "", corrupted: Any = frozenset()
+    run_dir: Path,
+    *,
+    replay: bool = True,
+    store_url: str = "",
+    corrupted: Any = frozenset(),
+    damaged_trained: Any = frozenset(),
 ) -> dict[str, Any]:
     """The checks of one finished (or abandoned) run dir; see the module docstring.
 
@@ -296,6 +302,11 @@ def check_run(
             # the run's one cut was damaged on purpose (and refused): nothing to compare with
             out["ledger_replay_mismatch"] = 0
             out["replay"] = {"not_comparable": "the only cut was damaged by the bench"}
+        elif proc.returncode != 0 and _replay_refused_bench_damage(proc.stderr, damaged_trained):
+            # the bench flipped an index record after its group was trained (``raced``): the
+            # replay names it and refuses, which is right; there is nothing to compare with
+            out["ledger_replay_mismatch"] = 0
+            out["replay"] = {"not_comparable": "a trained record was damaged by the bench"}
         elif proc.returncode != 0 or not info.get("equal"):
             out["ledger_replay_mismatch"] = 1
             problems.append(
@@ -329,6 +340,12 @@ def live_processes(run_dir: Path, head_pid: int) -> list[tuple[str, int]]:
             role = "trainer" if str(rec.get("island", "")).startswith("trainer") else "sampler"
             out.append((role, pid))
     return out
+
+
+def _replay_refused_bench_damage(stderr: str, damaged_trained: Any) -> bool:
+    """Whether ``yeto ledger replay`` refused only because of a record the bench damaged."""
+    found = re.search(r"trained position (\d+), whose buffer index record was damaged", stderr)
+    return found is not None and int(found.group(1)) in damaged_trained
 
 
 def _bench_damaged_only_cut(store: Any, corrupted: Any) -> bool:
@@ -573,7 +590,18 @@ def run_campaign(
             for x in outcome["faults_injected"]
             if x.get("kind") == "corrupt" and x.get("target") in ("payload", "cut")
         }
-        checks = check_run(run_dir, replay=replay, store_url=inner_url, corrupted=corrupted)
+        damaged_trained = {
+            int(x["position"])
+            for x in outcome["faults_injected"]
+            if x.get("kind") == "corrupt" and x.get("target") == "index" and x.get("raced")
+        }
+        checks = check_run(
+            run_dir,
+            replay=replay,
+            store_url=inner_url,
+            corrupted=corrupted,
+            damaged_trained=damaged_trained,
+        )
         if fault_kinds:
             from yeto_bench.chaos_faults import evaluate
             from yeto_core.event_stream import read_events
