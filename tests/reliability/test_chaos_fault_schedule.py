@@ -79,3 +79,21 @@ def test_a_clock_fault_on_an_island_that_wrote_nothing_after_it_is_not_reached(t
     evaluate(store, [quiet, loud], {}, watermark=0)
     assert quiet["detected"] is False and quiet["not_reached"]
     assert loud["detected"] is False and "not_reached" not in loud
+
+
+def test_an_index_record_flipped_after_the_reader_read_it_is_raced_not_used(tmp_path):
+    """Found by the campaign at the final code: the reader had read (and CRC-checked) the
+    record before the flip and trained it in a round that committed after it; the bench
+    counted that as a corrupted group used. A payload trained after its flip still is."""
+    from yeto_bench.chaos_faults import evaluate
+    from yeto_core.event_stream import EventStream
+    from yeto_core.stores.dir_store import DirStore
+
+    store = DirStore(tmp_path / "s", fsync=False)
+    EventStream(store, "trainer", flush_s=0.0).emit("round_trained", positions=[7, 8])
+    index = {"kind": "corrupt", "target": "index", "position": 7, "at": 0.0}
+    payload = {"kind": "corrupt", "target": "payload", "position": 8, "at": 0.0}
+    lineage = {1: {"positions": [7, 8], "skipped": {}}}
+    evaluate(store, [index, payload], lineage, watermark=9)
+    assert index["used"] == 0 and index["raced"] is True
+    assert payload["used"] == 1 and "raced" not in payload

@@ -303,7 +303,7 @@ def check_run(
             out["ledger_replay_mismatch"] = 0
             out["replay"] = {"not_comparable": "the only cut was damaged by the bench"}
         elif proc.returncode != 0 and _replay_refused_bench_damage(proc.stderr, damaged_trained):
-            # the bench flipped an index record after its group was trained (``raced``): the
+            # the bench flipped the index record of a group the trainer had read intact: the
             # replay names it and refuses, which is right; there is nothing to compare with
             out["ledger_replay_mismatch"] = 0
             out["replay"] = {"not_comparable": "a trained record was damaged by the bench"}
@@ -593,7 +593,7 @@ def run_campaign(
         damaged_trained = {
             int(x["position"])
             for x in outcome["faults_injected"]
-            if x.get("kind") == "corrupt" and x.get("target") == "index" and x.get("raced")
+            if x.get("kind") == "corrupt" and x.get("target") == "index"
         }
         checks = check_run(
             run_dir,

@@ -459,7 +459,13 @@ def evaluate(
                     for e in streams.get("trainer", [])
                     if e.kind == "round_trained" and p in (e.data.get("positions") or ())
                 ]
-                rec["used"] = sum(1 for e in after if float(e.time) > float(rec["at"]) + 1.0)
+                if t == "index":
+                    # the reader checks a record's CRC when it reads it, and a read record
+                    # stays in memory: a trained, unquarantined position was read intact
+                    # before the flip, whenever its round committed
+                    rec["used"] = 0
+                else:
+                    rec["used"] = sum(1 for e in after if float(e.time) > float(rec["at"]) + 1.0)
                 if not rec["detected"] and p in trained and not rec["used"]:
                     rec["raced"] = True  # trained before the flip landed
                 elif not rec["detected"] and p not in trained and (p or 0) >= watermark:
