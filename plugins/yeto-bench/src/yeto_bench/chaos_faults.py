@@ -454,18 +454,18 @@ def evaluate(
             if t in ("payload", "index"):
                 p = rec.get("position")
                 rec["detected"] = p in skipped
-                after = [
-                    e
-                    for e in streams.get("trainer", [])
-                    if e.kind == "round_trained" and p in (e.data.get("positions") or ())
-                ]
-                if t == "index":
-                    # the reader checks a record's CRC when it reads it, and a read record
-                    # stays in memory: a trained, unquarantined position was read intact
-                    # before the flip, whenever its round committed
-                    rec["used"] = 0
-                else:
-                    rec["used"] = sum(1 for e in after if float(e.time) > float(rec["at"]) + 1.0)
+                # an index record: the reader checks its CRC when it reads it and keeps it in
+                # memory, so a trained, unquarantined position was read intact before the
+                # flip, whenever its round committed; a payload is loaded at its round
+                rec["used"] = 0
+                if t == "payload":
+                    rec["used"] = sum(
+                        1
+                        for e in streams.get("trainer", [])
+                        if e.kind == "round_trained"
+                        and p in (e.data.get("positions") or ())
+                        and float(e.time) > float(rec["at"]) + 1.0
+                    )
                 if not rec["detected"] and p in trained and not rec["used"]:
                     rec["raced"] = True  # trained before the flip landed
                 elif not rec["detected"] and p not in trained and (p or 0) >= watermark:
