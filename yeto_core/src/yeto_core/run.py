@@ -342,7 +342,9 @@ class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands):
                         last_error=outage[2],
                     )
                     outage = None
-                if self.trainer_loop.finished is None:
+                if self.trainer_loop.more_ready:
+                    woken = True  # the trainer has more full rounds: send the next command now
+                elif self.trainer_loop.finished is None:
                     with stage("head.wait_tick"):
                         woken = self._wait_tick(tick_s)
             reason = self._stop_requested or f"finished ({self.trainer_loop.finished})"

@@ -138,6 +138,10 @@ class TrainerLoop:
         self.data_end_at: Optional[float] = None
         self.finished: Optional[str] = None
         self._last_decision: Optional[tuple[str, str]] = None
+        #: the last tick's train command trained all ``rounds_per_tick`` rounds it asked
+        #: for (the trainer answers early only when no full round waits): more may wait,
+        #: so the head's next tick need not wait for its interval
+        self.more_ready = False
         #: an incarnation was started and its start not recorded yet
         self._awaiting_start = False
         self._resume()
@@ -214,6 +218,7 @@ class TrainerLoop:
     def tick(self) -> Decision:
         """Observe, decide, act once. Raises :class:`TrainerLoopGaveUp` when giving up."""
         now = self._clock()
+        self.more_ready = False
         state = self.lifecycle.state()
         self._note_started(state)
         if state in (S.FAILED, S.LEFT):
@@ -296,6 +301,7 @@ class TrainerLoop:
             except Exception as exc:
                 self._log("train_failed", incarnation=self.incarnation, error=str(exc))
                 return
+            self.more_ready = n >= self.config.rounds_per_tick
             if n:
                 self.rounds_this_incarnation += n
                 self.failures = 0
