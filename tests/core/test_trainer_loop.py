@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from yeto_core.cut import CutStore
@@ -252,3 +253,22 @@ def test_a_full_parameter_run_does_not_start_for_a_first_policy(tmp_path):
             loop.tick()
             starts = [r for r in Journal(store).read() if r["kind"] == "start"]
             assert [s["reason"] for s in starts] == ["backlog"]
+
+
+def test_more_ready_only_when_a_train_command_trained_every_round_it_asked_for(tmp_path):
+    """The head skips its tick wait after a tick whose train command trained all
+    ``rounds_per_tick`` rounds (more full rounds may wait), and only then."""
+    run = Run(tmp_path)
+    run.head()
+    run.loop.config = attrs.evolve(CFG, rounds_per_tick=2)
+    seen = []
+    for _ in range(30):
+        run.feed()
+        trained_before = run.loop.rounds_this_incarnation
+        run.loop.tick()
+        n = run.loop.rounds_this_incarnation - trained_before
+        seen.append((n, run.loop.more_ready))
+        run.clock.t += 1.0
+    # 6 groups at t=0 are 3 rounds: one command of 2 (more may wait), one of 1 (no more)
+    assert (2, True) in seen and (1, False) in seen
+    assert all(ready == (n == 2) for n, ready in seen)
