@@ -119,3 +119,37 @@ def test_engine_logprobs_are_at_the_sampling_temperature(sort_base):
         logits = eng.model(input_ids=full).logits[0, len(p) - 1 : -1] / 0.7
     want = torch.log_softmax(logits, -1).gather(-1, torch.tensor(comp.tokens)[:, None])[:, 0]
     np.testing.assert_allclose(comp.logprobs, want.numpy(), atol=1e-5)
+
+
+def test_every_export_writes_the_same_files_as_the_first(sort_base, tmp_path):
+    """The config, generation config and tokenizer files of later exports are the bytes
+    transformers wrote for the first one (only the weights are written anew), and a
+    change of dtype writes them anew."""
+    be = TorchBackend(str(sort_base), lr=5e-3, seed=0)
+    be.restore(None)
+    eng = HFEngine(str(sort_base), seed=1)
+    task = TASKS["sort4"]()
+    be.publish_release(tmp_path / "r0")
+    be.train_round(rollout_batch(eng, task, 0, 16, 8, 0))
+    be.publish_release(tmp_path / "r1")
+    names = sorted(p.name for p in (tmp_path / "r0").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "r1").iterdir())
+    assert {"config.json", "generation_config.json", "tokenizer.json"} <= set(names)
+    for name in names:
+        same = (tmp_path / "r0" / name).read_bytes() == (tmp_path / "r1" / name).read_bytes()
+        assert same == (name != "model.safetensors"), name
+    # what a fresh export (transformers writing every file) gives is the same bytes
+    fresh = TorchBackend(str(sort_base), lr=5e-3, seed=0)
+    fresh.restore(None)
+    fresh.publish_release(tmp_path / "f")
+    for name in names:
+        if name != "model.safetensors":
+            assert (tmp_path / "f" / name).read_bytes() == (tmp_path / "r1" / name).read_bytes()
+    loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "r1"), local_files_only=True)
+    assert loaded.config.vocab_size == be.model.config.vocab_size
+    # another serving dtype: its own config.json (dtype) written by transformers
+    from yeto_torch import export
+
+    info = export.export_full(be.model, sort_base, tmp_path / "bf", dtype=torch.bfloat16)
+    assert json.loads((tmp_path / "bf" / "config.json").read_text())["dtype"] == "bfloat16"
+    assert "config.json" in info["files"]

@@ -13,6 +13,7 @@ the adapter merged by :func:`yeto_torch.lora.merge`).
 from __future__ import annotations
 
 import json
+import weakref
 from pathlib import Path
 from typing import Any, Optional
 
@@ -30,6 +31,12 @@ from yeto_torch.checksum import weight_checksum
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+WEIGHTS = "model.safetensors"
+
+#: per model, the bytes of a full export's other files (config, generation config,
+#: tokenizer) by (base dir, dtype): written once by transformers, then as the same bytes
+#: (a trainer exports every round and only the weights change)
+_SIDE_FILES: weakref.WeakKeyDictionary[torch.nn.Module, dict] = weakref.WeakKeyDictionary()
 
 
 def export_full(
@@ -44,18 +51,42 @@ def export_full(
     :param dtype: the serving dtype the weights are written in (None: the model's). The
         trainer keeps its float32 masters; a delta release is made from these bytes.
     """
-    from transformers.utils import logging as hf_logging
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     named = lora_mod.merged_named_parameters(model)
     tensors = {n: t.detach().to("cpu").to(dtype or t.dtype).contiguous().clone() for n, t in named}
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    save_file(tensors, str(out_dir / WEIGHTS), metadata={"format": "pt"})
+    key = (str(Path(base_dir).resolve()), str(dtype))
+    side = _SIDE_FILES.get(model, {}).get(key)
+    if side is None:
+        names = _export_side_files(model, Path(base_dir), out_dir, dtype)
+        side = {name: (out_dir / name).read_bytes() for name in names}
+        _SIDE_FILES.setdefault(model, {})[key] = side
+    else:
+        for name, data in side.items():
+            (out_dir / name).write_bytes(data)
+    return {
+        "kind": "full",
+        "weight_checksum": weight_checksum(tensors.items()),
+        "files": sorted(p.name for p in out_dir.iterdir() if p.is_file()),
+    }
+
+
+def _export_side_files(
+    model: torch.nn.Module, base_dir: Path, out_dir: Path, dtype: Optional[torch.dtype]
+) -> list[str]:
+    """Write ``config.json`` (the base's dropped keys restored), the generation config and
+    the base's tokenizer files, as transformers writes them; their names."""
+    from transformers.utils import GENERATION_CONFIG_NAME
+    from transformers.utils import logging as hf_logging
+
     hf_logging.disable_progress_bar()
     model.config.save_pretrained(out_dir)
+    names = ["config.json"]
     gen = getattr(model, "generation_config", None)
     if gen is not None:
         gen.save_pretrained(out_dir)
+        names.append(GENERATION_CONFIG_NAME)
     base_cfg = json.loads((Path(base_dir) / "config.json").read_text())
     exported = json.loads((out_dir / "config.json").read_text())
     merged = restore_dropped_keys(base_cfg, exported)
@@ -64,12 +95,7 @@ def export_full(
         if "torch_dtype" in merged:
             merged["torch_dtype"] = merged["dtype"]
     (out_dir / "config.json").write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
-    copy_tokenizer_files(Path(base_dir), out_dir)
-    return {
-        "kind": "full",
-        "weight_checksum": weight_checksum(tensors.items()),
-        "files": sorted(p.name for p in out_dir.iterdir() if p.is_file()),
-    }
+    return names + copy_tokenizer_files(Path(base_dir), out_dir)
 
 
 def export_lora(
