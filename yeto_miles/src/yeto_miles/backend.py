@@ -46,19 +46,16 @@ def weight_checksum(weight_dir: Path) -> str:
     tensors: dict[str, Any] = {}
     for path in sorted(Path(weight_dir).glob("*.safetensors")):
         part = load_file(str(path))
-        if set(part) & set(tensors):
-            raise ReleaseError(
-                f"tensors {sorted(set(part) & set(tensors))} appear twice in {weight_dir}"
-            )
+        twice = sorted(set(part) & set(tensors))
+        if twice:
+            raise ReleaseError(f"tensors {twice} appear twice in {weight_dir}")
         tensors.update(part)
     if not tensors:
         raise ReleaseError(f"{weight_dir} holds no *.safetensors weights to release")
     h = hashlib.sha256()
     for name in sorted(tensors):
         t = tensors[name].detach().to("cpu").contiguous()
-        h.update(name.encode())
-        h.update(str(t.dtype).encode())
-        h.update(repr(tuple(t.shape)).encode())
+        h.update(f"{name}{t.dtype}{tuple(t.shape)!r}".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return "sha256:" + h.hexdigest()
 
@@ -205,10 +202,8 @@ class MilesBackend(TrainerBackend):
 
     def command(self, load_dir: Optional[Path] = None) -> list[str]:
         """The exact Miles command line of this incarnation (``--dry-run`` prints it)."""
-        load = load_dir if load_dir is not None else self.save_dir
-        return inventory.miles_command(
-            self, load_dir=str(load), custom_config=str(self.config_path)
-        )
+        load, config = str(load_dir or self.save_dir), str(self.config_path)
+        return inventory.miles_command(self, load_dir=load, custom_config=config)
 
     def _wait(self, get: Any, what: str, timeout_s: float) -> Any:
         assert self.bridge is not None
@@ -278,19 +273,10 @@ class MilesBackend(TrainerBackend):
                 f"model.path {str(self.model_dir)!r} has no config.json; the miles backend needs "
                 "the base as a Hugging Face checkpoint (it is Miles' --hf-checkpoint)"
             )
-        load_dir: Optional[Path] = None
-        self.next_id, self.last_saved = 0, None
-        state = {"from_base": True} if cut_dir is None else self._read_state(Path(cut_dir))
-        if not state["from_base"]:
-            load_dir, r = Path(cut_dir), int(state["rollout_id"])
-            hf = load_dir / "hf"  # a cut without an export republishes the base, as it began
-            self.next_id = r + 1
-            self.last_saved = {
-                "rollout_id": r,
-                "checkpoint_dir": str(load_dir / iter_name(r)),
-                "hf_dir": str(hf if hf.is_dir() else self.model_dir),
-            }
-        else:
+        self.last_saved = None if cut_dir is None else self._read_state(Path(cut_dir))
+        load_dir = None if self.last_saved is None else Path(cut_dir)
+        self.next_id = 0 if self.last_saved is None else self.last_saved["rollout_id"] + 1
+        if load_dir is None:
             shutil.rmtree(self.save_dir, ignore_errors=True)  # Miles starts from --hf-checkpoint
         bridge = self._launch(load_dir)
         got = self._wait(bridge.first_request, "Miles' first rollout request", self.start_timeout_s)
@@ -301,7 +287,8 @@ class MilesBackend(TrainerBackend):
                 f"(iter_* of rollout {self.next_id - 1}); --load {load_dir} is not this cut"
             )
 
-    def _read_state(self, cut: Path) -> dict[str, Any]:
+    def _read_state(self, cut: Path) -> Optional[dict[str, Any]]:
+        """The round ``cut`` holds, as :attr:`last_saved` (None: a cut from the base)."""
         path = cut / STATE_FILE
         state = json.loads(path.read_text()) if path.is_file() else {}
         for key, want in self._identity().items():
@@ -310,11 +297,15 @@ class MilesBackend(TrainerBackend):
                     f"{path}: {key} is {state.get(key)!r}, this trainer has {want!r}; restore a cut "
                     "of the miles backend taken with the same base, G and groups per round"
                 )
-        r = int(state["rollout_id"])
-        problem = None if state["from_base"] else _tracker_problem(cut / iter_name(r), r)
+        if state["from_base"]:
+            return None
+        r, hf = int(state["rollout_id"]), cut / "hf"
+        problem = _tracker_problem(cut / iter_name(r), r)
         if problem:
             raise CutError(f"cut {cut} is damaged: {problem}; restore another cut")
-        return state
+        # a cut without an export republishes the base, as it began
+        hf_dir = hf if hf.is_dir() else self.model_dir
+        return {"rollout_id": r, "checkpoint_dir": str(cut / iter_name(r)), "hf_dir": str(hf_dir)}
 
     def train_round(self, batch: Any) -> dict[str, float]:
         """Hand the round to Miles; return once Miles trained and saved it."""
@@ -329,6 +320,8 @@ class MilesBackend(TrainerBackend):
             self.round_timeout_s,
         )
         bridge.drop_batch(r)
+        hf = saved.get("hf_dir") or self.hf_template.format(rollout_id=saved["rollout_id"])
+        saved["hf_dir"] = hf  # where Miles wrote the export (the hook may not know it)
         if self.last_saved is not None:  # only the newest round's checkpoint is kept here
             prev = int(self.last_saved["rollout_id"])
             shutil.rmtree(self.save_dir / iter_name(prev), ignore_errors=True)
@@ -336,13 +329,9 @@ class MilesBackend(TrainerBackend):
         self.last_saved, self.next_id = saved, r + 1
         return {"miles_rollout_id": float(r), "miles_round_s": time.monotonic() - t0}
 
-    def _hf_dir(self) -> Path:
-        s = self.last_saved or {}
-        return Path(s.get("hf_dir") or self.hf_template.format(rollout_id=s.get("rollout_id")))
-
     def publish_release(self, out_dir: Path) -> ReleaseInfo:
         """The release of the last round's HF export (before the first: the cut's, or the base)."""
-        src = self.model_dir if self.last_saved is None else self._hf_dir()
+        src = self.model_dir if self.last_saved is None else Path(self.last_saved["hf_dir"])
         return publish_from_export(src, self.model_dir, Path(out_dir))
 
     def _identity(self) -> dict[str, Any]:
@@ -360,7 +349,7 @@ class MilesBackend(TrainerBackend):
         out.mkdir(parents=True, exist_ok=True)
         r = -1 if self.last_saved is None else int(self.last_saved["rollout_id"])
         if r >= 0:  # a round trained here, or none since the restore: cut the restored one again
-            ckpt, hf = Path(self.last_saved["checkpoint_dir"]), self._hf_dir()
+            ckpt, hf = Path(self.last_saved["checkpoint_dir"]), Path(self.last_saved["hf_dir"])
             problem = _tracker_problem(ckpt, r)  # in Megatron's --save dir, or the restored cut
             if problem:
                 raise CutError(f"{problem}; the checkpoint is not complete (is --async-save on?)")

@@ -40,12 +40,23 @@ def type_name(tp: Any) -> str:
     return _MODULE_PREFIX.sub("", str(tp))
 
 
-def _fields(cls: Any) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
+def _attr(path: str) -> Any:
+    module, _, name = path.rpartition(".")
+    return getattr(import_module(module), name)
 
 
-def _params(fn: Any) -> list[str]:
-    return list(inspect.signature(fn).parameters)
+def _sample(cls: Any) -> dict[str, Any]:
+    return {
+        "fields": {f.name: type_name(f.type) for f in dataclasses.fields(cls)},
+        "status": [m.value for m in cls.Status],
+        "methods": [m for m in ("validate", "to_dict", "from_dict") if hasattr(cls, m)],
+    }
+
+
+def _flags(provider: Any) -> list[str]:
+    parser = argparse.ArgumentParser(add_help=False)
+    provider()(parser)
+    return sorted({s for a in parser._actions for s in a.option_strings})
 
 
 def describe() -> dict[str, Any]:
@@ -53,37 +64,23 @@ def describe() -> dict[str, Any]:
     out: dict[str, Any] = {"sample": None, "classes": {}, "functions": {}, "flags": None}
     errors: dict[str, str] = {}
 
-    def attempt(where: str, fn: Any) -> Any:
+    def read(where: str, into: dict[str, Any], key: str, path: str, how: Any) -> None:
         try:
-            return fn()
+            into[key] = how(_attr(path))
         except Exception as exc:  # the doctor reports whatever breaks
             errors[where] = f"{type(exc).__name__}: {exc}"
-            return None
 
-    def sample() -> dict[str, Any]:
-        cls = import_module("miles.utils.types").Sample
-        return {
-            "fields": {f.name: type_name(f.type) for f in dataclasses.fields(cls)},
-            "status": [m.value for m in cls.Status],
-            "methods": [m for m in ("validate", "to_dict", "from_dict") if hasattr(cls, m)],
-        }
-
-    def flags() -> list[str]:
-        parser = argparse.ArgumentParser(add_help=False)
-        import_module("miles.utils.arguments").get_miles_extra_args_provider()(parser)
-        return sorted({s for a in parser._actions for s in a.option_strings})
-
-    out["sample"] = attempt("miles.utils.types", sample)
-    base = "miles.rollout.base_types"
+    read("miles.utils.types", out, "sample", "miles.utils.types.Sample", _sample)
     for name in ("RolloutFnConstructorInput", "RolloutFnTrainInput", "RolloutFnTrainOutput"):
-        got = attempt(f"{base}.{name}", lambda n=name: _fields(getattr(import_module(base), n)))
-        if got is not None:
-            out["classes"][name] = got
-    for mod, fn in (("miles.ray.rollout.metrics", "log_rollout_data"), (base, "call_rollout_fn")):
-        got = attempt(f"{mod}.{fn}", lambda m=mod, f=fn: _params(getattr(import_module(m), f)))
-        if got is not None:
-            out["functions"][f"{mod}.{fn}"] = got
-    out["flags"] = attempt("miles.utils.arguments", flags)
+        path = f"miles.rollout.base_types.{name}"
+        read(path, out["classes"], name, path, lambda c: [f.name for f in dataclasses.fields(c)])
+    for path in (
+        "miles.ray.rollout.metrics.log_rollout_data",
+        "miles.rollout.base_types.call_rollout_fn",
+    ):
+        read(path, out["functions"], path, path, lambda f: list(inspect.signature(f).parameters))
+    provider = "miles.utils.arguments.get_miles_extra_args_provider"
+    read("miles.utils.arguments", out, "flags", provider, _flags)
     out["errors"] = errors
     return out
 
