@@ -14,6 +14,9 @@ from yeto_core.batch_reader import make_padding
 from yeto_core.errors import NotFoundError, YetoError
 from yeto_core.group_codec import decode_group, encode_group
 
+#: Why the other side is gone (None: it is there).
+Alive = Callable[[], Optional[str]]
+
 
 class BridgeError(YetoError):
     """The other side of the Miles bridge is gone or did not answer in time."""
@@ -46,8 +49,19 @@ class Bridge:
     def close(self) -> None:
         self.store.put(self.key("closed"), b"closed")
 
-    def is_closed(self) -> bool:
-        return self.store.exists(self.key("closed"))
+    def gone(self, parent: str) -> Optional[str]:
+        """Why the trainer incarnation (``parent``: its ``"host:pid"``) is gone, or None."""
+        if self.store.exists(self.key("closed")):
+            return "the trainer incarnation closed the bridge (it drained or failed)"
+        host, _, pid = str(parent).rpartition(":")
+        if host == socket.gethostname() and pid.isdigit():  # its process, on the same host only
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                return f"the trainer incarnation (pid {pid}) that launched Miles is gone"
+            except PermissionError:
+                pass
+        return None
 
     def put_batch(self, rollout_id: int, batch: Any) -> None:
         """The reader's batch for Miles' rollout ``rollout_id``; ``round.json`` last."""
@@ -90,13 +104,7 @@ class Bridge:
             self.store.delete(key)
 
     def wait(
-        self,
-        get: Callable[[], Any],
-        *,
-        what: str,
-        timeout_s: float,
-        alive: Callable[[], Optional[str]] = lambda: None,
-        poll_s: float = 0.2,
+        self, get: Callable[[], Any], *, what: str, timeout_s: float, alive: Alive, poll_s: float
     ) -> Any:
         """Poll ``get()`` until it returns something; ``alive()`` returns why the peer is gone."""
         deadline = time.monotonic() + timeout_s
@@ -111,16 +119,3 @@ class Bridge:
                 )
             time.sleep(poll_s)
         return value
-
-
-def parent_alive(parent: str) -> Optional[str]:
-    """``"host:pid"`` of the trainer incarnation: why it is gone (same host only), or None."""
-    host, _, pid = str(parent).rpartition(":")
-    if host == socket.gethostname() and pid.isdigit():
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return f"the trainer incarnation (pid {pid}) that launched Miles is gone"
-        except PermissionError:
-            pass
-    return None

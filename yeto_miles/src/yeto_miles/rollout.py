@@ -15,7 +15,7 @@ from typing import Any, Optional
 import numpy as np
 
 from yeto_core.records import Sample as YetoSample
-from yeto_miles.bridge import Bridge, BridgeError, parent_alive
+from yeto_miles.bridge import Bridge, BridgeError
 
 #: ``metadata`` key that marks a loss-free padding sample.
 PAD_KEY = "yeto_padding"
@@ -103,8 +103,7 @@ def _bridge(url: str, prefix: str) -> Bridge:
 
 def bridge_of(args: Any) -> Bridge:
     """The bridge named by ``args.yeto_bridge_url`` / ``args.yeto_bridge_prefix``."""
-    url = getattr(args, "yeto_bridge_url", None)
-    prefix = getattr(args, "yeto_bridge_prefix", None)
+    url, prefix = getattr(args, "yeto_bridge_url", None), getattr(args, "yeto_bridge_prefix", None)
     if not url or not prefix:
         raise BridgeError(
             "args.yeto_bridge_url / yeto_bridge_prefix are missing: Miles was not started by "
@@ -116,22 +115,14 @@ def bridge_of(args: Any) -> Bridge:
 def next_round(args: Any, rollout_id: int) -> list[list[Any]]:
     """Ask for round ``rollout_id`` and wait until the incarnation hands it over."""
     bridge, r = bridge_of(args), int(rollout_id)
-    bridge.put_json(
-        bridge.key("requests", r),
-        {"rollout_id": r, "host": socket.gethostname(), "time": time.time()},
-    )
+    request = {"rollout_id": r, "host": socket.gethostname(), "time": time.time()}
+    bridge.put_json(bridge.key("requests", r), request)
     parent = str(getattr(args, "yeto_parent", ""))
-
-    def alive() -> Optional[str]:
-        if bridge.is_closed():
-            return "the trainer incarnation closed the bridge (it drained or failed)"
-        return parent_alive(parent)
-
     rec = bridge.wait(
         lambda: bridge.get_batch(r),
         what=f"round {r} from the trainer incarnation",
         timeout_s=float(getattr(args, "yeto_wait_s", 86400.0)),
-        alive=alive,
+        alive=lambda: bridge.gone(parent),
         poll_s=float(getattr(args, "yeto_poll_s", 0.2)),
     )
     g, n = int(rec["group_size"]), int(rec["groups_per_round"])
