@@ -25,7 +25,7 @@ from yeto_core.hf_release import copy_tokenizer_files, restore_dropped_keys
 from yeto_core.ports import TrainerBackend
 from yeto_core.records import ReleaseInfo, Trigger
 from yeto_miles import inventory
-from yeto_miles.bridge import Bridge
+from yeto_miles.rollout import Bridge
 
 CUT_FORMAT = 1
 #: ``--num-rollout`` unless set: yeto decides when training ends, so Miles must not stop first.
