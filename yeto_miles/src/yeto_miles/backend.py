@@ -4,6 +4,7 @@ HF export, cuts around Megatron's ``iter_*`` checkpoints (docs/miles.md)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -101,9 +102,8 @@ def base_fingerprint(model_dir: Path) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def _link_tree(src: Path, dst: Path) -> None:
-    """Hard-link (copy across file systems) every file of ``src`` under ``dst``."""
-    shutil.copytree(src, dst, copy_function=link_or_copy, dirs_exist_ok=True)
+#: Hard-link (copy across file systems) every file of ``src`` under ``dst``.
+_link_tree = functools.partial(shutil.copytree, copy_function=link_or_copy, dirs_exist_ok=True)
 
 
 def _tracker_problem(ckpt: Path, r: int) -> Optional[str]:
@@ -357,13 +357,7 @@ class MilesBackend(TrainerBackend):
             if hf != self.model_dir and hf.is_dir():
                 _link_tree(hf, out / "hf")
             (out / TRACKER).write_text(f"{r}\n")
-        state = dict(
-            self._identity(),
-            backend=self.PLUGIN_NAME,
-            trigger=Trigger(trigger).value,
-            miles_commits=list(inventory.MILES_COMMITS),
-            from_base=r < 0,
-            rollout_id=r,
-            trained_rounds=r + 1,
-        )
+        state = dict(self._identity(), backend=self.PLUGIN_NAME, trigger=Trigger(trigger).value)
+        state.update(from_base=r < 0, rollout_id=r, trained_rounds=r + 1)
+        state["miles_commits"] = list(inventory.MILES_COMMITS)
         (out / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")

@@ -63,8 +63,7 @@ def yeto_preflight(config, report):
         bad = isinstance(exc, TypeError)  # an unknown option
         msg = f"trainer.backend_options: {exc} (docs/miles.md lists them)" if bad else str(exc)
         return report.fail("miles.options", msg)
-    cmd = backend.command()
-    line = " ".join(shlex.quote(c) for c in cmd)
+    line = shlex.join(backend.command())
     report.ok("miles.command", f"(incarnation 0, in {backend.miles_dir}) {line}")
     if importlib.util.find_spec("miles") is None:
         report.warn(

@@ -223,47 +223,40 @@ def bridge_of(args: Any) -> Bridge:
     return _bridge(url, prefix)
 
 
-def next_round(args: Any, rollout_id: int) -> list[list[Any]]:
+def next_round(args: Any, rollout_id: int, evaluation: bool = False) -> list[list[Any]]:
     """Ask for round ``rollout_id`` and wait until the incarnation hands it over."""
+    if evaluation:
+        raise BridgeError(
+            "yeto's rollout function serves training rounds only; the trainer island runs no "
+            "engines to evaluate with (do not pass --eval-interval)"
+        )
     bridge, r = bridge_of(args), int(rollout_id)
     request = {"rollout_id": r, "host": socket.gethostname(), "time": time.time()}
     bridge.put_json(bridge.key("requests", r), request)
     parent = str(getattr(args, "yeto_parent", ""))
-    rec = bridge.wait(
+    got = bridge.wait(
         lambda: bridge.get_batch(r),
         what=f"round {r} from the trainer incarnation",
         timeout_s=float(getattr(args, "yeto_wait_s", 86400.0)),
         alive=lambda: bridge.gone(parent),
         poll_s=float(getattr(args, "yeto_poll_s", 0.2)),
     )
-    g, n = int(rec["group_size"]), int(rec["groups_per_round"])
+    g, n = int(got["group_size"]), int(got["groups_per_round"])
     want = (getattr(args, "rollout_batch_size", n), getattr(args, "n_samples_per_prompt", g))
     if want != (n, g):
         raise BridgeError(
             f"Miles runs --rollout-batch-size {want[0]} --n-samples-per-prompt {want[1]}, but "
             f"yeto's round {r} holds {n} groups of {g}; start Miles through yeto"
         )
+    groups, positions, padding = got["groups"], got["positions"], got["padding"]
     return to_miles_groups(
-        rec["groups"],
-        rec["positions"],
-        rec["padding"],
-        group_size=g,
-        rollout_id=r,
-        groups_per_round=n,
+        groups, positions, padding, group_size=g, rollout_id=r, groups_per_round=n
     )
-
-
-NO_EVAL = (
-    "yeto's rollout function serves training rounds only; the trainer island runs no "
-    "engines to evaluate with (do not pass --eval-interval)"
-)
 
 
 def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False):
     """Miles' legacy rollout form: the round as ``list[list[Sample]]``."""
-    if evaluation:
-        raise BridgeError(NO_EVAL)
-    return next_round(args, rollout_id)
+    return next_round(args, rollout_id, evaluation)
 
 
 class YetoRolloutFn:
@@ -273,9 +266,8 @@ class YetoRolloutFn:
         self.args = input.args
 
     async def __call__(self, input: Any) -> Any:
-        if getattr(input, "evaluation", False):
-            raise BridgeError(NO_EVAL)
-        groups = await asyncio.to_thread(next_round, self.args, int(input.rollout_id))
+        evaluation = getattr(input, "evaluation", False)
+        groups = await asyncio.to_thread(next_round, self.args, int(input.rollout_id), evaluation)
         out = importlib.import_module("miles.rollout.base_types").RolloutFnTrainOutput
         return out(samples=groups, metrics=padding_metrics(groups))
 
