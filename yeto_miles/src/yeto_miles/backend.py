@@ -1,5 +1,4 @@
-"""The ``miles`` trainer backend: Miles (Megatron) fed round by round by yeto, releases from its
-HF export, cuts around Megatron's ``iter_*`` checkpoints (docs/miles.md)."""
+"""The ``miles`` trainer backend: Miles fed by yeto, releases from its HF export, Megatron cuts."""
 
 from __future__ import annotations
 
@@ -23,8 +22,10 @@ import attrs
 
 from yeto_core.errors import ConfigError, CutError, ReleaseError
 from yeto_core.hf_release import copy_tokenizer_files, restore_dropped_keys
+from yeto_core.plugins import get_plugins
 from yeto_core.ports import TrainerBackend
 from yeto_core.records import ReleaseInfo, Trigger
+from yeto_core.run_store import read_config
 from yeto_miles import inventory
 from yeto_miles.rollout import Bridge
 
@@ -131,9 +132,6 @@ def _run_sizes() -> dict[str, Any]:
     url = os.environ.get("YETO_STORE")
     if not url:
         return {}
-    from yeto_core.plugins import get_plugins
-    from yeto_core.run_store import read_config
-
     cfg = read_config(get_plugins().open_store(url))
     g = cfg.samplers[0].group_size if cfg.samplers else None
     return {"group_size": g, "groups_per_round": cfg.trainer.groups_per_round}
@@ -223,8 +221,6 @@ class MilesBackend(TrainerBackend):
         return f"Miles exited with code {code}{done}; last lines of {self.log_path}:\n{tail}"
 
     def _launch(self, load_dir: Optional[Path]) -> Bridge:
-        from yeto_core.plugins import get_plugins
-
         self.close()
         self.workdir.mkdir(parents=True, exist_ok=True)
         bridge = Bridge(get_plugins().open_store(self.bridge_url), self.bridge_prefix)

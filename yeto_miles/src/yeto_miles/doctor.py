@@ -1,5 +1,4 @@
-"""``yeto miles doctor``: does the installed Miles still fit yeto's adapter? :func:`describe` reads
-it, :func:`compare` checks it against :data:`RECORDED`, one row per check (docs/miles.md)."""
+"""``yeto miles doctor``: does the installed Miles still fit yeto's adapter (docs/miles.md)?"""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Every Miles flag yeto sets or refuses, and the Miles command line yeto builds: the
-contract with Miles' argument parser that ``yeto miles doctor`` checks (docs/miles.md)."""
+"""The Miles flags yeto sets or refuses (``miles_flags.txt``) and the command line they make."""
 
 from __future__ import annotations
 
@@ -69,8 +68,7 @@ def set_flags(command: Sequence[str], user_args: Sequence[str] = ()) -> list[str
 
 
 def miles_command(spec: Any, *, load_dir: str, custom_config: str) -> list[str]:
-    """The exact command line of a trainer incarnation (``spec``: a :class:`MilesBackend`),
-    the user's ``miles_args`` last."""
+    """The command line of a trainer incarnation (``spec``: a MilesBackend), miles_args last."""
     rollout_form, miles_args = spec.rollout_form, spec.miles_args
     if rollout_form not in ("function", "class"):
         raise ConfigError(

@@ -1,5 +1,4 @@
-"""Entry point of yeto-miles (group ``yeto``, name ``miles``): the ``miles`` trainer backend,
-``yeto miles doctor`` and the preflight of ``backend = "miles"`` runs (nothing imports Miles)."""
+"""yeto-miles' entry point: the ``miles`` backend, ``yeto miles doctor``, its preflight."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The bridge between a trainer incarnation and its Miles process, and what Miles imports from
-yeto through its path flags: the rollout, rollout log and post-save functions (docs/miles.md)."""
+"""The bridge to the Miles process, and the functions Miles imports through its path flags."""
 
 from __future__ import annotations
 
@@ -19,6 +18,7 @@ import numpy as np
 from yeto_core.batch_reader import make_padding
 from yeto_core.errors import NotFoundError, YetoError
 from yeto_core.group_codec import decode_group, encode_group
+from yeto_core.plugins import get_plugins
 from yeto_core.records import Sample as YetoSample
 
 #: Why the other side is gone (None: it is there).
@@ -207,8 +207,6 @@ def padding_metrics(samples: Iterable[Any]) -> dict[str, float]:
 
 @functools.cache
 def _bridge(url: str, prefix: str) -> Bridge:
-    from yeto_core.plugins import get_plugins
-
     return Bridge(get_plugins().open_store(url), prefix)
 
 
@@ -279,15 +277,14 @@ def log_rollout_data(
     rollout_extra_metrics: Optional[dict[str, Any]],
     rollout_time: float,
 ) -> bool:
-    """Miles' default rollout logging over the real samples, plus the padding figures; True
-    tells Miles to skip its own (which would count the padding)."""
+    """Miles' default rollout logging over the real samples, plus the padding figures."""
     flat = flatten(samples)
     extra = {**(rollout_extra_metrics or {}), **padding_metrics(flat)}
     quiet = copy.copy(args)
     quiet.custom_rollout_log_function_path = None  # the default logging, not this one again
     log = importlib.import_module("miles.ray.rollout.metrics").log_rollout_data
     log(rollout_id, quiet, [s for s in flat if not is_padding(s)], extra, rollout_time)
-    return True
+    return True  # Miles skips its own logging (which would count the padding)
 
 
 def post_save_hook(
