@@ -127,12 +127,8 @@ def _stop(proc: subprocess.Popen, bridge: Bridge, grace_s: float) -> None:
             proc.wait(timeout=grace_s)
 
 
-def _run_sizes() -> dict[str, Any]:
-    """``group_size`` and ``groups_per_round`` from the run config in the store (``YETO_STORE``)."""
-    url = os.environ.get("YETO_STORE")
-    if not url:
-        return {}
-    cfg = read_config(get_plugins().open_store(url))
+def run_sizes(cfg: Any) -> dict[str, Any]:
+    """``group_size`` (of the first sampler) and ``groups_per_round`` of a run config."""
     g = cfg.samplers[0].group_size if cfg.samplers else None
     return {"group_size": g, "groups_per_round": cfg.trainer.groups_per_round}
 
@@ -180,7 +176,9 @@ class MilesBackend(TrainerBackend):
     _finalizer: Any = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
-        run = {} if all(getattr(self, n) for n in SIZES) else _run_sizes()
+        url, run = os.environ.get("YETO_STORE"), {}
+        if url and not all(getattr(self, n) for n in SIZES):  # the run config in the store
+            run = run_sizes(read_config(get_plugins().open_store(url)))
         for name in SIZES:
             setattr(self, name, int(getattr(self, name) or run.get(name) or 0))
         missing = [name for name in SIZES if not getattr(self, name)]
@@ -191,7 +189,7 @@ class MilesBackend(TrainerBackend):
             )
         self.command()  # a ConfigError for a bad rollout_form or miles_args, before any start
         if self.bridge_url is None:
-            self.bridge_url = os.environ.get("YETO_STORE", str(self.workdir / "bridge"))
+            self.bridge_url = url or str(self.workdir / "bridge")
 
     save_dir = property(lambda self: self.workdir / "megatron")
     hf_template = property(lambda self: str(self.workdir / "hf" / "{rollout_id}"))
@@ -205,9 +203,7 @@ class MilesBackend(TrainerBackend):
 
     def _wait(self, get: Any, what: str, timeout_s: float) -> Any:
         assert self.bridge is not None
-        return self.bridge.wait(
-            get, what=what, timeout_s=timeout_s, alive=self._alive, poll_s=self.poll_s
-        )
+        return self.bridge.wait(get, what, timeout_s, self._alive, self.poll_s)
 
     def _alive(self) -> Optional[str]:
         code = None if self.proc is None else self.proc.poll()

@@ -143,12 +143,11 @@ def compare(live: dict[str, Any]) -> list[Row]:
 
 
 def render(rows: list[Row]) -> str:
-    width = max((len(r.check) for r in rows), default=5)
-    lines = [f"{'check':{width}}  status  found / what to change"]
-    for r in rows:
-        lines.append(
-            f"{r.check:{width}}  {r.status:6}  {r.found}" + (r.change and f"  -> {r.change}")
-        )
+    w = max((len(r.check) for r in rows), default=5)
+    lines = [f"{'check':{w}}  status  found / what to change"]
+    lines += [
+        f"{r.check:{w}}  {r.status:6}  {r.found}" + (r.change and f"  -> {r.change}") for r in rows
+    ]
     fails = sum(r.status == "FAIL" for r in rows)
     lines.append(
         f"{fails} failing check(s) of {len(rows)}; recorded Miles "

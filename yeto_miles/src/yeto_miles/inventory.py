@@ -56,12 +56,6 @@ _PROBLEM = {
 }
 
 
-def check_user_args(miles_args: Sequence[str]) -> list[str]:
-    """Problems with a user's ``miles_args`` (flags yeto sets itself, or refuses)."""
-    flags = [FLAGS.get(str(arg).split("=", 1)[0]) for arg in miles_args]
-    return [_PROBLEM[f.role].format(f.name, f.why) for f in flags if f is not None]
-
-
 def set_flags(command: Sequence[str], user_args: Sequence[str] = ()) -> list[str]:
     """The flags of ``command`` that yeto put there (the user's ``miles_args`` left out)."""
     return [a for a in command[: len(command) - len(user_args)] if str(a).startswith("--")]
@@ -75,7 +69,8 @@ def miles_command(spec: Any, *, load_dir: str, custom_config: str) -> list[str]:
             f"trainer.backend_options.rollout_form = {rollout_form!r}: use 'function' "
             "(generate_rollout, every Miles rollout path) or 'class' (RolloutFnConstructorInput)"
         )
-    problems = check_user_args(miles_args)
+    flags = [FLAGS.get(str(arg).split("=", 1)[0]) for arg in miles_args]  # yeto sets or refuses
+    problems = [_PROBLEM[f.role].format(f.name, f.why) for f in flags if f is not None]
     if problems:
         raise ConfigError(
             "trainer.backend_options.miles_args: " + "; ".join(problems) + " (see docs/miles.md)"

@@ -26,21 +26,19 @@ def yeto_cli(group):
 
 def plan_backend(config: Any) -> Any:
     """The backend the first trainer incarnation of ``config`` builds (nothing is started)."""
-    from yeto_miles.backend import MilesBackend
+    from yeto_miles.backend import MilesBackend, run_sizes
 
     work = Path(config.run_dir).absolute() / "work" / f"{config.trainer.name}-i0-miles"
     options = {
-        "group_size": config.samplers[0].group_size if config.samplers else None,
-        "groups_per_round": config.trainer.groups_per_round,
+        **run_sizes(config),
         "seed": config.seed,
         "workdir": str(work),
         "bridge_url": config.store_url(),
         "bridge_prefix": "trainer/0/miles",
         **config.trainer.backend_options,
     }
-    return MilesBackend(
-        options.pop("model_dir", str(Path(config.model.path).absolute())), **options
-    )
+    model_dir = options.pop("model_dir", str(Path(config.model.path).absolute()))
+    return MilesBackend(model_dir, **options)
 
 
 @hookimpl

@@ -111,7 +111,7 @@ class Bridge:
             self.store.delete(key)
 
     def wait(
-        self, get: Callable[[], Any], *, what: str, timeout_s: float, alive: Alive, poll_s: float
+        self, get: Callable[[], Any], what: str, timeout_s: float, alive: Alive, poll_s: float
     ) -> Any:
         """Poll ``get()`` until it returns something; ``alive()`` returns why the peer is gone."""
         deadline = time.monotonic() + timeout_s
