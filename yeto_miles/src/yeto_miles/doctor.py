@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import attrs
+import click
 
 from yeto_miles import inventory
 
@@ -156,28 +157,22 @@ def render(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def doctor_command() -> Any:
-    import click
+@click.group(name="miles")
+def miles_command() -> None:
+    """The Miles trainer backend."""
 
-    @click.group(name="miles")
-    def miles() -> None:
-        """The Miles trainer backend."""
 
-    @miles.command()
-    @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-    @click.option(
-        "--description",
-        type=click.Path(exists=True, dir_okay=False),
-        help="Check a saved description (JSON) instead of the importable Miles.",
-    )
-    def doctor(as_json: bool, description: Optional[str]) -> None:
-        """Check the installed Miles against what yeto's adapter relies on."""
-        live = json.loads(Path(description).read_text()) if description else describe()
-        rows = compare(live)
-        click.echo(
-            json.dumps([attrs.asdict(r) for r in rows], indent=1) if as_json else render(rows)
-        )
-        if any(r.status == "FAIL" for r in rows):
-            raise SystemExit(1)
-
-    return miles
+@miles_command.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+@click.option(
+    "--description",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Check a saved description (JSON) instead of the importable Miles.",
+)
+def doctor(as_json: bool, description: Optional[str]) -> None:
+    """Check the installed Miles against what yeto's adapter relies on."""
+    rows = compare(json.loads(Path(description).read_text()) if description else describe())
+    out = json.dumps([attrs.asdict(r) for r in rows], indent=1) if as_json else render(rows)
+    click.echo(out)
+    if any(r.status == "FAIL" for r in rows):
+        raise SystemExit(1)

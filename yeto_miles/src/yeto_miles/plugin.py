@@ -19,9 +19,9 @@ def yeto_register_trainer_backends(register):
 
 @hookimpl
 def yeto_cli(group):
-    from yeto_miles.doctor import doctor_command
+    from yeto_miles.doctor import miles_command
 
-    group.add_command(doctor_command())
+    group.add_command(miles_command)
 
 
 def plan_backend(config: Any) -> Any:
