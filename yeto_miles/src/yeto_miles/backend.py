@@ -312,8 +312,7 @@ class MilesBackend(TrainerBackend):
             self.round_timeout_s,
         )
         bridge.drop_batch(r)
-        hf = saved.get("hf_dir") or self.hf_template.format(rollout_id=saved["rollout_id"])
-        saved["hf_dir"] = hf  # where Miles wrote the export (the hook may not know it)
+        saved["hf_dir"] = saved.get("hf_dir") or self.hf_template.format(rollout_id=r)
         if self.last_saved is not None:  # only the newest round's checkpoint is kept here
             prev = int(self.last_saved["rollout_id"])
             shutil.rmtree(self.save_dir / iter_name(prev), ignore_errors=True)

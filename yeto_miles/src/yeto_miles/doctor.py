@@ -105,21 +105,19 @@ def compare(live: dict[str, Any]) -> list[Row]:
     if sample is not None:
         have, want = sample["fields"], exp["sample"]["fields"]
         for name in sorted(set(want) | set(have)):
-            bad, fix = ("FAIL", "adapt yeto_miles.rollout") if name in USED_FIELDS else ("warn", "")
-            if name not in have:
-                rows.append(Row(f"Sample.{name}", bad, f"missing (was {want[name]} {was})", fix))
-            elif name not in want:
-                rows.append(Row(f"Sample.{name}", "warn", f"new field: {have[name]}"))
-            elif have[name] != want[name]:
-                found = f"type {have[name]} (was {want[name]} {was})"
-                rows.append(Row(f"Sample.{name}", bad, found, fix))
-            elif name in USED_FIELDS:
-                rows.append(Row(f"Sample.{name}", "ok", have[name]))
+            check, used = f"Sample.{name}", name in USED_FIELDS
+            bad, fix = ("FAIL", "adapt yeto_miles.rollout") if used else ("warn", "")
+            if name not in want:
+                rows.append(Row(check, "warn", f"new field: {have[name]}"))
+            elif have.get(name) != want[name]:
+                found = f"type {have[name]}" if name in have else "missing"
+                rows.append(Row(check, bad, f"{found} (was {want[name]} {was})", fix))
+            elif used:
+                rows.append(Row(check, "ok", have[name]))
         gone = [s for s in USED_STATUS if s not in sample["status"]]
+        found = ", ".join(sample["status"])
         fix = f"values {gone} are gone: map yeto's statuses anew" if gone else ""
-        rows.append(
-            Row("Sample.Status", "FAIL" if gone else "ok", ", ".join(sample["status"]), fix)
-        )
+        rows.append(Row("Sample.Status", "FAIL" if gone else "ok", found, fix))
         if "validate" not in sample["methods"]:
             rows.append(Row("Sample.validate", "warn", "missing", "samples go unchecked"))
     for name, want in sorted(exp["classes"].items()):
