@@ -107,13 +107,13 @@ def base_fingerprint(model_dir: Path) -> str:
 _link_tree = functools.partial(shutil.copytree, copy_function=link_or_copy, dirs_exist_ok=True)
 
 
-def _tracker_problem(ckpt: Path, r: int) -> Optional[str]:
-    """Why ``ckpt`` is not Megatron's complete checkpoint of round ``r`` (None: it is)."""
+def _check_tracker(ckpt: Path, r: int, where: str, then: str) -> None:
+    """A CutError (``where``, the problem, ``then``) unless ``ckpt`` is round ``r``'s checkpoint."""
     tracker = ckpt.parent / TRACKER
     said = tracker.read_text().strip() if tracker.is_file() else None
-    if said == str(r) and ckpt.is_dir():
-        return None
-    return f"Megatron's {tracker} says {said!r} but round {r} should be in {ckpt}"
+    if said != str(r) or not ckpt.is_dir():
+        problem = f"Megatron's {tracker} says {said!r} but round {r} should be in {ckpt}"
+        raise CutError(f"{where}{problem}; {then}")
 
 
 def _stop(proc: subprocess.Popen, bridge: Bridge, grace_s: float) -> None:
@@ -292,9 +292,7 @@ class MilesBackend(TrainerBackend):
         if state["from_base"]:
             return None
         r, hf = int(state["rollout_id"]), cut / "hf"
-        problem = _tracker_problem(cut / iter_name(r), r)
-        if problem:
-            raise CutError(f"cut {cut} is damaged: {problem}; restore another cut")
+        _check_tracker(cut / iter_name(r), r, f"cut {cut} is damaged: ", "restore another cut")
         # a cut without an export republishes the base, as it began
         hf_dir = hf if hf.is_dir() else self.model_dir
         return {"rollout_id": r, "checkpoint_dir": str(cut / iter_name(r)), "hf_dir": str(hf_dir)}
@@ -341,9 +339,8 @@ class MilesBackend(TrainerBackend):
         r = -1 if self.last_saved is None else int(self.last_saved["rollout_id"])
         if r >= 0:  # a round trained here, or none since the restore: cut the restored one again
             ckpt, hf = Path(self.last_saved["checkpoint_dir"]), Path(self.last_saved["hf_dir"])
-            problem = _tracker_problem(ckpt, r)  # in Megatron's --save dir, or the restored cut
-            if problem:
-                raise CutError(f"{problem}; the checkpoint is not complete (is --async-save on?)")
+            # in Megatron's --save dir, or the restored cut
+            _check_tracker(ckpt, r, "", "the checkpoint is not complete (is --async-save on?)")
             _link_tree(ckpt, out / iter_name(r))
             if hf != self.model_dir and hf.is_dir():
                 _link_tree(hf, out / "hf")
