@@ -339,7 +339,6 @@ class MilesBackend(TrainerBackend):
         r = -1 if self.last_saved is None else int(self.last_saved["rollout_id"])
         if r >= 0:  # a round trained here, or none since the restore: cut the restored one again
             ckpt, hf = Path(self.last_saved["checkpoint_dir"]), Path(self.last_saved["hf_dir"])
-            # in Megatron's --save dir, or the restored cut
             _check_tracker(ckpt, r, "", "the checkpoint is not complete (is --async-save on?)")
             _link_tree(ckpt, out / iter_name(r))
             if hf != self.model_dir and hf.is_dir():

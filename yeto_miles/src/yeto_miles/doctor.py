@@ -70,14 +70,12 @@ def describe() -> dict[str, Any]:
         except Exception as exc:  # the doctor reports whatever breaks
             errors[where] = f"{type(exc).__name__}: {exc}"
 
+    base = "miles.rollout.base_types"
     read("miles.utils.types", out, "sample", "miles.utils.types.Sample", _sample)
     for name in ("RolloutFnConstructorInput", "RolloutFnTrainInput", "RolloutFnTrainOutput"):
-        path = f"miles.rollout.base_types.{name}"
+        path = f"{base}.{name}"
         read(path, out["classes"], name, path, lambda c: [f.name for f in dataclasses.fields(c)])
-    for path in (
-        "miles.ray.rollout.metrics.log_rollout_data",
-        "miles.rollout.base_types.call_rollout_fn",
-    ):
+    for path in ("miles.ray.rollout.metrics.log_rollout_data", f"{base}.call_rollout_fn"):
         read(path, out["functions"], path, path, lambda f: list(inspect.signature(f).parameters))
     provider = "miles.utils.arguments.get_miles_extra_args_provider"
     read("miles.utils.arguments", out, "flags", provider, _flags)
