@@ -26,8 +26,7 @@ from yeto_core.batch_reader import BatchReader, EndOfData
 from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 from yeto_miles import rollout
-from yeto_miles.bridge import Bridge
-from yeto_miles.rollout import is_padding
+from yeto_miles.rollout import Bridge, is_padding
 
 G = 2
 KINDS = {

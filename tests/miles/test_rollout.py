@@ -21,8 +21,7 @@ from yeto_core.records import SampleStatus
 from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 from yeto_miles import rollout
-from yeto_miles.bridge import Bridge, BridgeError
-from yeto_miles.rollout import PAD_KEY, is_padding, padding_metrics
+from yeto_miles.rollout import PAD_KEY, Bridge, BridgeError, is_padding, padding_metrics
 
 G, N = 2, 3
 PREFIX = "trainer/0/miles"

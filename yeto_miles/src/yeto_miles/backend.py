@@ -1,9 +1,9 @@
-"""The ``miles`` trainer backend: Miles (Megatron) fed round by round by yeto, releases from its
-HF export, cuts around Megatron's ``iter_*`` checkpoints (docs/miles.md)."""
+"""The ``miles`` trainer backend: Miles fed by yeto, releases from its HF export, Megatron cuts."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -22,10 +22,12 @@ import attrs
 
 from yeto_core.errors import ConfigError, CutError, ReleaseError
 from yeto_core.hf_release import copy_tokenizer_files, restore_dropped_keys
+from yeto_core.plugins import get_plugins
 from yeto_core.ports import TrainerBackend
 from yeto_core.records import ReleaseInfo, Trigger
+from yeto_core.run_store import read_config
 from yeto_miles import inventory
-from yeto_miles.bridge import Bridge
+from yeto_miles.rollout import Bridge
 
 CUT_FORMAT = 1
 #: ``--num-rollout`` unless set: yeto decides when training ends, so Miles must not stop first.
@@ -46,19 +48,16 @@ def weight_checksum(weight_dir: Path) -> str:
     tensors: dict[str, Any] = {}
     for path in sorted(Path(weight_dir).glob("*.safetensors")):
         part = load_file(str(path))
-        if set(part) & set(tensors):
-            raise ReleaseError(
-                f"tensors {sorted(set(part) & set(tensors))} appear twice in {weight_dir}"
-            )
+        twice = sorted(set(part) & set(tensors))
+        if twice:
+            raise ReleaseError(f"tensors {twice} appear twice in {weight_dir}")
         tensors.update(part)
     if not tensors:
         raise ReleaseError(f"{weight_dir} holds no *.safetensors weights to release")
     h = hashlib.sha256()
     for name in sorted(tensors):
         t = tensors[name].detach().to("cpu").contiguous()
-        h.update(name.encode())
-        h.update(str(t.dtype).encode())
-        h.update(repr(tuple(t.shape)).encode())
+        h.update(f"{name}{t.dtype}{tuple(t.shape)!r}".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return "sha256:" + h.hexdigest()
 
@@ -104,18 +103,17 @@ def base_fingerprint(model_dir: Path) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def _link_tree(src: Path, dst: Path) -> None:
-    """Hard-link (copy across file systems) every file of ``src`` under ``dst``."""
-    shutil.copytree(src, dst, copy_function=link_or_copy, dirs_exist_ok=True)
+#: Hard-link (copy across file systems) every file of ``src`` under ``dst``.
+_link_tree = functools.partial(shutil.copytree, copy_function=link_or_copy, dirs_exist_ok=True)
 
 
-def _tracker_problem(ckpt: Path, r: int) -> Optional[str]:
-    """Why ``ckpt`` is not Megatron's complete checkpoint of round ``r`` (None: it is)."""
+def _check_tracker(ckpt: Path, r: int, where: str, then: str) -> None:
+    """A CutError (``where``, the problem, ``then``) unless ``ckpt`` is round ``r``'s checkpoint."""
     tracker = ckpt.parent / TRACKER
     said = tracker.read_text().strip() if tracker.is_file() else None
-    if said == str(r) and ckpt.is_dir():
-        return None
-    return f"Megatron's {tracker} says {said!r} but round {r} should be in {ckpt}"
+    if said != str(r) or not ckpt.is_dir():
+        problem = f"Megatron's {tracker} says {said!r} but round {r} should be in {ckpt}"
+        raise CutError(f"{where}{problem}; {then}")
 
 
 def _stop(proc: subprocess.Popen, bridge: Bridge, grace_s: float) -> None:
@@ -129,15 +127,8 @@ def _stop(proc: subprocess.Popen, bridge: Bridge, grace_s: float) -> None:
             proc.wait(timeout=grace_s)
 
 
-def _run_sizes() -> dict[str, Any]:
-    """``group_size`` and ``groups_per_round`` from the run config in the store (``YETO_STORE``)."""
-    url = os.environ.get("YETO_STORE")
-    if not url:
-        return {}
-    from yeto_core.plugins import get_plugins
-    from yeto_core.run_store import read_config
-
-    cfg = read_config(get_plugins().open_store(url))
+def run_sizes(cfg: Any) -> dict[str, Any]:
+    """``group_size`` (of the first sampler) and ``groups_per_round`` of a run config."""
     g = cfg.samplers[0].group_size if cfg.samplers else None
     return {"group_size": g, "groups_per_round": cfg.trainer.groups_per_round}
 
@@ -185,7 +176,9 @@ class MilesBackend(TrainerBackend):
     _finalizer: Any = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
-        run = {} if all(getattr(self, n) for n in SIZES) else _run_sizes()
+        url, run = os.environ.get("YETO_STORE"), {}
+        if url and not all(getattr(self, n) for n in SIZES):  # the run config in the store
+            run = run_sizes(read_config(get_plugins().open_store(url)))
         for name in SIZES:
             setattr(self, name, int(getattr(self, name) or run.get(name) or 0))
         missing = [name for name in SIZES if not getattr(self, name)]
@@ -196,7 +189,7 @@ class MilesBackend(TrainerBackend):
             )
         self.command()  # a ConfigError for a bad rollout_form or miles_args, before any start
         if self.bridge_url is None:
-            self.bridge_url = os.environ.get("YETO_STORE", str(self.workdir / "bridge"))
+            self.bridge_url = url or str(self.workdir / "bridge")
 
     save_dir = property(lambda self: self.workdir / "megatron")
     hf_template = property(lambda self: str(self.workdir / "hf" / "{rollout_id}"))
@@ -205,16 +198,12 @@ class MilesBackend(TrainerBackend):
 
     def command(self, load_dir: Optional[Path] = None) -> list[str]:
         """The exact Miles command line of this incarnation (``--dry-run`` prints it)."""
-        load = load_dir if load_dir is not None else self.save_dir
-        return inventory.miles_command(
-            self, load_dir=str(load), custom_config=str(self.config_path)
-        )
+        load, config = str(load_dir or self.save_dir), str(self.config_path)
+        return inventory.miles_command(self, load_dir=load, custom_config=config)
 
     def _wait(self, get: Any, what: str, timeout_s: float) -> Any:
         assert self.bridge is not None
-        return self.bridge.wait(
-            get, what=what, timeout_s=timeout_s, alive=self._alive, poll_s=self.poll_s
-        )
+        return self.bridge.wait(get, what, timeout_s, self._alive, self.poll_s)
 
     def _alive(self) -> Optional[str]:
         code = None if self.proc is None else self.proc.poll()
@@ -228,8 +217,6 @@ class MilesBackend(TrainerBackend):
         return f"Miles exited with code {code}{done}; last lines of {self.log_path}:\n{tail}"
 
     def _launch(self, load_dir: Optional[Path]) -> Bridge:
-        from yeto_core.plugins import get_plugins
-
         self.close()
         self.workdir.mkdir(parents=True, exist_ok=True)
         bridge = Bridge(get_plugins().open_store(self.bridge_url), self.bridge_prefix)
@@ -278,19 +265,10 @@ class MilesBackend(TrainerBackend):
                 f"model.path {str(self.model_dir)!r} has no config.json; the miles backend needs "
                 "the base as a Hugging Face checkpoint (it is Miles' --hf-checkpoint)"
             )
-        load_dir: Optional[Path] = None
-        self.next_id, self.last_saved = 0, None
-        state = {"from_base": True} if cut_dir is None else self._read_state(Path(cut_dir))
-        if not state["from_base"]:
-            load_dir, r = Path(cut_dir), int(state["rollout_id"])
-            hf = load_dir / "hf"  # a cut without an export republishes the base, as it began
-            self.next_id = r + 1
-            self.last_saved = {
-                "rollout_id": r,
-                "checkpoint_dir": str(load_dir / iter_name(r)),
-                "hf_dir": str(hf if hf.is_dir() else self.model_dir),
-            }
-        else:
+        self.last_saved = None if cut_dir is None else self._read_state(Path(cut_dir))
+        load_dir = None if self.last_saved is None else Path(cut_dir)
+        self.next_id = 0 if self.last_saved is None else self.last_saved["rollout_id"] + 1
+        if load_dir is None:
             shutil.rmtree(self.save_dir, ignore_errors=True)  # Miles starts from --hf-checkpoint
         bridge = self._launch(load_dir)
         got = self._wait(bridge.first_request, "Miles' first rollout request", self.start_timeout_s)
@@ -301,7 +279,8 @@ class MilesBackend(TrainerBackend):
                 f"(iter_* of rollout {self.next_id - 1}); --load {load_dir} is not this cut"
             )
 
-    def _read_state(self, cut: Path) -> dict[str, Any]:
+    def _read_state(self, cut: Path) -> Optional[dict[str, Any]]:
+        """The round ``cut`` holds, as :attr:`last_saved` (None: a cut from the base)."""
         path = cut / STATE_FILE
         state = json.loads(path.read_text()) if path.is_file() else {}
         for key, want in self._identity().items():
@@ -310,11 +289,13 @@ class MilesBackend(TrainerBackend):
                     f"{path}: {key} is {state.get(key)!r}, this trainer has {want!r}; restore a cut "
                     "of the miles backend taken with the same base, G and groups per round"
                 )
-        r = int(state["rollout_id"])
-        problem = None if state["from_base"] else _tracker_problem(cut / iter_name(r), r)
-        if problem:
-            raise CutError(f"cut {cut} is damaged: {problem}; restore another cut")
-        return state
+        if state["from_base"]:
+            return None
+        r, hf = int(state["rollout_id"]), cut / "hf"
+        _check_tracker(cut / iter_name(r), r, f"cut {cut} is damaged: ", "restore another cut")
+        # a cut without an export republishes the base, as it began
+        hf_dir = hf if hf.is_dir() else self.model_dir
+        return {"rollout_id": r, "checkpoint_dir": str(cut / iter_name(r)), "hf_dir": str(hf_dir)}
 
     def train_round(self, batch: Any) -> dict[str, float]:
         """Hand the round to Miles; return once Miles trained and saved it."""
@@ -329,6 +310,7 @@ class MilesBackend(TrainerBackend):
             self.round_timeout_s,
         )
         bridge.drop_batch(r)
+        saved["hf_dir"] = saved.get("hf_dir") or self.hf_template.format(rollout_id=r)
         if self.last_saved is not None:  # only the newest round's checkpoint is kept here
             prev = int(self.last_saved["rollout_id"])
             shutil.rmtree(self.save_dir / iter_name(prev), ignore_errors=True)
@@ -336,13 +318,9 @@ class MilesBackend(TrainerBackend):
         self.last_saved, self.next_id = saved, r + 1
         return {"miles_rollout_id": float(r), "miles_round_s": time.monotonic() - t0}
 
-    def _hf_dir(self) -> Path:
-        s = self.last_saved or {}
-        return Path(s.get("hf_dir") or self.hf_template.format(rollout_id=s.get("rollout_id")))
-
     def publish_release(self, out_dir: Path) -> ReleaseInfo:
         """The release of the last round's HF export (before the first: the cut's, or the base)."""
-        src = self.model_dir if self.last_saved is None else self._hf_dir()
+        src = self.model_dir if self.last_saved is None else Path(self.last_saved["hf_dir"])
         return publish_from_export(src, self.model_dir, Path(out_dir))
 
     def _identity(self) -> dict[str, Any]:
@@ -360,21 +338,13 @@ class MilesBackend(TrainerBackend):
         out.mkdir(parents=True, exist_ok=True)
         r = -1 if self.last_saved is None else int(self.last_saved["rollout_id"])
         if r >= 0:  # a round trained here, or none since the restore: cut the restored one again
-            ckpt, hf = Path(self.last_saved["checkpoint_dir"]), self._hf_dir()
-            problem = _tracker_problem(ckpt, r)  # in Megatron's --save dir, or the restored cut
-            if problem:
-                raise CutError(f"{problem}; the checkpoint is not complete (is --async-save on?)")
+            ckpt, hf = Path(self.last_saved["checkpoint_dir"]), Path(self.last_saved["hf_dir"])
+            _check_tracker(ckpt, r, "", "the checkpoint is not complete (is --async-save on?)")
             _link_tree(ckpt, out / iter_name(r))
             if hf != self.model_dir and hf.is_dir():
                 _link_tree(hf, out / "hf")
             (out / TRACKER).write_text(f"{r}\n")
-        state = dict(
-            self._identity(),
-            backend=self.PLUGIN_NAME,
-            trigger=Trigger(trigger).value,
-            miles_commits=list(inventory.MILES_COMMITS),
-            from_base=r < 0,
-            rollout_id=r,
-            trained_rounds=r + 1,
-        )
+        state = dict(self._identity(), backend=self.PLUGIN_NAME, trigger=Trigger(trigger).value)
+        state.update(from_base=r < 0, rollout_id=r, trained_rounds=r + 1)
+        state["miles_commits"] = list(inventory.MILES_COMMITS)
         (out / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")

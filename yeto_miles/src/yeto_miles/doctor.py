@@ -1,5 +1,4 @@
-"""``yeto miles doctor``: does the installed Miles still fit yeto's adapter? :func:`describe` reads
-it, :func:`compare` checks it against :data:`RECORDED`, one row per check (docs/miles.md)."""
+"""``yeto miles doctor``: does the installed Miles still fit yeto's adapter (docs/miles.md)?"""
 
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import attrs
+import click
 
 from yeto_miles import inventory
 
@@ -40,12 +40,23 @@ def type_name(tp: Any) -> str:
     return _MODULE_PREFIX.sub("", str(tp))
 
 
-def _fields(cls: Any) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
+def _attr(path: str) -> Any:
+    module, _, name = path.rpartition(".")
+    return getattr(import_module(module), name)
 
 
-def _params(fn: Any) -> list[str]:
-    return list(inspect.signature(fn).parameters)
+def _sample(cls: Any) -> dict[str, Any]:
+    return {
+        "fields": {f.name: type_name(f.type) for f in dataclasses.fields(cls)},
+        "status": [m.value for m in cls.Status],
+        "methods": [m for m in ("validate", "to_dict", "from_dict") if hasattr(cls, m)],
+    }
+
+
+def _flags(provider: Any) -> list[str]:
+    parser = argparse.ArgumentParser(add_help=False)
+    provider()(parser)
+    return sorted({s for a in parser._actions for s in a.option_strings})
 
 
 def describe() -> dict[str, Any]:
@@ -53,37 +64,21 @@ def describe() -> dict[str, Any]:
     out: dict[str, Any] = {"sample": None, "classes": {}, "functions": {}, "flags": None}
     errors: dict[str, str] = {}
 
-    def attempt(where: str, fn: Any) -> Any:
+    def read(where: str, into: dict[str, Any], key: str, path: str, how: Any) -> None:
         try:
-            return fn()
+            into[key] = how(_attr(path))
         except Exception as exc:  # the doctor reports whatever breaks
             errors[where] = f"{type(exc).__name__}: {exc}"
-            return None
 
-    def sample() -> dict[str, Any]:
-        cls = import_module("miles.utils.types").Sample
-        return {
-            "fields": {f.name: type_name(f.type) for f in dataclasses.fields(cls)},
-            "status": [m.value for m in cls.Status],
-            "methods": [m for m in ("validate", "to_dict", "from_dict") if hasattr(cls, m)],
-        }
-
-    def flags() -> list[str]:
-        parser = argparse.ArgumentParser(add_help=False)
-        import_module("miles.utils.arguments").get_miles_extra_args_provider()(parser)
-        return sorted({s for a in parser._actions for s in a.option_strings})
-
-    out["sample"] = attempt("miles.utils.types", sample)
     base = "miles.rollout.base_types"
+    read("miles.utils.types", out, "sample", "miles.utils.types.Sample", _sample)
     for name in ("RolloutFnConstructorInput", "RolloutFnTrainInput", "RolloutFnTrainOutput"):
-        got = attempt(f"{base}.{name}", lambda n=name: _fields(getattr(import_module(base), n)))
-        if got is not None:
-            out["classes"][name] = got
-    for mod, fn in (("miles.ray.rollout.metrics", "log_rollout_data"), (base, "call_rollout_fn")):
-        got = attempt(f"{mod}.{fn}", lambda m=mod, f=fn: _params(getattr(import_module(m), f)))
-        if got is not None:
-            out["functions"][f"{mod}.{fn}"] = got
-    out["flags"] = attempt("miles.utils.arguments", flags)
+        path = f"{base}.{name}"
+        read(path, out["classes"], name, path, lambda c: [f.name for f in dataclasses.fields(c)])
+    for path in ("miles.ray.rollout.metrics.log_rollout_data", f"{base}.call_rollout_fn"):
+        read(path, out["functions"], path, path, lambda f: list(inspect.signature(f).parameters))
+    provider = "miles.utils.arguments.get_miles_extra_args_provider"
+    read("miles.utils.arguments", out, "flags", provider, _flags)
     out["errors"] = errors
     return out
 
@@ -108,21 +103,19 @@ def compare(live: dict[str, Any]) -> list[Row]:
     if sample is not None:
         have, want = sample["fields"], exp["sample"]["fields"]
         for name in sorted(set(want) | set(have)):
-            bad, fix = ("FAIL", "adapt yeto_miles.rollout") if name in USED_FIELDS else ("warn", "")
-            if name not in have:
-                rows.append(Row(f"Sample.{name}", bad, f"missing (was {want[name]} {was})", fix))
-            elif name not in want:
-                rows.append(Row(f"Sample.{name}", "warn", f"new field: {have[name]}"))
-            elif have[name] != want[name]:
-                found = f"type {have[name]} (was {want[name]} {was})"
-                rows.append(Row(f"Sample.{name}", bad, found, fix))
-            elif name in USED_FIELDS:
-                rows.append(Row(f"Sample.{name}", "ok", have[name]))
+            check, used = f"Sample.{name}", name in USED_FIELDS
+            bad, fix = ("FAIL", "adapt yeto_miles.rollout") if used else ("warn", "")
+            if name not in want:
+                rows.append(Row(check, "warn", f"new field: {have[name]}"))
+            elif have.get(name) != want[name]:
+                found = f"type {have[name]}" if name in have else "missing"
+                rows.append(Row(check, bad, f"{found} (was {want[name]} {was})", fix))
+            elif used:
+                rows.append(Row(check, "ok", have[name]))
         gone = [s for s in USED_STATUS if s not in sample["status"]]
+        found = ", ".join(sample["status"])
         fix = f"values {gone} are gone: map yeto's statuses anew" if gone else ""
-        rows.append(
-            Row("Sample.Status", "FAIL" if gone else "ok", ", ".join(sample["status"]), fix)
-        )
+        rows.append(Row("Sample.Status", "FAIL" if gone else "ok", found, fix))
         if "validate" not in sample["methods"]:
             rows.append(Row("Sample.validate", "warn", "missing", "samples go unchecked"))
     for name, want in sorted(exp["classes"].items()):
@@ -147,12 +140,11 @@ def compare(live: dict[str, Any]) -> list[Row]:
 
 
 def render(rows: list[Row]) -> str:
-    width = max((len(r.check) for r in rows), default=5)
-    lines = [f"{'check':{width}}  status  found / what to change"]
-    for r in rows:
-        lines.append(
-            f"{r.check:{width}}  {r.status:6}  {r.found}" + (r.change and f"  -> {r.change}")
-        )
+    w = max((len(r.check) for r in rows), default=5)
+    lines = [f"{'check':{w}}  status  found / what to change"]
+    lines += [
+        f"{r.check:{w}}  {r.status:6}  {r.found}" + (r.change and f"  -> {r.change}") for r in rows
+    ]
     fails = sum(r.status == "FAIL" for r in rows)
     lines.append(
         f"{fails} failing check(s) of {len(rows)}; recorded Miles "
@@ -161,28 +153,22 @@ def render(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def doctor_command() -> Any:
-    import click
+@click.group(name="miles")
+def miles_command() -> None:
+    """The Miles trainer backend."""
 
-    @click.group(name="miles")
-    def miles() -> None:
-        """The Miles trainer backend."""
 
-    @miles.command()
-    @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-    @click.option(
-        "--description",
-        type=click.Path(exists=True, dir_okay=False),
-        help="Check a saved description (JSON) instead of the importable Miles.",
-    )
-    def doctor(as_json: bool, description: Optional[str]) -> None:
-        """Check the installed Miles against what yeto's adapter relies on."""
-        live = json.loads(Path(description).read_text()) if description else describe()
-        rows = compare(live)
-        click.echo(
-            json.dumps([attrs.asdict(r) for r in rows], indent=1) if as_json else render(rows)
-        )
-        if any(r.status == "FAIL" for r in rows):
-            raise SystemExit(1)
-
-    return miles
+@miles_command.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+@click.option(
+    "--description",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Check a saved description (JSON) instead of the importable Miles.",
+)
+def doctor(as_json: bool, description: Optional[str]) -> None:
+    """Check the installed Miles against what yeto's adapter relies on."""
+    rows = compare(json.loads(Path(description).read_text()) if description else describe())
+    out = json.dumps([attrs.asdict(r) for r in rows], indent=1) if as_json else render(rows)
+    click.echo(out)
+    if any(r.status == "FAIL" for r in rows):
+        raise SystemExit(1)

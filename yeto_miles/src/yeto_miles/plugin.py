@@ -1,5 +1,4 @@
-"""Entry point of yeto-miles (group ``yeto``, name ``miles``): the ``miles`` trainer backend,
-``yeto miles doctor`` and the preflight of ``backend = "miles"`` runs (nothing imports Miles)."""
+"""yeto-miles' entry point: the ``miles`` backend, ``yeto miles doctor``, its preflight."""
 
 from __future__ import annotations
 
@@ -20,28 +19,26 @@ def yeto_register_trainer_backends(register):
 
 @hookimpl
 def yeto_cli(group):
-    from yeto_miles.doctor import doctor_command
+    from yeto_miles.doctor import miles_command
 
-    group.add_command(doctor_command())
+    group.add_command(miles_command)
 
 
 def plan_backend(config: Any) -> Any:
     """The backend the first trainer incarnation of ``config`` builds (nothing is started)."""
-    from yeto_miles.backend import MilesBackend
+    from yeto_miles.backend import MilesBackend, run_sizes
 
     work = Path(config.run_dir).absolute() / "work" / f"{config.trainer.name}-i0-miles"
     options = {
-        "group_size": config.samplers[0].group_size if config.samplers else None,
-        "groups_per_round": config.trainer.groups_per_round,
+        **run_sizes(config),
         "seed": config.seed,
         "workdir": str(work),
         "bridge_url": config.store_url(),
         "bridge_prefix": "trainer/0/miles",
         **config.trainer.backend_options,
     }
-    return MilesBackend(
-        options.pop("model_dir", str(Path(config.model.path).absolute())), **options
-    )
+    model_dir = options.pop("model_dir", str(Path(config.model.path).absolute()))
+    return MilesBackend(model_dir, **options)
 
 
 @hookimpl
@@ -63,8 +60,7 @@ def yeto_preflight(config, report):
         bad = isinstance(exc, TypeError)  # an unknown option
         msg = f"trainer.backend_options: {exc} (docs/miles.md lists them)" if bad else str(exc)
         return report.fail("miles.options", msg)
-    cmd = backend.command()
-    line = " ".join(shlex.quote(c) for c in cmd)
+    line = shlex.join(backend.command())
     report.ok("miles.command", f"(incarnation 0, in {backend.miles_dir}) {line}")
     if importlib.util.find_spec("miles") is None:
         report.warn(
