@@ -285,6 +285,17 @@ class LeasedStore(ObjectStore):
             self._guard()
         return self.inner.put_if_match(key, data, version)
 
+    def put_many(self, items: list[tuple[str, bytes]]) -> None:
+        self._guard()
+        self.inner.put_many(items)
+
+    def put_many_if_absent(self, items: list[tuple[str, bytes]]) -> list[bool]:
+        self._guard()
+        return self.inner.put_many_if_absent(items)
+
+    def watch(self, prefix: str) -> Any:
+        return self.inner.watch(prefix)
+
     def exists(self, key: str) -> bool:
         return self.inner.exists(key)
 
