@@ -46,3 +46,9 @@ def test_the_file_and_its_directory_are_fsynced_before_and_after_the_rename(
     assert calls == ["file", "rename", "dir"]
     assert json.loads((tmp_path / "summary.json").read_text()) == {"a": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temporary left
+    calls.clear()
+    # status.json, rewritten every head tick: atomic (a whole old or new file), no fsyncs
+    write_json_atomic(tmp_path / "status.json", {"b": 2}, durable=False)
+    assert calls == ["rename"]
+    assert json.loads((tmp_path / "status.json").read_text()) == {"b": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["status.json", "summary.json"]

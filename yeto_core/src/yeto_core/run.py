@@ -218,7 +218,8 @@ class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands):
         target = self.config.trainer.total_rounds
         if target and not self.state.finishing and (status["trained_rounds"] or 0) >= target:
             self.finish_data()
-        write_json_atomic(self.run_dir / STATUS_FILE, status)
+        # rewritten every tick: atomic, not fsynced (the final status at shutdown is)
+        write_json_atomic(self.run_dir / STATUS_FILE, status, durable=False)
         self.display(status)
         return status
 

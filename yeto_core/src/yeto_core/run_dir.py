@@ -79,19 +79,24 @@ def json_safe(data: Any) -> Any:
     return data
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: Any, *, durable: bool = True) -> None:
     """Write ``data`` as strict JSON (non-finite numbers become null), durably.
 
     The file is written under a temporary name, fsynced, renamed into place,
     and the directory fsynced, so a crash leaves the old file or the new one.
+    ``durable=False`` skips both fsyncs (still a whole old or new file after a process
+    crash): for a view rewritten every tick, such as ``status.json``.
     """
     text = json.dumps(json_safe(data), indent=2, sort_keys=True, default=str, allow_nan=False)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w") as f:
         f.write(text + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
+    if not durable:
+        return
     fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(fd)
