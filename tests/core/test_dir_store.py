@@ -250,3 +250,31 @@ def test_core_and_the_testing_package_do_not_import_pytest():
         "assert 'pytest' not in sys.modules, 'yeto_core imported pytest'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_a_swap_fsyncs_its_version_not_the_listed_copy(tmp_path, monkeypatch):
+    """put_if_match makes the new version durable (the version file and its directory);
+    the key's own file is a copy for list/exists/watchers: get and get_versioned never
+    read it, so a copy lost or torn by a power cut loses nothing."""
+    store = DirStore(tmp_path / "s")
+    v1 = store.put_if_match("run/LATEST.json", b"one", None)
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    v2 = store.put_if_match("run/LATEST.json", b"two", v1)
+    monkeypatch.undo()
+    assert v2 is not None and len(synced) == 2
+    assert all(".LATEST.json.tmp-cas" in p for p in synced), synced
+    copy = tmp_path / "s" / "run" / "LATEST.json"
+    assert copy.read_bytes() == b"two"
+    copy.write_bytes(b"")  # what a power cut may leave of an unsynced rename
+    assert store.get("run/LATEST.json") == b"two"
+    assert store.get_versioned("run/LATEST.json") == (b"two", v2)
+    assert store.exists("run/LATEST.json")
+    assert store.put_if_match("run/LATEST.json", b"three", v2) is not None
+    assert copy.read_bytes() == b"three"

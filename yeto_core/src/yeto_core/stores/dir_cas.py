@@ -26,7 +26,7 @@ def _unlink_quietly(path: str | Path) -> None:
 class DirCompareAndSwap:
     """Numbered versions of a key, each created exclusively (the host holds ``fsync``
     and the key-to-path helpers ``_path``, ``_ensure_parent``, ``_refuse_prefix_dir``,
-    ``_write_tmp`` and ``get``)."""
+    ``_write_tmp(key, path, data, sync=)`` and ``get``)."""
 
     # -- compare-and-swap: numbered versions, each created exclusively --------------------
     #
@@ -87,7 +87,9 @@ class DirCompareAndSwap:
         return True
 
     def _mirror(self, key: str, path: Path, payload: bytes) -> None:
-        tmp = self._write_tmp(key, path, payload)
+        # not fsynced: get and exists read the versions (each fsynced); the copy only
+        # makes the key listed and wakes watchers, and the next swap rewrites it
+        tmp = self._write_tmp(key, path, payload, sync=False)
         try:
             os.replace(tmp, path)
         except BaseException:

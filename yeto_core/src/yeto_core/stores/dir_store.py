@@ -131,7 +131,7 @@ class DirStore(DirCompareAndSwap, ObjectStore):
                 fsync_dir(d.parent)
         self._made_dirs.add(parent)
 
-    def _write_tmp(self, key: str, path: Path, data: bytes) -> str:
+    def _write_tmp(self, key: str, path: Path, data: bytes, *, sync: bool = True) -> str:
         try:
             fd, tmp = _mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
         except FileNotFoundError:
@@ -142,7 +142,7 @@ class DirStore(DirCompareAndSwap, ObjectStore):
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-                if self.fsync:
+                if self.fsync and sync:
                     f.flush()
                     os.fsync(f.fileno())
         except BaseException:
