@@ -151,6 +151,8 @@ def test_release_counts_tell_deltas_published_and_applied() -> None:
             _rel("release_published", encoding="full"),
             _rel("release_published", encoding="delta"),
             _rel("release_republished", encoding="delta"),
+            # the trainer stream's: a relaunched trainer retrained to the same weights
+            _rel("release_published", encoding="delta", republished=True, stored_bytes=0),
             _rel("release_loaded", encoding="full", chain=["1"]),
             # on the sampler's copy of 1: one delta applied
             _rel("release_loaded", encoding="delta", chain=["2"], **{"from": "1"}),
@@ -168,7 +170,7 @@ def test_release_counts_tell_deltas_published_and_applied() -> None:
         "published_delta": 1,
         "published_full": 1,
         "refused_parent_mismatch": 1,
-        "republished": 1,
+        "republished": 2,
     }
 
 

@@ -325,7 +325,8 @@ def release_counts(events: Sequence[dict[str, Any]]) -> dict[str, int]:
     """What the run's releases were (pure): published and loaded, full or delta; refused.
 
     ``events``: the run's ``release_*`` events as written (``kind``, ``data``).
-    ``published_*`` are the trainer's publications, ``loaded_*`` the samplers' loads by
+    ``published_*`` are the trainer's publications (``republished``: one that found the
+    release already stored with the same weights), ``loaded_*`` the samplers' loads by
     what they fetched (``delta``: rebuilt from deltas), ``deltas_applied`` the delta
     releases those loads applied, ``refused_<reason>`` the refusals.
     """
@@ -337,10 +338,10 @@ def release_counts(events: Sequence[dict[str, Any]]) -> dict[str, int]:
     for e in events:
         d = e.get("data") or {}
         kind = e.get("kind")
-        if kind == "release_published":
+        if kind == "release_republished" or (kind == "release_published" and d.get("republished")):
+            add("republished")  # a trainer that retrained to the same weights: nothing stored
+        elif kind == "release_published":
             add(f"published_{d.get('encoding', 'full')}")
-        elif kind == "release_republished":
-            add("republished")
         elif kind == "release_loaded":
             encoding = str(d.get("encoding", "full"))
             add(f"loaded_{encoding}")
