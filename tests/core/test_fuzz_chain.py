@@ -6,7 +6,7 @@ the sharded index with a merging head), the real :class:`BatchReader`, the real
 Samplers append through their own buffer objects, as separate islands do.
 
 Releases go through the real :class:`ReleaseStore` with deltas on (a full release
-every ``FULL_EVERY``, the installed release codec, as the islands get it) after
+every ``FULL_EVERY``, yeto-torch's ``numpy-zstd`` codec, the one the islands get) after
 every trained round and when the ``publish_release`` rule says; a real
 :class:`PolicyFollower` (behind the engine port: ``ParamsEngine`` serves the
 export's parameters) follows them. It must serve, after every load, the full
@@ -55,7 +55,6 @@ from yeto_core.batch_reader import (
 from yeto_core.cut import ConsistentCut, CutStore
 from yeto_core.ledger import BatchLedger, LedgerError
 from yeto_core.ledger_replay import replay
-from yeto_core.plugins import get_plugins
 from yeto_core.policy_follower import PolicyFollower
 from yeto_core.records import Event, LocalRelease, Sample, SampleGroup, Trigger
 from yeto_core.release import Release, ReleaseStore
@@ -119,10 +118,13 @@ def _sha256s(d: Path) -> dict[str, str]:
 
 
 def _codec() -> Any:
-    """The release codec the islands use (``Plugins.release_codec()``)."""
-    codec = get_plugins().release_codec()
-    assert codec is not None, "the fuzz needs a release codec: install yeto-torch (numpy-zstd)"
-    return codec
+    """The release codec the islands get from ``Plugins.release_codec()``: yeto-torch's
+    ``numpy-zstd`` (numpy and zstandard only), imported directly as tests/releases do:
+    loading every plugin (torch with it) would cost the CI profile seconds.
+    ``tests/releases`` checks the plugin provides it."""
+    from yeto_torch.delta import NumpyZstdCodec
+
+    return NumpyZstdCodec()
 
 
 def _new_backend() -> FakeBackend:
@@ -211,6 +213,7 @@ class ChainMachine(RuleBasedStateMachine):
         self.codec = _codec()
         #: release id -> sha256 per file of the full export it was published from
         self.exports: dict[str, dict[str, str]] = {}
+        self.checksums: dict[str, str] = {}  # release id -> weight checksum
         self.last_delta: Optional[Release] = None
         self.n_forged = 0
         self.n_followers = 0
@@ -412,6 +415,7 @@ class ChainMachine(RuleBasedStateMachine):
                 COVER["release_full_not_smaller"] += 1
         assert {f.name: f.sha256 for f in rel.result_files} == export
         assert self.exports.setdefault(rel.release_id, export) == export
+        self.checksums[rel.release_id] = rel.weight_checksum
         if rel.encoding == "delta":
             assert rel.delta is not None and 1 <= rel.delta["depth"] < FULL_EVERY
             assert str(rel.delta["parent"]) in self.exports
@@ -735,7 +739,7 @@ class ChainMachine(RuleBasedStateMachine):
         if rid is None:
             assert served == hashlib.sha256(np.zeros(PARAMS).tobytes()).hexdigest()
             return
-        assert served == self.follower.releases.get(rid).weight_checksum
+        assert served == self.checksums[rid]
         if not self.rotted:
             assert self._current_files() == self.exports[rid]
 
