@@ -137,3 +137,52 @@ def test_no_replay_reports_not_checked_instead_of_zero() -> None:
     )
     assert checked["ledger_replay_mismatches"] == 1 and checked["ok"] is False
     assert checked["kills_by_role"] == {"head": 2}
+
+
+def _rel(kind: str, **data) -> dict:
+    return {"kind": kind, "time": 1.0, "data": data}
+
+
+def test_release_counts_tell_deltas_published_and_applied() -> None:
+    from yeto_bench.chaos import release_counts
+
+    counts = release_counts(
+        [
+            _rel("release_published", encoding="full"),
+            _rel("release_published", encoding="delta"),
+            _rel("release_republished", encoding="delta"),
+            # the trainer stream's: a relaunched trainer retrained to the same weights
+            _rel("release_published", encoding="delta", republished=True, stored_bytes=0),
+            _rel("release_loaded", encoding="full", chain=["1"]),
+            # on the sampler's copy of 1: one delta applied
+            _rel("release_loaded", encoding="delta", chain=["2"], **{"from": "1"}),
+            # a new sampler: the full release 4, then the deltas 5 and 6
+            _rel("release_loaded", encoding="delta", chain=["4", "5", "6"], **{"from": "4"}),
+            _rel("release_refused", reason="parent_mismatch"),
+        ]
+    )
+    assert counts == {
+        "deltas_applied": 3,
+        "loaded_delta": 2,
+        "loaded_delta_from_full": 1,
+        "loaded_delta_on_local_copy": 1,
+        "loaded_full": 1,
+        "published_delta": 1,
+        "published_full": 1,
+        "refused_parent_mismatch": 1,
+        "republished": 2,
+    }
+
+
+def test_a_campaign_with_deltas_on_is_not_ok_without_a_delta_applied() -> None:
+    """--deltas on checks delta releases only if some were published and loaded."""
+    from yeto_bench.chaos import campaign_report
+
+    only_full = _result(releases={"published_full": 5, "loaded_full": 10})
+    none = campaign_report([only_full], seed=0, kills=1, replay=True, deltas="on")
+    assert none["releases"]["deltas_exercised"] is False and none["ok"] is False
+    assert campaign_report([only_full], seed=0, kills=1, replay=True)["ok"] is True
+    some = _result(releases={"published_delta": 2, "loaded_delta": 3, "deltas_applied": 3})
+    both = campaign_report([only_full, some], seed=0, kills=2, replay=True, deltas="on")
+    assert both["ok"] is True and both["releases"]["deltas_exercised"] is True
+    assert both["releases"]["published_full"] == 5 and both["releases"]["deltas_applied"] == 3

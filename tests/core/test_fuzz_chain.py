@@ -5,6 +5,16 @@ the sharded index with a merging head), the real :class:`BatchReader`, the real
 :class:`BatchLedger`, the real :class:`CutStore`, and the CPU ``FakeBackend``.
 Samplers append through their own buffer objects, as separate islands do.
 
+Releases go through the real :class:`ReleaseStore` with deltas on (a full release
+every ``FULL_EVERY``, yeto-torch's ``numpy-zstd`` codec, the one the islands get) after
+every trained round and when the ``publish_release`` rule says; a real
+:class:`PolicyFollower` (behind the engine port: ``ParamsEngine`` serves the
+export's parameters) follows them. It must serve, after every load, the full
+export of that release bit for bit (sha256 per file), refuse a delta with a
+flipped byte or a wrong parent while the previous policy keeps serving, and
+recover through the nearest full release after a gap, a restart with an empty
+local copy or a damaged local copy.
+
 ``make test`` runs the CI profile (``YETO_FUZZ_EXAMPLES`` runs, default 200,
 derandomized); ``make fuzz`` runs a long profile and prints
 ``fuzz: <N> steps executed in <M> runs``.
@@ -13,6 +23,7 @@ derandomized); ``make fuzz`` runs a long profile and prints
 from __future__ import annotations
 
 import collections
+import hashlib
 import math
 import os
 import shutil
@@ -20,6 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
+import attrs
 import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -32,6 +44,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from yeto_core import serde
 from yeto_core.batch_reader import (
     BatchReader,
     EndOfData,
@@ -42,17 +55,25 @@ from yeto_core.batch_reader import (
 from yeto_core.cut import ConsistentCut, CutStore
 from yeto_core.ledger import BatchLedger, LedgerError
 from yeto_core.ledger_replay import replay
-from yeto_core.records import Sample, SampleGroup, Trigger
+from yeto_core.policy_follower import PolicyFollower
+from yeto_core.records import Event, LocalRelease, Sample, SampleGroup, Trigger
+from yeto_core.release import Release, ReleaseStore
 from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import FakeBackend
-from yeto_core.testing.fakes import Clock
+from yeto_core.testing.fakes import Clock, WeightFileEngine
 
 G = 2
 VOCAB = 50
 MAX_AGE = 1
 FENCED_INCARNATION = 9
 LAYERS, EXPERTS = 2, 4
+#: the fake trainer's parameters (float64): enough that a delta is smaller than the export
+PARAMS = 64
+#: ``[releases] full_every`` of the fuzz's publisher
+FULL_EVERY = 3
+#: forged releases get ids from here up (never an id the trainer publishes)
+FORGED = 100_000
 EXAMPLES = int(os.environ.get("YETO_FUZZ_EXAMPLES", "200"))
 STEPS = int(os.environ.get("YETO_FUZZ_STEPS", "25"))
 
@@ -82,8 +103,51 @@ NEVER_TRAINED = {
 }
 
 STATS = {"steps": 0, "runs": 0}
+#: the COVER keys of releases (the report prints them on their own line)
+RELEASE_COVER = ("release_", "deltas_", "follow", "local_copy", "refused_", "rebuilt_")
 #: what the runs exercised (the CI profile asserts every rule had its effect)
 COVER: collections.Counter[str] = collections.Counter()
+
+
+def _sha256s(d: Path) -> dict[str, str]:
+    return {
+        p.relative_to(d).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(d.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _codec() -> Any:
+    """The release codec the islands get from ``Plugins.release_codec()``: yeto-torch's
+    ``numpy-zstd`` (numpy and zstandard only), imported directly as tests/releases do:
+    loading every plugin (torch with it) would cost the CI profile seconds.
+    ``tests/releases`` checks the plugin provides it."""
+    from yeto_torch.delta import NumpyZstdCodec
+
+    return NumpyZstdCodec()
+
+
+def _new_backend() -> FakeBackend:
+    return FakeBackend(seed=7, n_params=PARAMS)
+
+
+class ParamsEngine(WeightFileEngine):
+    """Serves the parameters of the loaded release's ``model.safetensors`` (a FakeBackend
+    export); its checksum is the backend's ``weight_checksum`` of the same parameters."""
+
+    PLUGIN_NAME = "fuzz-params"
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.weights = np.zeros(PARAMS, dtype=np.float64).tobytes()  # the base
+
+    def load_release(self, release: LocalRelease) -> None:
+        from safetensors.numpy import load_file
+
+        params = load_file(str(Path(release.path) / "model.safetensors"))["params"]
+        self._prev = (self.weights, self.version)
+        self.weights, self.version = params.tobytes(), release.version
+        self.loads += 1
 
 
 def _sample(n_resp: int, *, version: int, reward: float, token: int = 3) -> Sample:
@@ -146,6 +210,16 @@ class ChainMachine(RuleBasedStateMachine):
         self.n_appended = 0
         self.gen = 0  # run generation (a restart from the base starts a new one)
         self.ahead: Optional[ReaderBatch] = None
+        self.codec = _codec()
+        #: release id -> sha256 per file of the full export it was published from
+        self.exports: dict[str, dict[str, str]] = {}
+        self.checksums: dict[str, str] = {}  # release id -> weight checksum
+        self.last_delta: Optional[Release] = None
+        self.n_forged = 0
+        self.n_followers = 0
+        self.events: list[Event] = []
+        self.rotted = False  # the follower's local copy was damaged since its last load
+        self._new_follower()
         STATS["runs"] += 1
 
     def teardown(self) -> None:
@@ -169,7 +243,11 @@ class ChainMachine(RuleBasedStateMachine):
     def _start(self, *, incarnation: int, cut: Optional[ConsistentCut], cut_dir: Any) -> None:
         self.incarnation = incarnation
         self.cuts = CutStore(self.store, prefix=f"cuts{self.gen}", keep=2, clock=self.clock)
-        self.backend = FakeBackend(seed=7)
+        self.backend = _new_backend()
+        # a new trainer incarnation is a new publisher: no kept parent, its first release full
+        self.releases = ReleaseStore(
+            self.store, codec=self.codec, deltas="on", full_every=FULL_EVERY, clock=self.clock
+        )
         self.backend.restore(cut_dir)
         self.version = cut.policy_version if cut else 0
         self.trained_rounds = cut.trained_rounds if cut else 0
@@ -240,6 +318,20 @@ class ChainMachine(RuleBasedStateMachine):
         """
         self.produce_and_train("quarantined", short)
 
+    @rule(short=st.booleans())
+    def fenced_host_in_a_round(self, short: bool) -> None:
+        """A fenced incarnation's group inside a round: skipped, never trained (its own rule
+        for the same reason as the quarantined one's)."""
+        self.produce_and_train("fenced", short)
+
+    @precondition(lambda self: self.ahead is None)
+    @rule(kind=st.sampled_from(["malformed", "routed", "damaged"]))
+    def unconvertible_samplers(self, kind: str) -> None:
+        """Samplers with a wrong model setting write only unconvertible groups: the takes
+        fail in a row, then the round fails (its own rule, as the quarantined one's)."""
+        self.append(kind, 2 * self.groups_per_round + 1, 0)
+        self.train(short_ok=False)
+
     @precondition(lambda self: self.groups_per_round >= 2 and self.ahead is None)
     @rule()
     def shrink_batch_after_a_gathered_round(self) -> None:
@@ -294,6 +386,7 @@ class ChainMachine(RuleBasedStateMachine):
         self.reader.commit(batch)
         self.trained_rounds += 1
         self.version += 1
+        self._publish()  # the driver publishes after every round
 
     @precondition(lambda self: self.ahead is None)
     @rule(short_ok=st.booleans())
@@ -302,10 +395,199 @@ class ChainMachine(RuleBasedStateMachine):
 
     @rule()
     def publish_release(self) -> None:
-        out = self.tmp / "release"
-        out.mkdir(exist_ok=True)
+        """A publication between rounds (the weights of the last one again: republished)."""
+        self._publish()
+
+    def _publish(self) -> Release:
+        out = self.tmp / "export"  # a fresh export every time, as the driver writes them
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
         info = self.backend.publish_release(out)
         assert info["weight_checksum"] == self.backend.weight_checksum()
+        export = _sha256s(out)
+        rel = self.releases.publish(out, {**info, "version": self.version})
+        published = self.releases.last_publish
+        if published.get("republished"):
+            COVER["release_republished"] += 1
+        else:
+            COVER[f"release_{rel.encoding}"] += 1
+            if rel.encoding == "full" and "not smaller" in published.get("full_because", ""):
+                COVER["release_full_not_smaller"] += 1
+        assert {f.name: f.sha256 for f in rel.result_files} == export
+        assert self.exports.setdefault(rel.release_id, export) == export
+        self.checksums[rel.release_id] = rel.weight_checksum
+        if rel.encoding == "delta":
+            assert rel.delta is not None and 1 <= rel.delta["depth"] < FULL_EVERY
+            assert str(rel.delta["parent"]) in self.exports
+            self.last_delta = rel
+        return rel
+
+    # -- the follower (a sampler island's) ----------------------------------------------
+
+    def _new_follower(self) -> None:
+        """A sampler incarnation: a base engine and an empty local copy."""
+        self.n_followers += 1
+        self.engine = ParamsEngine()
+        self.follower = PolicyFollower(
+            ReleaseStore(self.store, codec=self.codec),
+            self.engine,
+            work_dir=self.tmp / f"follower-{self.n_followers}",
+            clock=self.clock,
+            emit=self.events.append,
+            source="s1",
+        )
+        self.rotted = False
+
+    def _served(self) -> tuple[Optional[str], str]:
+        return self.follower.release_id, self.engine.served_checksum()
+
+    @rule()
+    def follow(self) -> None:
+        """The sampler polls LATEST: it serves the full export of the newest release."""
+        latest = self.follower.releases.latest()
+        had = self.follower.release_id
+        result = self.follower.poll()
+        if latest is None or latest.release_id == had:
+            assert result is None
+            return
+        assert result == "loaded", self.events[-1].data
+        rel = self.follower.releases.get(latest.release_id)
+        assert self.follower.release_id == rel.release_id and self.follower.version == rel.version
+        assert self.engine.served_checksum() == rel.weight_checksum
+        assert self._current_files() == self.exports[rel.release_id]
+        fetched = self.follower.releases.last_fetch
+        if rel.encoding == "full":
+            COVER["follow_full"] += 1
+        else:
+            chain = [self.follower.releases.get(i) for i in fetched["chain"]]
+            on_local = chain[0].encoding == "delta"  # rebuilt on the copy it served
+            if on_local:
+                assert fetched["from"] == had and "local_copy_refused" not in fetched
+            else:  # from the nearest full release: a gap, a new or a damaged local copy
+                assert chain[0].encoding == "full" and fetched["from"] == chain[0].release_id
+            applied = chain if on_local else chain[1:]
+            assert applied and all(r.encoding == "delta" for r in applied)
+            parents = [had] if on_local else [chain[0].release_id]
+            parents += [r.release_id for r in applied[:-1]]
+            assert [str(r.delta["parent"]) for r in applied] == parents  # each on the one before
+            COVER["deltas_applied"] += len(applied)
+            COVER["follow_delta_on_local_copy" if on_local else "follow_from_full"] += 1
+            COVER["follow_after_gap"] += len(applied) > 1
+            COVER["local_copy_refused"] += "local_copy_refused" in fetched
+            if self.rotted and not on_local:
+                COVER["rebuilt_after_damaged_copy"] += 1
+        self.rotted = False
+
+    def _current_files(self) -> dict[str, str]:
+        assert self.follower._current is not None
+        return _sha256s(Path(self.follower._current.path))
+
+    @rule()
+    def restart_follower(self) -> None:
+        """A new sampler incarnation (a replaced node): nothing local; the base served."""
+        COVER["follower_restart"] += bool(self.follower.release_id)
+        self._new_follower()
+
+    @precondition(lambda self: self.follower.release_id is not None)
+    @rule(at=st.integers(1, 8), then_follow=st.booleans())
+    def damage_local_copy(self, at: int, then_follow: bool) -> None:
+        """The served copy rots on disk (a weight byte; the engine's weights do not change);
+        then, maybe, a round is trained (a delta on what the follower serves) and followed:
+        the damaged copy is refused as a parent and the release rebuilt from a full one."""
+        path = Path(self.follower._current.path) / "model.safetensors"  # type: ignore[union-attr]
+        data = bytearray(path.read_bytes())
+        data[len(data) - at] ^= 0x10
+        path.write_bytes(bytes(data))
+        self.rotted = True
+        COVER["local_copy_damaged"] += 1
+        if then_follow:
+            self.produce_and_train("whole", short=False)
+            self.follow()
+
+    @precondition(lambda self: self.last_delta is not None)
+    @rule(
+        how=st.sampled_from(["flipped", "flipped_digest_fixed", "wrong_parent"]),
+        where=st.integers(0, 2**16),
+        pick=st.integers(0, 2**16),
+    )
+    def refuse_bad_delta(self, how: str, where: int, pick: int) -> None:
+        """LATEST names a delta with a flipped byte or a wrong parent: it is refused and the
+        previous policy keeps serving (the forged release is then removed from the store)."""
+        src = self.last_delta
+        assert src is not None and src.delta is not None
+        delta = dict(src.delta)
+        parent = str(delta["parent"])
+        if how == "wrong_parent":
+            weights = self.exports[parent]["model.safetensors"]
+            others = sorted(
+                i
+                for i, files in self.exports.items()
+                if i != parent and files["model.safetensors"] != weights
+            )
+            if not others:
+                return
+            # the follower's own copy when it can be (the delta is tried on it first)
+            own = self.follower.release_id
+            delta["parent"] = own if own in others else others[pick % len(others)]
+        self.n_forged += 1
+        fid = str(FORGED + self.n_forged)
+        root = self.releases.prefix
+        files = {f.name: self.store.get(f"{root}/{src.release_id}/{f.name}") for f in src.files}
+        digests = {f.name: f for f in src.files}
+        if how != "wrong_parent":
+            (wname, spec), *_ = sorted(src.delta["files"].items())
+            payload = bytearray(files[spec["payload"]])
+            entry = max(spec["tensors"].values(), key=lambda e: e["length"])
+            # a byte of the largest tensor chunk, or anywhere in the payload (its header too)
+            if where % 2 and entry["length"]:
+                at = entry["offset"] + (where // 2) % entry["length"]
+            else:
+                at = (where // 2) % len(payload)
+            payload[at] ^= 1 << (where % 8)
+            files[spec["payload"]] = bytes(payload)
+            if how == "flipped_digest_fixed":  # the file's digest agrees: the tensors' must not
+                d = digests[spec["payload"]]
+                digests[d.name] = attrs.evolve(d, sha256=hashlib.sha256(payload).hexdigest())
+        forged = attrs.evolve(
+            src,
+            release_id=fid,
+            version=FORGED + self.n_forged,
+            seq=src.seq + 1,
+            files=tuple(digests[f.name] for f in src.files),
+            delta=delta,
+        )
+        for name, data in files.items():
+            self.store.put(f"{root}/{fid}/{name}", data)
+        pointer = self.releases.pointer_key
+        real_latest = self.store.get(pointer)
+        raw = serde.dumps(forged).encode()
+        self.store.put(f"{root}/{fid}/manifest.json", raw)
+        self.store.put(pointer, raw)
+        before, files_before = self._served(), None
+        if self.follower.release_id is not None and not self.rotted:
+            files_before = self._current_files()
+        try:
+            assert self.follower.poll() == "refused", self.events[-1].data
+        finally:
+            for name in [*files, "manifest.json"]:
+                self.store.delete(f"{root}/{fid}/{name}")
+            self.store.put(pointer, real_latest)
+        refused = self.events[-1].data
+        assert self.events[-1].kind == "release_refused" and refused["release_id"] == fid
+        expected = {
+            "flipped": {"digest_mismatch"},
+            "flipped_digest_fixed": {
+                "tensor_checksum_mismatch",
+                "result_digest_mismatch",
+                "malformed",
+            },
+            "wrong_parent": {"parent_mismatch"},
+        }[how]
+        assert refused["reason"] in expected, refused
+        assert self._served() == before  # the previous policy keeps serving
+        if files_before is not None:
+            assert self._current_files() == files_before
+        COVER[f"refused_{how}"] += 1
 
     @rule(trigger=st.sampled_from([Trigger.MANUAL, Trigger.SCHEDULED, Trigger.PREEMPT]))
     def cut(self, trigger: Trigger) -> None:
@@ -330,6 +612,15 @@ class ChainMachine(RuleBasedStateMachine):
             ),
         )
         shutil.rmtree(out)
+
+    @precondition(lambda self: self.ahead is None)
+    @rule(trigger=st.sampled_from([Trigger.MANUAL, Trigger.PREEMPT]))
+    def cut_with_a_round_taken_ahead(self, trigger: Trigger) -> None:
+        """A round is taken ahead (not committed), then a cut: it must not count (its own
+        rule so that the derandomized CI profile reaches it whatever the other rules draw)."""
+        self.append("whole", self.groups_per_round, 0)
+        self.take_ahead(short_ok=False)
+        self.cut(trigger)
 
     @rule()
     def reset_reader(self) -> None:
@@ -388,7 +679,7 @@ class ChainMachine(RuleBasedStateMachine):
         result = replay(
             ledger=self.ledger,
             buffer=self.buffer,
-            make_backend=lambda: FakeBackend(seed=7),
+            make_backend=_new_backend,
             cut_store=self.cuts,
         )
         assert result.equal, result
@@ -438,6 +729,20 @@ class ChainMachine(RuleBasedStateMachine):
                     assert reason in EXPECTED_SKIPS[kind], (p, kind, reason)
         assert self.backend.trained_groups == trained_ids
 
+    @invariant()
+    def follower_serves_a_whole_release(self) -> None:
+        """What the follower serves is a published release's full export, bit for bit."""
+        if not hasattr(self, "follower"):
+            return
+        rid, served = self._served()
+        assert served == self.follower.served_checksum
+        if rid is None:
+            assert served == hashlib.sha256(np.zeros(PARAMS).tobytes()).hexdigest()
+            return
+        assert served == self.checksums[rid]
+        if not self.rotted:
+            assert self._current_files() == self.exports[rid]
+
 
 def test_buffer_to_train_chain() -> None:
     """The chain keeps its invariants under every sequence of the rules above."""
@@ -466,6 +771,21 @@ def test_buffer_to_train_chain() -> None:
             "restart_from_base",
             "SamplerWaitTimeout",
             "UnconvertibleRoundError",
+            # delta releases: published, applied on the local copy and from the nearest
+            # full one, refused when forged, recovered after a restart or a damaged copy
+            "release_full",
+            "release_delta",
+            "release_republished",
+            "deltas_applied",
+            "follow_full",
+            "follow_delta_on_local_copy",
+            "follow_from_full",
+            "follow_after_gap",
+            "follower_restart",
+            "local_copy_refused",
+            "refused_flipped",
+            "refused_flipped_digest_fixed",
+            "refused_wrong_parent",
         ] + [
             f"skip_{r}"
             for r in (
@@ -480,8 +800,9 @@ def test_buffer_to_train_chain() -> None:
         missing = [w for w in wanted if not COVER[w]]
         assert not missing, f"the fuzz never reached {missing}: {dict(COVER)}"
     line = f"fuzz: {steps} steps executed in {runs} runs"
+    releases = {k: v for k, v in sorted(COVER.items()) if k.startswith(RELEASE_COVER)}
     print(line)
     print(f"fuzz coverage: {dict(sorted(COVER.items()))}")
     report = os.environ.get("YETO_FUZZ_REPORT")
     if report:
-        Path(report).write_text(line + "\n")
+        Path(report).write_text(f"{line}\nfuzz releases: {releases}\n")

@@ -185,3 +185,27 @@ def test_tensors_worked_on_in_parallel_are_written_and_checked_in_order(
     with pytest.raises(DeltaError) as err:
         apply_delta(NumpyZstdCodec(), delta, want, damaged, tmp_path / "d", tmp_path / "bad")
     assert err.value.reason == "parent_mismatch" and "tensor t4 " in str(err.value)
+
+
+def test_any_flipped_byte_of_a_payload_is_a_delta_error(tmp_path):
+    """A payload damaged anywhere (its copy of the result's header too: a file digest made
+    to agree with it, or a store that returns what it was given) is refused with a
+    :class:`DeltaError`, never another exception and never a result (found by the fuzz)."""
+    p, r = _pair(20, n=64)
+    parent = _export(tmp_path / "p", {"w": p.view(np.float16), "b": np.ones(3, np.float32)})
+    result = _export(tmp_path / "r", {"w": r.view(np.float16), "b": np.zeros(3, np.float32)})
+    spec = build_delta(NumpyZstdCodec(), parent, result, tmp_path / "d")
+    delta = {"format": "yeto-delta/1", "codec": "numpy-zstd", "parent": "1", "files": spec}
+    want = digest_dir(result)
+    payload = tmp_path / "d" / spec["model.safetensors"]["payload"]
+    good = payload.read_bytes()
+    reasons = set()
+    for at in range(len(good)):
+        bad = bytearray(good)
+        bad[at] ^= 1 << (at % 8)
+        payload.write_bytes(bytes(bad))
+        with pytest.raises(DeltaError) as err:
+            apply_delta(NumpyZstdCodec(), delta, want, parent, tmp_path / "d", tmp_path / "out")
+        reasons.add(err.value.reason)
+    assert reasons <= {"malformed", "tensor_checksum_mismatch", "result_digest_mismatch"}
+    assert "malformed" in reasons  # the header's JSON broken by a flip

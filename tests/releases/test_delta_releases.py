@@ -93,6 +93,8 @@ def test_follower_applying_n_deltas_serves_the_full_export_bitwise(world):
         assert _loaded(events)["verified"] is True
         assert _loaded(events)["encoding"] == rel.encoding
         assert _loaded(events)["chain"] == [rel.release_id]  # rebuilt on the served copy
+        if rel.encoding == "delta":
+            assert _loaded(events)["from"] == str(rel.delta["parent"])
     assert encodings == ["full", "delta", "delta", "full", "delta"]
     deltas = [r for r in trainer.releases.list() if r.encoding == "delta"]
     for r in deltas:  # what was shipped is a fraction of the export
@@ -194,6 +196,7 @@ def test_a_follower_that_missed_releases_recovers_through_the_nearest_full(world
     ]
     assert follower.poll() == "loaded"
     assert _loaded(events)["chain"] == ["4", "5"]
+    assert _loaded(events)["from"] == "4"  # rebuilt from the nearest full release
     assert _files(Path(follower._current.path)) == trainer.exports[rel.release_id]
     # a new follower (a replaced node) with no local copy, LATEST a delta two after a full
     trainer.step()  # 6: delta against 5

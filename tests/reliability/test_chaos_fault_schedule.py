@@ -97,3 +97,47 @@ def test_an_index_record_flipped_after_the_reader_read_it_is_raced_not_used(tmp_
     evaluate(store, [index, payload], lineage, watermark=9)
     assert index["used"] == 0 and index["raced"] is True
     assert payload["used"] == 1 and "raced" not in payload
+
+
+def test_a_release_flipped_after_every_sampler_had_loaded_it_is_raced_not_undetected(tmp_path):
+    """Found by `yeto bench chaos --faults corrupt --faults-per-run 4 --deltas on`: both
+    samplers had fetched (digest-checked) and loaded full release 72 when the bench's flip
+    landed; the next deltas were rebuilt on their own copies, so nothing read the damaged
+    file again, and the bench counted it undetected. One a sampler rebuilt a later delta
+    from (the nearest full release, after the flip) is still checked: a refusal naming it
+    is a detection, a load from it is a use."""
+    from yeto_bench.chaos_faults import evaluate
+    from yeto_core.event_stream import EventStream
+    from yeto_core.stores.dir_store import DirStore
+
+    store = DirStore(tmp_path / "s", fsync=False)
+    t = [100.0]
+    s0 = EventStream(store, "sampler-0", flush_s=0.0, clock=lambda: t[0])
+    s0.emit("release_loaded", release_id="72", encoding="full", chain=["72"])  # before the flip
+    t[0] = 101.5
+    s0.emit("release_loaded", release_id="73", encoding="delta", chain=["73"], **{"from": "72"})
+    raced = {"kind": "corrupt", "target": "release", "release_id": "72", "at": 100.0}
+    # release 9: flipped, then a new sampler rebuilt delta 10 from it: refused, naming it
+    t[0] = 50.0
+    s1 = EventStream(store, "sampler-1", flush_s=0.0, clock=lambda: t[0])
+    s1.emit("release_loaded", release_id="9", encoding="full", chain=["9"])
+    t[0] = 60.0
+    detail = "release '9' (version 9) fails its digest check: model.safetensors: sha256 ..."
+    s1.emit("release_refused", release_id="10", reason="digest_mismatch", detail=detail)
+    downstream = {"kind": "corrupt", "target": "release", "release_id": "9", "at": 55.0}
+    # release 20: flipped, and a later delta loaded from it (a damaged full release used)
+    t[0] = 210.0
+    s1.emit(
+        "release_loaded", release_id="21", encoding="delta", chain=["20", "21"], **{"from": "20"}
+    )
+    used = {"kind": "corrupt", "target": "release", "release_id": "20", "at": 200.0}
+    evaluate(store, [raced, downstream, used], {}, watermark=0)
+    assert raced["detected"] is False and raced["used"] == 0 and raced["raced"] is True
+    assert downstream["detected"] is True and downstream["used"] == 0
+    assert used["detected"] is False and used["used"] == 1 and "raced" not in used
+    assert "not_reached" not in used
+    # the same race on a sampler whose clock the bench skewed: no claim of "before"
+    skew = {"kind": "clock", "island": "sampler-0", "at": 0.0}
+    again = {"kind": "corrupt", "target": "release", "release_id": "72", "at": 100.0}
+    evaluate(store, [skew, again], {}, watermark=0)
+    assert again["detected"] is False and "raced" not in again

@@ -16,7 +16,8 @@ checksum per tensor and every rebuilt file's sha256 against the full export's.
 A delta that fails is refused like a bad digest (reason ``parent_mismatch``,
 ``tensor_checksum_mismatch``, ``result_digest_mismatch``, ``chain_broken`` or
 ``no_codec``) and the previous release keeps serving. ``release_loaded`` says
-``encoding``, ``chain``, ``fetched_bytes`` and ``fetch_s``.
+``encoding``, ``chain``, ``from`` (a delta's: the local copy's release id, or the
+full release it was rebuilt from, ``chain[0]``), ``fetched_bytes`` and ``fetch_s``.
 
 The sampler holds the update lock for the length of a round
 (``with follower.round(): ...``). A load that finds a round in progress waits
@@ -308,6 +309,7 @@ class PolicyFollower:
         return {
             "encoding": info.get("encoding", "full"),
             "chain": info.get("chain", []),
+            **({"from": info["from"]} if "from" in info else {}),
             "fetched_bytes": info.get("bytes", 0),
             "fetch_s": round(time.monotonic() - t0, 6),
         }

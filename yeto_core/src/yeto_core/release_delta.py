@@ -30,6 +30,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import json
+import math
 import os
 import shutil
 import struct
@@ -351,7 +352,7 @@ def _apply_file(
     _, pview = _mapped(parent) if p_index else (None, memoryview(b""))
     with open(out, "wb") as f:
         f.write(header)
-        _, r_index = _index_of_header(header)
+        r_index = _index_of_header(header, where)
 
         def rebuild(name: str) -> bytes:
             t = r_index[name]
@@ -359,6 +360,18 @@ def _apply_file(
             if e is None:
                 raise DeltaError("malformed", f"{where}: no payload entry for tensor {name}")
             size = t["end"] - t["start"]
+            itemsize = _ITEMSIZE.get(t["dtype"], 1)
+            if (
+                t["dtype"] != e.get("dtype")
+                or list(t["shape"]) != list(e.get("shape") or ())
+                or size != math.prod(t["shape"]) * itemsize
+            ):  # a damaged header: never sized or decoded by what it says
+                raise DeltaError(
+                    "malformed",
+                    f"{where}: the payload's header says tensor {name} is {t['dtype']} "
+                    f"{t['shape']} in {size} bytes, the manifest {e.get('dtype')} "
+                    f"{e.get('shape')}; the payload is damaged, do not load it",
+                )
             pbytes: Optional[memoryview] = None
             if e.get("parent_checksum"):
                 pt = p_index.get(name)
@@ -372,7 +385,16 @@ def _apply_file(
                         "was made against; refusing it (fetch the nearest full release)",
                     )
             chunk = payload[int(e["offset"]) : int(e["offset"]) + int(e["length"])]
-            data = codec.apply(e["encoding"], pbytes, chunk, size, _ITEMSIZE.get(t["dtype"], 1))
+            try:
+                data = codec.apply(e["encoding"], pbytes, chunk, size, itemsize)
+            except DeltaError:
+                raise
+            except Exception as exc:  # a damaged chunk the codec cannot read: refused alike
+                raise DeltaError(
+                    "malformed",
+                    f"{where}: tensor {name}'s chunk does not apply with codec {codec.NAME!r} "
+                    f"({type(exc).__name__}: {exc}); do not load it",
+                ) from None
             if len(data) != size or _checksum(memoryview(data)) != e["checksum"]:
                 raise DeltaError(
                     "tensor_checksum_mismatch",
@@ -386,12 +408,32 @@ def _apply_file(
             f.write(data)
 
 
-def _index_of_header(header: bytes) -> tuple[int, dict[str, dict[str, Any]]]:
-    (n,) = struct.unpack("<Q", header[:8])
-    meta = json.loads(header[8 : 8 + n])
-    base = 8 + n
-    return base, {
-        k: {"start": base + v["data_offsets"][0], "end": base + v["data_offsets"][1], **v}
-        for k, v in meta.items()
-        if k != "__metadata__"
-    }
+def _index_of_header(header: bytes, where: str) -> dict[str, dict[str, Any]]:
+    """``{tensor: {dtype, shape, start, end}}`` of a payload's copy of the result's header.
+
+    :raises DeltaError: ``malformed`` when the header does not parse (a damaged payload).
+    """
+    try:
+        (n,) = struct.unpack("<Q", header[:8])
+        if 8 + n != len(header):
+            raise ValueError(f"its length prefix says {n} bytes, the manifest {len(header) - 8}")
+        meta = json.loads(header[8:])
+        base = 8 + n
+        out = {}
+        for k, v in meta.items():
+            if k == "__metadata__":
+                continue
+            a, b = (int(x) for x in v["data_offsets"])
+            out[k] = {
+                "dtype": str(v["dtype"]),
+                "shape": [int(x) for x in v["shape"]],
+                "start": base + a,
+                "end": base + b,
+            }
+        return out
+    except (struct.error, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise DeltaError(
+            "malformed",
+            f"{where}: the payload's copy of the result's safetensors header does not parse "
+            f"({type(exc).__name__}: {exc}); the payload is damaged, do not load it",
+        ) from None

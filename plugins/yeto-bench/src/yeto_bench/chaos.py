@@ -208,6 +208,7 @@ def check_run(
     appended = {int(e.position) for e in entries}
     from yeto_core.errors import NotFoundError
 
+    release_events: list[dict[str, Any]] = []
     for key in store.list("events/"):
         try:
             text = store.get(key).decode(errors="replace")
@@ -220,6 +221,9 @@ def check_run(
             except (ValueError, KeyError, TypeError):
                 torn += 1
                 problems.append(f"{key} line {i + 1} does not parse: {line[:80]!r}")
+                continue
+            if str(d["kind"]).startswith("release_"):
+                release_events.append(d)
     ledger = BatchLedger(store)
     ledger_rounds = 0
     try:
@@ -275,6 +279,7 @@ def check_run(
         "torn_records_visible": torn,
         # None: not checked (--no-replay), never a 0 that was not measured
         "ledger_replay_mismatch": 0 if replay else None,
+        "releases": release_counts(release_events),
         "problems": problems,
     }
     if counts["lost"]:
@@ -314,6 +319,41 @@ def check_run(
                 f"{(proc.stderr.strip() or proc.stdout.strip())[-300:]}"
             )
     return out
+
+
+def release_counts(events: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """What the run's releases were (pure): published and loaded, full or delta; refused.
+
+    ``events``: the run's ``release_*`` events as written (``kind``, ``data``).
+    ``published_*`` are the trainer's publications (``republished``: one that found the
+    release already stored with the same weights), ``loaded_*`` the samplers' loads by
+    what they fetched (``delta``: rebuilt from deltas), ``deltas_applied`` the delta
+    releases those loads applied, ``refused_<reason>`` the refusals.
+    """
+    out: dict[str, int] = {}
+
+    def add(key: str, n: int = 1) -> None:
+        out[key] = out.get(key, 0) + n
+
+    for e in events:
+        d = e.get("data") or {}
+        kind = e.get("kind")
+        if kind == "release_republished" or (kind == "release_published" and d.get("republished")):
+            add("republished")  # a trainer that retrained to the same weights: nothing stored
+        elif kind == "release_published":
+            add(f"published_{d.get('encoding', 'full')}")
+        elif kind == "release_loaded":
+            encoding = str(d.get("encoding", "full"))
+            add(f"loaded_{encoding}")
+            if encoding == "delta" and "from" in d:  # (events before ``from``: not split)
+                # rebuilt from a full release: the chain names it first
+                chain = [str(c) for c in d.get("chain") or ()]
+                from_full = bool(chain) and str(d["from"]) == chain[0]
+                add("loaded_delta_from_full" if from_full else "loaded_delta_on_local_copy")
+                add("deltas_applied", len(chain) - from_full)
+        elif kind == "release_refused":
+            add(f"refused_{d.get('reason')}")
+    return dict(sorted(out.items()))
 
 
 # -- killing ------------------------------------------------------------------------------
@@ -624,7 +664,7 @@ def run_campaign(
             break  # nothing to kill and not finishing: do not loop
         if (faulty or fault_kinds) and i >= runs and left <= 0:
             break
-    return campaign_report(results, seed=seed, kills=kills, replay=replay)
+    return campaign_report(results, seed=seed, kills=kills, replay=replay, deltas=deltas)
 
 
 def _run_money(run_dir: Path) -> dict[str, Any]:
@@ -663,12 +703,14 @@ def _count(items: list[dict[str, Any]], key: str) -> dict[str, int]:
 
 
 def campaign_report(
-    results: list[dict[str, Any]], *, seed: int, kills: int, replay: bool
+    results: list[dict[str, Any]], *, seed: int, kills: int, replay: bool, deltas: str = "auto"
 ) -> dict[str, Any]:
     """The campaign's JSON from its per-run results (pure).
 
     Without replay, ``ledger_replay_mismatches`` is ``"not checked"``: a 0 would
-    claim a check that did not run.
+    claim a check that did not run. With ``deltas="on"`` the campaign is a check of
+    delta releases only if some were published and loaded (rebuilt from deltas) by the
+    samplers: ``releases.deltas_exercised`` says so, and without it the report is not ok.
     """
     by_role: dict[str, int] = {}
     for r in results:
@@ -691,9 +733,13 @@ def campaign_report(
         "torn_records_visible": sum(r["torn_records_visible"] for r in results),
         "ledger_check_failures": sum(r["ledger_check_failures"] for r in results),
         "ledger_unrecorded_tail_skips": sum(r["ledger_unrecorded_tail_skips"] for r in results),
+        "releases": _merge_counts(r.get("releases", {}) for r in results),
         **_campaign_money(results),
         "per_run": results,
     }
+    if deltas == "on":
+        rel = report["releases"]
+        rel["deltas_exercised"] = bool(rel.get("published_delta") and rel.get("loaded_delta"))
     if any("store_faults_injected" in r for r in results):
         store_runs = [r for r in results if "store_faults_injected" in r]
         report["faults"] = {
@@ -734,6 +780,7 @@ def campaign_report(
         and report["ledger_check_failures"] == 0
         and report.get("faults_undetected", 0) == 0
         and report.get("faults_used_after_corruption", 0) == 0
+        and report["releases"].get("deltas_exercised", True) is True
     )
     return report
 

@@ -483,18 +483,61 @@ def evaluate(
                     if e.kind == "trainer_start_summary" and e.data.get("cut_id") == rec["cut_id"]
                 )
             elif t == "release":
-                rid = rec["release_id"]
-                rec["detected"] = any(
-                    e.kind == "release_refused" and str(e.data.get("release_id")) == rid
-                    for e in events
-                )
-                rec["used"] = sum(
-                    1
-                    for e in events
-                    if e.kind == "release_loaded"
-                    and str(e.data.get("release_id")) == rid
-                    and float(e.time) > float(rec["at"]) + 1.0
-                )
+                skewed = {
+                    str(r.get("island"))
+                    for r in records
+                    if r.get("kind") == "clock" and "skipped" not in r
+                }
+                _evaluate_release(rec, events, skewed)
+
+
+def _reads_release(e: Any, rid: str) -> bool:
+    """Whether a follower's event read release ``rid``'s stored files: it loaded or refused
+    ``rid``, or rebuilt a delta from it (``rid`` the full release its chain started from;
+    an event without ``from`` is assumed to have)."""
+    d = e.data
+    if str(d.get("release_id")) == rid:
+        return True
+    chain = [str(c) for c in d.get("chain") or ()]
+    return bool(chain) and chain[0] == rid and str(d.get("from", rid)) == rid
+
+
+def _evaluate_release(rec: dict[str, Any], events: list[Any], skewed: set[str]) -> None:
+    """A flipped release file: ``detected`` by a refusal of it, or of a later release whose
+    chain failed on it (the refusal names it); ``used`` by a load that read it after the
+    flip. Neither, with every follower's read of it before the flip and none after (no
+    follower error either): ``raced``, nothing read the damaged file. An island whose clock
+    the bench skewed cannot say "before": any read of it there keeps the fault undetected.
+    """
+    rid, at = rec["release_id"], float(rec["at"])
+    rec["detected"] = any(
+        e.kind == "release_refused"
+        and (
+            str(e.data.get("release_id")) == rid
+            or f"release {rid!r}" in str(e.data.get("detail", ""))
+        )
+        for e in events
+    )
+    rec["used"] = sum(
+        1
+        for e in events
+        if e.kind == "release_loaded" and _reads_release(e, rid) and float(e.time) > at + 1.0
+    )
+    if rec["detected"] or rec["used"]:
+        return
+    read_after = any(
+        (float(e.time) > at + 1.0 or str(e.source) in skewed)
+        and (
+            e.kind == "follower_error"
+            or (e.kind in ("release_loaded", "release_refused") and _reads_release(e, rid))
+        )
+        for e in events
+    )
+    loaded_before = any(
+        e.kind == "release_loaded" and str(e.data.get("release_id")) == rid for e in events
+    )
+    if not read_after and loaded_before:
+        rec["raced"] = True  # loaded intact before the flip landed; never read after it
 
 
 def per_kind(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
