@@ -79,6 +79,11 @@ vllm-venv: $(VLLM_STAMP)
 
 $(VLLM_STAMP): plugins/yeto-vllm/server-requirements.txt
 	@mkdir -p build
+	@avail=$$(df -Pk "$${TMPDIR:-/tmp}" build | awk 'NR > 1 {print $$4}' | sort -n | head -1); \
+	  if [ "$$avail" -lt 6000000 ]; then \
+	    echo "make vllm-venv: only $$((avail / 1024)) MB free in $${TMPDIR:-/tmp} or build/; pip needs about 6 GB there to install the vLLM server's packages (it downloads CUDA builds it then removes). Free some space, or point TMPDIR at a larger disk, and run make again." >&2; \
+	    exit 1; \
+	  fi
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	PIP_CONSTRAINT= $(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check 'torch==2.13.0'
 	PIP_CONSTRAINT= $(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check -r plugins/yeto-vllm/server-requirements.txt
