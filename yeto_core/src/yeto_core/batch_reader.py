@@ -280,9 +280,10 @@ class BatchReader(ReaderAdmission):
                 self._skip(p, "duplicate", "a group id appended again (same group twice)")
             admitted = 0
             causes: list[str] = []
+            preloaded = self._preload(entries)
             for e in entries:
                 self._seen[int(e.position)] = e
-                held, why = self._admit(e)
+                held, why = self._admit(e, preloaded.get(int(e.position)))
                 if held is None:
                     assert why is not None
                     self._skip(e.position, why[0], why[1])

@@ -210,6 +210,11 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
         """A watch on the buffer's prefix (new index records, commits): the store's."""
         return self.store.watch(self.prefix)
 
+    @property
+    def concurrent_loads(self) -> bool:
+        """:meth:`load` may run in several threads at once (it reads and decodes only)."""
+        return True
+
     def load(self, entry: GroupEntry) -> SampleGroup:
         """The group of ``entry``, with numpy arrays."""
         try:

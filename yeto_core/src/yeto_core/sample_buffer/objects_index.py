@@ -12,6 +12,7 @@ from yeto_core.ports import ObjectStore
 from yeto_core.records import Event
 from yeto_core.sample_buffer.codec import decode_record, encode_record, quarantined_record
 from yeto_core.stores.log import StoreLog
+from yeto_core.stores.parallel import get_all
 
 log = logging.getLogger("yeto.buffer")
 
@@ -53,11 +54,14 @@ class ObjectsIndex:
         """
         out = []
         count, last_key = self.count, self.last_key
+        keys: list[str] = []
         for key in self.store.list(self.dir, after=last_key):
-            pos = self._position_of(key)
-            if pos != count:
+            if self._position_of(key) != count + len(keys):
                 break  # not visible yet (listing raced a creation); read it next time
-            raw = self.store.get(key)
+            keys.append(key)
+        # the records' gets overlap on a remote store (one round trip for many)
+        for key, raw in zip(keys, get_all(self.store, keys), strict=True):
+            pos = count
             rec = decode_record(raw)
             if rec is None:
                 # Objects are created whole: one that fails its checksum was damaged

@@ -1,0 +1,175 @@
+"""Store requests on a remote (S3-like) store: what a round costs in requests and round trips.
+
+``RemoteDir`` is a directory store that looks remote (no local files, no watch),
+as an ``s3://`` store does, and counts every request. A ``gate`` makes its
+``get`` wait until that many gets are in flight at once: reads made one after
+another never get there (the barrier breaks after its timeout and the test
+fails), reads that overlap pass at once. Counts and overlap only, never timings.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from yeto_core.batch_reader import BatchReader
+from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.stores.dir_store import DirStore
+from yeto_core.testing.fakes import Clock
+from yeto_core.testing.groups import build_group
+
+G = 4
+
+
+class RemoteDir(DirStore):
+    """A dir store seen as remote, counting requests; ``gate(n)`` makes gets wait for n at once."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, fsync=False)
+        self.calls: collections.Counter[str] = collections.Counter()
+        self._count_lock = threading.Lock()
+        self._barrier: Optional[threading.Barrier] = None
+        self._gated = ""
+
+    def _count(self, op: str) -> None:
+        with self._count_lock:
+            self.calls[op] += 1
+
+    def gate(self, parties: int, under: str) -> None:
+        """Gets of keys under ``under`` wait until ``parties`` of them are in flight."""
+        self._barrier, self._gated = threading.Barrier(parties, timeout=20), under
+
+    def local_root(self) -> Optional[Path]:
+        return None
+
+    def watch(self, prefix: str) -> Any:
+        from yeto_core.ports.store import SleepWatch
+
+        return SleepWatch()
+
+    def get(self, key: str) -> bytes:
+        self._count("get")
+        if self._barrier is not None and key.startswith(self._gated):
+            self._barrier.wait()  # BrokenBarrierError when the gets do not overlap
+        return super().get(key)
+
+    def list(self, prefix: str = "", after: Optional[str] = None) -> Any:
+        self._count("list")
+        return super().list(prefix, after)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        self._count("put_if_absent")
+        return super().put_if_absent(key, data)
+
+
+def group(i: int, version: int = 0):
+    return build_group(f"g{i}", n=G, host="h", prompt_id=f"p{i}", version=version)
+
+
+def test_new_index_records_are_read_with_overlapping_gets(tmp_path):
+    store = RemoteDir(tmp_path / "s")
+    writer = FileSampleBuffer(store, layout="objects")
+    for i in range(8):
+        writer.append(group(i))
+    reader = FileSampleBuffer(store, layout="objects", read_only=True)  # read at open
+    store.gate(4, "buffer/index/")
+    for i in range(8, 16):
+        writer.append(group(i))
+    store.calls.clear()
+    assert reader.head_position == 16  # 8 new records: gets overlap 4 at a time
+    assert store.calls["get"] == 8 and store.calls["list"] == 1
+
+
+def test_a_round_s_payloads_are_loaded_with_overlapping_gets(tmp_path):
+    store = RemoteDir(tmp_path / "s")
+    buf = FileSampleBuffer(store, layout="objects")
+    for i in range(8):
+        buf.append(group(i))
+    clock = Clock()
+    r = BatchReader(
+        buf,
+        group_size=G,
+        groups_per_round=8,
+        max_policy_age=2,
+        wait_s=10.0,
+        poll_s=1.0,
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    store.gate(8, "buffer/groups/")
+    batch = r.try_take(0)
+    assert batch is not None and [g.group_id for g in batch.groups] == [f"g{i}" for i in range(8)]
+
+
+def test_a_failed_payload_read_is_that_group_s_skip_in_order(tmp_path):
+    store = RemoteDir(tmp_path / "s")
+    buf = FileSampleBuffer(store, layout="objects")
+    for i in range(4):
+        buf.append(group(i))
+    store.delete(buf.payload_key("g1"))  # its payload is gone: skipped, the others train
+    clock = Clock()
+    r = BatchReader(
+        buf,
+        group_size=G,
+        groups_per_round=3,
+        max_policy_age=2,
+        wait_s=10.0,
+        poll_s=1.0,
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    batch = r.try_take(0)
+    assert batch is not None
+    assert [g.group_id for g in batch.groups] == ["g0", "g2", "g3"]
+    assert list(batch.skipped["unconvertible"]) == [1]
+
+
+@pytest.mark.parametrize("fail_at", [0, 5])
+def test_a_failed_index_read_leaves_the_cursor_for_the_retry(tmp_path, fail_at):
+    store = RemoteDir(tmp_path / "s")
+    writer = FileSampleBuffer(store, layout="objects")
+    reader = FileSampleBuffer(store, layout="objects", read_only=True)
+    for i in range(8):
+        writer.append(group(i))
+    real_get = DirStore.get
+    seen = []
+
+    def flaky(self, key):
+        seen.append(key)
+        if key.endswith(f"{fail_at:012d}.json") and seen.count(key) == 1:
+            raise OSError(5, "injected read error")
+        return real_get(self, key)
+
+    DirStore.get = flaky  # type: ignore[method-assign]
+    try:
+        with pytest.raises(OSError):
+            _ = reader.head_position
+        assert reader.head_position == 8  # nothing skipped, nothing read twice into the head
+    finally:
+        DirStore.get = real_get  # type: ignore[method-assign]
+    assert [e.position for e in reader.entries()] == list(range(8))
+
+
+def test_the_counting_wrapper_names_the_stage_of_each_request(tmp_path):
+    from yeto_bench.faulty_store import FaultyStore
+    from yeto_core.stage_profile import PROFILE, stage
+    from yeto_core.stores.parallel import get_all
+
+    store = FaultyStore(DirStore(tmp_path, fsync=False), rate=0.0, remote=True)
+    for i in range(3):
+        store.put(f"k/{i}", b"x")
+    before = dict(PROFILE.snapshot()["counters"])
+    with stage("outer"), stage("inner"):
+        assert get_all(store, ["k/0", "k/1", "k/2"]) == [b"x"] * 3  # in worker threads
+    store.exists("k/0")
+    after = PROFILE.snapshot()["counters"]
+
+    def added(name: str) -> int:
+        return after.get(name, 0) - before.get(name, 0)
+
+    assert added("store@inner.get") == 3 and added("store@outer.get") == 0
+    assert added("store@-.exists") == 1
