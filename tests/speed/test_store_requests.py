@@ -173,3 +173,51 @@ def test_the_counting_wrapper_names_the_stage_of_each_request(tmp_path):
 
     assert added("store@inner.get") == 3 and added("store@outer.get") == 0
     assert added("store@-.exists") == 1
+
+
+def test_a_sampler_call_s_payloads_go_with_overlapping_puts_records_in_order(tmp_path):
+    store = RemoteDir(tmp_path / "s")
+    buf = FileSampleBuffer(store, layout="objects")
+    gate = threading.Barrier(8, timeout=20)
+    real = store.put_if_absent
+
+    def put_if_absent(key: str, data: bytes) -> bool:
+        if key.startswith("buffer/groups/"):
+            gate.wait()  # BrokenBarrierError when the payload puts do not overlap
+        return real(key, data)
+
+    store.put_if_absent = put_if_absent  # type: ignore[method-assign]
+    store.calls.clear()
+    assert buf.append_many([group(i) for i in range(8)]) == list(range(8))
+    assert store.calls["put_if_absent"] == 16  # 8 payloads + 8 records, nothing more
+    store.put_if_absent = real  # type: ignore[method-assign]
+    assert buf.append_many([group(i) for i in range(10)]) == list(range(10))  # dedup
+    reader = FileSampleBuffer(store, layout="objects", read_only=True)
+    assert [e.group_id for e in reader.entries()] == [f"g{i}" for i in range(10)]
+
+
+def test_a_crash_between_payloads_and_records_leaves_a_prefix_then_dedups(tmp_path):
+    store = RemoteDir(tmp_path / "s")
+    buf = FileSampleBuffer(store, layout="objects")
+    real = store.put_if_absent
+    made = []
+
+    def put_if_absent(key: str, data: bytes) -> bool:
+        if key.startswith("buffer/index/") and len(made) == 3:
+            raise OSError(5, "the sampler died here")
+        if key.startswith("buffer/index/"):
+            made.append(key)
+        return real(key, data)
+
+    store.put_if_absent = put_if_absent  # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        buf.append_many([group(i) for i in range(8)])
+    store.put_if_absent = real  # type: ignore[method-assign]
+    reader = FileSampleBuffer(store, layout="objects", read_only=True)
+    assert [e.group_id for e in reader.entries()] == ["g0", "g1", "g2"]  # a prefix
+    again = FileSampleBuffer(store, layout="objects")  # the restarted sampler
+    assert again.append_many([group(i) for i in range(8)]) == list(range(8))
+    entries = FileSampleBuffer(store, layout="objects", read_only=True).entries()
+    assert [e.group_id for e in entries] == [f"g{i}" for i in range(8)]
+    for e in entries:
+        assert again.load(e).group_id == e.group_id  # each record names its payload's bytes
