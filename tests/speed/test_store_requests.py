@@ -26,22 +26,28 @@ G = 4
 
 
 class RemoteDir(DirStore):
-    """A dir store seen as remote, counting requests; ``gate(n)`` makes gets wait for n at once."""
+    """A dir store seen as remote, counting requests; :meth:`gate` makes some wait for others."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(root, fsync=False)
         self.calls: collections.Counter[str] = collections.Counter()
         self._count_lock = threading.Lock()
         self._barrier: Optional[threading.Barrier] = None
-        self._gated = ""
+        self._gated: tuple[tuple[str, str], ...] = ()
 
-    def _count(self, op: str) -> None:
+    def gate(self, parties: int, *under: str, ops: tuple[str, ...] = ("get",)) -> None:
+        """Requests: ``ops[i]`` of keys under ``under[i]`` (one op: for all) wait until
+        ``parties`` of them are in flight."""
+        ops = ops * len(under) if len(ops) == 1 else ops
+        self._barrier = threading.Barrier(parties, timeout=20)
+        self._gated = tuple(zip(ops, under, strict=True))
+
+    def _enter(self, op: str, key: str) -> None:
         with self._count_lock:
             self.calls[op] += 1
-
-    def gate(self, parties: int, under: str) -> None:
-        """Gets of keys under ``under`` wait until ``parties`` of them are in flight."""
-        self._barrier, self._gated = threading.Barrier(parties, timeout=20), under
+        gated = any(op == o and key.startswith(u) for o, u in self._gated)
+        if self._barrier is not None and gated:
+            self._barrier.wait()  # BrokenBarrierError when the requests do not overlap
 
     def local_root(self) -> Optional[Path]:
         return None
@@ -52,17 +58,19 @@ class RemoteDir(DirStore):
         return SleepWatch()
 
     def get(self, key: str) -> bytes:
-        self._count("get")
-        if self._barrier is not None and key.startswith(self._gated):
-            self._barrier.wait()  # BrokenBarrierError when the gets do not overlap
+        self._enter("get", key)
         return super().get(key)
 
+    def exists(self, key: str) -> bool:
+        self._enter("exists", key)
+        return super().exists(key)
+
     def list(self, prefix: str = "", after: Optional[str] = None) -> Any:
-        self._count("list")
+        self._enter("list", prefix)
         return super().list(prefix, after)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
-        self._count("put_if_absent")
+        self._enter("put_if_absent", key)
         return super().put_if_absent(key, data)
 
 
@@ -221,3 +229,29 @@ def test_a_crash_between_payloads_and_records_leaves_a_prefix_then_dedups(tmp_pa
     assert [e.group_id for e in entries] == [f"g{i}" for i in range(8)]
     for e in entries:
         assert again.load(e).group_id == e.group_id  # each record names its payload's bytes
+
+
+def test_a_backlog_reads_consumed_index_and_data_end_in_one_round_trip(tmp_path):
+    store = RemoteDir(tmp_path / "s")
+    buf = FileSampleBuffer(store, layout="objects")
+    for i in range(4):
+        buf.append(group(i))
+    head = FileSampleBuffer(store, layout="objects", read_only=True)
+    buf.append(group(4))
+    store.gate(
+        3,
+        "buffer/consumed.json",
+        "buffer/index/",
+        "buffer/DATA_END",
+        ops=("get", "list", "exists"),
+    )
+    store.calls.clear()
+    b = head.backlog()
+    assert (b.groups, b.head_position, b.data_ended) == (5, 5, False)
+    # consumed.json (absent: one get), one listing, DATA_END, the one new record
+    assert store.calls == {"get": 2, "list": 1, "exists": 1}
+    store.gate(2, "buffer/consumed.json", "buffer/index/", ops=("get", "list"))
+    buf.mark_data_end()
+    store.calls.clear()
+    assert head.backlog().data_ended and head.backlog().data_ended
+    assert store.calls["exists"] == 1  # DATA_END stays seen

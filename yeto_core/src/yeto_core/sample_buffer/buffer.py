@@ -28,6 +28,7 @@ from yeto_core.sample_buffer.jsonl_index import JsonlIndex
 from yeto_core.sample_buffer.objects_index import ObjectsIndex
 from yeto_core.sample_buffer.shards import merge_shards
 from yeto_core.stage_profile import stage
+from yeto_core.stores.parallel import is_remote, overlapped
 
 LAYOUTS = ("auto", "jsonl", "objects", "shards")
 
@@ -154,12 +155,19 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
             assert self._objects is not None
             self._ingest(self._objects.read_new())
 
-    def _read_state(self) -> ConsumedState:
+    def _fetch_state(self) -> Optional[tuple[bytes, str]]:
+        """consumed.json's bytes and version, None when absent (a read; no state changes)."""
         try:
-            raw, version = self.store.get_versioned(self._consumed_key)
+            return self.store.get_versioned(self._consumed_key)
         except NotFoundError:
+            return None
+
+    def _read_state(self, fetched: Any = ...) -> ConsumedState:
+        fetched = self._fetch_state() if fetched is ... else fetched
+        if fetched is None:
             self._state_version = None
             return ConsumedState()
+        raw, version = fetched
         self._state_version = version
         if raw == self._state_raw:
             return self._state
@@ -194,9 +202,33 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
             self._objects.reset_reader()
         self._catch_up()
 
-    def _update(self) -> None:
-        self._refresh_state()
-        self._catch_up()
+    def _update(self, *, check_end: bool = False) -> bool:
+        """Read consumed.json, then the new index records (``check_end``: and DATA_END;
+        returns :meth:`data_ended` then, else False).
+
+        On a remote store with the ``objects`` index the reads that do not depend on
+        each other (consumed.json, the index listing, DATA_END) go at once: one round
+        trip instead of three; the records listed are then read together.
+        """
+        objects = self._objects
+        if objects is None or self.layout != "objects" or not is_remote(self.store):
+            self._refresh_state()
+            self._catch_up()
+            return self.data_ended() if check_end else False
+        jobs: list[Callable[[], Any]] = [self._fetch_state, objects.list_new]
+        if check_end and not self._data_ended:
+            jobs.append(lambda: self.store.exists(f"{self.prefix}/DATA_END"))
+        results = overlapped(self.store, lambda job: job(), jobs)
+        for _, exc in results:
+            if exc is not None:
+                raise exc
+        if len(results) > 2 and results[2][0]:
+            self._data_ended = True
+        cursor = (objects.count, objects.last_key)
+        self._apply_state(self._read_state(results[0][0]))
+        if (objects.count, objects.last_key) == cursor:  # not re-read from the start
+            self._ingest(objects.read_new(listed=results[1][0]))
+        return check_end and self._data_ended
 
     # -- shards ------------------------------------------------------------------------
 
@@ -337,7 +369,7 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
 
         Cost: O(new index records + backlog), independent of the history.
         """
-        self._update()
+        ended = self._update(check_end=True)
         groups = samples = 0
         oldest_v: Optional[int] = None
         oldest_t: Optional[float] = None
@@ -360,7 +392,7 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
             head_position=self._head,
             oldest_version=oldest_v,
             oldest_appended_at=oldest_t,
-            data_ended=self.data_ended(),
+            data_ended=ended,
         )
 
     @_serialized

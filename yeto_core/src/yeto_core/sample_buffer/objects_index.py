@@ -46,19 +46,25 @@ class ObjectsIndex:
             )
         return pos
 
-    def read_new(self) -> list[dict[str, Any]]:
+    def list_new(self) -> list[str]:
+        """The keys of the records after the cursor that follow it without a gap (a read)."""
+        keys: list[str] = []
+        for key in self.store.list(self.dir, after=self.last_key):
+            if self._position_of(key) != self.count + len(keys):
+                break  # not visible yet (listing raced a creation); read it next time
+            keys.append(key)
+        return keys
+
+    def read_new(self, listed: Optional[list[str]] = None) -> list[dict[str, Any]]:
         """The records after the cursor, in order; the cursor moves past exactly those.
 
+        ``listed``: what :meth:`list_new` returned at this cursor (default: list now).
         The cursor moves only when the records are returned: a store call that fails
         midway (the caller retries) leaves it where it was, so no record is skipped.
         """
         out = []
         count, last_key = self.count, self.last_key
-        keys: list[str] = []
-        for key in self.store.list(self.dir, after=last_key):
-            if self._position_of(key) != count + len(keys):
-                break  # not visible yet (listing raced a creation); read it next time
-            keys.append(key)
+        keys = self.list_new() if listed is None else listed
         # the records' gets overlap on a remote store (one round trip for many)
         for key, raw in zip(keys, get_all(self.store, keys), strict=True):
             pos = count
