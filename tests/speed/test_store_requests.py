@@ -255,3 +255,39 @@ def test_a_backlog_reads_consumed_index_and_data_end_in_one_round_trip(tmp_path)
     store.calls.clear()
     assert head.backlog().data_ended and head.backlog().data_ended
     assert store.calls["exists"] == 1  # DATA_END stays seen
+
+
+def test_the_ledger_lists_only_after_its_newest_key_and_still_sees_another_writer(tmp_path):
+    import attrs
+
+    from yeto_core.ledger import BatchLedger, LedgerError
+
+    store = RemoteDir(tmp_path / "s")
+    buf = FileSampleBuffer(store, layout="objects")
+    for i in range(8):
+        buf.append(group(i))
+    clock = Clock()
+    r = BatchReader(buf, group_size=G, groups_per_round=2, max_policy_age=9, clock=clock)
+    ledger = BatchLedger(store, clock=lambda: 0.0)
+    listed: list[Optional[str]] = []
+    real_list = store.list
+
+    def spy(prefix: str = "", after: Optional[str] = None) -> Any:
+        if prefix.startswith("ledger/"):
+            listed.append(after)
+        return real_list(prefix, after)
+
+    store.list = spy  # type: ignore[method-assign]
+    for seq in (1, 2, 3):
+        batch = r.take(0)
+        store.calls.clear()
+        ledger.record(batch, seq=seq, incarnation=1, parent_cut=None)
+        # one listing after the newest key, no get of the last record, one create
+        assert store.calls == {"list": 1, "put_if_absent": 1}
+        r.commit(batch)
+    assert listed == [None, "ledger/rounds/000000000001.json", "ledger/rounds/000000000002.json"]
+    other = BatchLedger(store, clock=lambda: 0.0)  # another trainer wrote round 4
+    batch = r.take(0)
+    other.record(batch, seq=4, incarnation=2, parent_cut=None)
+    with pytest.raises(LedgerError, match="comes after round 4"):
+        ledger.record(attrs.evolve(batch), seq=4, incarnation=1, parent_cut=None)
