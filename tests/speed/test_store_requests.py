@@ -291,3 +291,25 @@ def test_the_ledger_lists_only_after_its_newest_key_and_still_sees_another_write
     other.record(batch, seq=4, incarnation=2, parent_cut=None)
     with pytest.raises(LedgerError, match="comes after round 4"):
         ledger.record(attrs.evolve(batch), seq=4, incarnation=1, parent_cut=None)
+
+
+def test_a_take_reads_consumed_json_once_per_select(tmp_path):
+    store = RemoteDir(tmp_path / "s")
+    buf = FileSampleBuffer(store, layout="objects")
+    for i in range(4):
+        buf.append(group(i))
+    clock = Clock()
+    r = BatchReader(buf, group_size=G, groups_per_round=2, max_policy_age=9, clock=clock)
+    consumed = []
+    real_get = store.get
+
+    def spy(key: str) -> bytes:
+        if key.endswith("consumed.json"):
+            consumed.append(key)
+        return real_get(key)
+
+    store.get = spy  # type: ignore[method-assign]
+    batch = r.try_take(0)
+    assert batch is not None and batch.watermark_before == 0
+    # the take's own read and its select's (the batch's watermark_before is that one)
+    assert len(consumed) == 2
