@@ -313,3 +313,51 @@ def test_a_take_reads_consumed_json_once_per_select(tmp_path):
     assert batch is not None and batch.watermark_before == 0
     # the take's own read and its select's (the batch's watermark_before is that one)
     assert len(consumed) == 2
+
+
+def test_a_channel_poll_is_one_get_of_the_next_message_not_a_listing(tmp_path):
+    from yeto_core.lifecycle.remote import Channel
+
+    store = RemoteDir(tmp_path / "s")
+    head, trainer = Channel(store, 3, "commands"), Channel(store, 3, "commands")
+    store.calls.clear()
+    for _ in range(3):
+        assert trainer.receive() == []
+    assert store.calls == {"get": 3}  # a miss each, no listing
+    head.send({"op": "train", "rounds": 1})
+    head.send({"op": "train", "rounds": 2})
+    store.calls.clear()
+    assert [m["rounds"] for m in trainer.receive()] == [1, 2]
+    assert store.calls == {"get": 3}  # the two messages and the miss after them
+    assert trainer.receive() == []
+    late = Channel(store, 3, "commands")  # a reader that starts late reads them all
+    assert [m["seq"] for m in late.receive()] == [0, 1]
+
+
+def test_a_poll_that_rides_out_failures_and_finds_nothing_is_reported_survived(tmp_path):
+    """A channel poll is a ``get`` of a key not written yet: after failures, the store's
+    'not found' is its answer, so the outage it rode out is reported like any other."""
+    import errno
+
+    from yeto_core.errors import NotFoundError
+    from yeto_core.stores.retrying import RetryingStore
+
+    d = DirStore(tmp_path / "s", fsync=False)
+    fails = {"n": 2}
+    real_get = d.get
+
+    def get(key: str) -> bytes:
+        if fails["n"]:
+            fails["n"] -= 1
+            raise OSError(errno.EIO, "Input/output error")
+        return real_get(key)
+
+    d.get = get  # type: ignore[method-assign]
+    store = RetryingStore(d, sleep=lambda s: None)
+    with pytest.raises(NotFoundError):
+        store.get("trainer/0/commands/00000000.json")
+    (rep,) = store.take_reports()
+    assert rep["op"] == "get" and rep["attempts"] == 2 and "Input/output" in rep["last_error"]
+    with pytest.raises(NotFoundError):
+        store.get("trainer/0/commands/00000000.json")
+    assert store.take_reports() == []  # a plain miss is no outage
