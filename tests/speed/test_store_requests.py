@@ -361,3 +361,20 @@ def test_a_poll_that_rides_out_failures_and_finds_nothing_is_reported_survived(t
     with pytest.raises(NotFoundError):
         store.get("trainer/0/commands/00000000.json")
     assert store.take_reports() == []  # a plain miss is no outage
+
+
+def test_a_restore_seen_by_an_overlapped_update_re_reads_the_index_once(tmp_path):
+    from yeto_core.records import RoundSpec
+
+    store = RemoteDir(tmp_path / "s")
+    trainer = FileSampleBuffer(store, layout="objects")
+    for i in range(6):
+        trainer.append(group(i))
+    head = FileSampleBuffer(store, layout="objects", read_only=True)
+    trainer.commit(trainer.select(RoundSpec(max_groups=4, current_version=0, max_policy_age=9)))
+    assert (head.backlog().groups, head.watermark) == (2, 4)
+    trainer.reset_to(1)  # a restore: the watermark moves back
+    trainer.append(group(6))
+    b = head.backlog()
+    assert (b.groups, b.watermark, b.head_position) == (6, 1, 7)
+    assert head.head_position == 7 and head.backlog().groups == 6

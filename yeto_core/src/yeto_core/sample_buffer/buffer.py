@@ -112,6 +112,7 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
         self._state_version: Optional[str] = None
         self._arrivals: Optional[collections.deque[GroupEntry]] = None
         self._data_ended = False
+        self._reloads = 0  # how many times the index was re-read from the start
         self._state = self._read_state()
         if self._jsonl is not None and not read_only and layout == "jsonl":
             self._ingest(self._jsonl.open_and_repair())
@@ -192,6 +193,7 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
 
     def _reload(self) -> None:
         """Re-read the index from the start (after the watermark moved back: a restore)."""
+        self._reloads += 1
         self._ids, self._head, self._pending = {}, 0, collections.deque()
         if self._jsonl is not None:
             self._jsonl.reset_reader()
@@ -224,9 +226,9 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
                 raise exc
         if len(results) > 2 and results[2][0]:
             self._data_ended = True
-        cursor = (objects.count, objects.last_key)
+        reloads = self._reloads
         self._apply_state(self._read_state(results[0][0]))
-        if (objects.count, objects.last_key) == cursor:  # not re-read from the start
+        if self._reloads == reloads:  # a reload re-read the index itself: the listing is old
             self._ingest(objects.read_new(listed=results[1][0]))
         return check_end and self._data_ended
 
