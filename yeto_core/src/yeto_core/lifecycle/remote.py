@@ -19,7 +19,7 @@ from typing import Any, Optional
 import attrs
 
 from yeto_core import serde
-from yeto_core.errors import IllegalTransitionError, StoreError, YetoError
+from yeto_core.errors import IllegalTransitionError, NotFoundError, StoreError, YetoError
 from yeto_core.island_env import relaunch
 from yeto_core.lifecycle.driver import DriverLifecycle
 from yeto_core.lifecycle.states import TRANSITIONS, StateMachine, TrainerFailedError
@@ -51,7 +51,7 @@ class Channel:
         self.store = store
         self.base = f"{prefix}/{incarnation}/{name}"
         self._log = StoreLog(store, self.base, width=8)
-        self._read_after: Optional[str] = None
+        self._next_read = 0  # the sequence number of the next message to read
 
     def send(self, message: Mapping[str, Any]) -> int:
         """Write the next message; return its sequence number (one writer per direction)."""
@@ -63,12 +63,20 @@ class Channel:
             raise YetoError(f"{exc} (two writers on one trainer channel)") from None
 
     def receive(self) -> list[dict[str, Any]]:
-        """Messages written since the last call, in order."""
+        """Messages written since the last call, in order.
+
+        Sequence numbers are dense (one writer, :meth:`send`), so the next message's key
+        is known: a poll is one ``get`` of it (a miss: nothing new), not a listing of the
+        channel (O(messages) on a store that filters listings itself).
+        """
         out = []
-        for key, data in self._log.read(after=self._read_after):
+        while True:
+            try:
+                data = self.store.get(self._log.key(self._next_read))
+            except NotFoundError:
+                return out
             out.append(json.loads(data))
-            self._read_after = key
-        return out
+            self._next_read += 1
 
 
 class RemoteTrainerLifecycle(TrainerLifecycle):

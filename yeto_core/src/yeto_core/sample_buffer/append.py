@@ -18,6 +18,7 @@ from yeto_core.group_codec import encode_group
 from yeto_core.records import SampleGroup
 from yeto_core.sample_buffer.codec import check_group_id
 from yeto_core.stage_profile import stage
+from yeto_core.stores.parallel import is_remote, overlapped
 
 
 def _serialized(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -84,19 +85,20 @@ class BufferAppends:
         and the records go in one write and one ``fdatasync`` (layout ``jsonl``), so a
         crash leaves none or a prefix of the batch's records visible, never a torn one,
         and appending the batch again after a crash deduplicates what was there. Layouts
-        ``objects`` and ``shards`` append the groups one at a time (the payloads still
-        go in one ``put_many_if_absent``).
+        ``objects`` writes the payloads first (overlapping puts on a remote store), then
+        the records one object each, in order (a crash leaves a prefix); ``shards``
+        appends the groups one at a time.
         """
         if self.read_only:
             raise SampleBufferError("this buffer was opened read-only; open it without read_only")
-        if self._jsonl is None or self.layout != "jsonl":
+        if self.layout not in ("jsonl", "objects"):
             return [self.append(g) for g in groups]
         out: list[Optional[int]] = []
         todo: list[tuple[int, SampleGroup, str, bytes]] = []  # (slot, group, key, data)
         first: dict[str, int] = {}  # a group id twice in one batch: appended once
         for g in groups:
             gid = check_group_id(g.group_id)
-            known = self._ids.get(gid)
+            known = self._ids.get(gid, self._appended.get(gid))
             out.append(known)
             if known is None and gid in first:
                 continue
@@ -107,7 +109,7 @@ class BufferAppends:
         if not todo:
             return [int(p) for p in out]  # type: ignore[arg-type]
         with stage("buffer.payload_put"):
-            created = self.store.put_many_if_absent([(k, d) for _, _, k, d in todo])
+            created = self._put_payloads([(k, d) for _, _, k, d in todo])
         items = []
         slots = []
         for (slot, g, key, data), fresh in zip(todo, created, strict=True):
@@ -122,16 +124,36 @@ class BufferAppends:
                 data = self.store.get(key)
             items.append((g.group_id, self._record_maker(g, key, _digest(data))))
             slots.append(slot)
-        if items:
+        if items and self._jsonl is not None:
             with stage("buffer.index_append"):
                 positions, recs = self._jsonl.append_many(items)
             self._ingest(r for r in recs if r["position"] >= self._head)
             for slot, pos in zip(slots, positions, strict=True):
                 out[slot] = pos
+        elif items:
+            assert self._objects is not None
+            # one object per record, in order: a crash leaves a prefix of the batch
+            for (gid, make), slot in zip(items, slots, strict=True):
+                with stage("buffer.index_append"):
+                    pos, _rec = self._objects.append(make)
+                self._appended[gid] = pos
+                out[slot] = pos
         for i, g in enumerate(groups):
             if out[i] is None:
                 out[i] = out[first[g.group_id]]
         return [int(p) for p in out]  # type: ignore[arg-type]
+
+    def _put_payloads(self, items: list[tuple[str, bytes]]) -> list[bool]:
+        """``put_many_if_absent`` of distinct payload keys; on a remote store the puts
+        overlap (each is its own create-if-absent, all durable when this returns)."""
+        if not is_remote(self.store):
+            return self.store.put_many_if_absent(items)
+        created = []
+        for fresh, exc in overlapped(self.store, lambda kd: self.store.put_if_absent(*kd), items):
+            if exc is not None:
+                raise exc  # retried whole: a payload already there is recognised then
+            created.append(bool(fresh))
+        return created
 
     def _append_shard(self, group: SampleGroup) -> int:
         shard = self._shard

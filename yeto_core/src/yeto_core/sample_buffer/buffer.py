@@ -28,6 +28,7 @@ from yeto_core.sample_buffer.jsonl_index import JsonlIndex
 from yeto_core.sample_buffer.objects_index import ObjectsIndex
 from yeto_core.sample_buffer.shards import merge_shards
 from yeto_core.stage_profile import stage
+from yeto_core.stores.parallel import is_remote, overlapped
 
 LAYOUTS = ("auto", "jsonl", "objects", "shards")
 
@@ -111,6 +112,7 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
         self._state_version: Optional[str] = None
         self._arrivals: Optional[collections.deque[GroupEntry]] = None
         self._data_ended = False
+        self._reloads = 0  # how many times the index was re-read from the start
         self._state = self._read_state()
         if self._jsonl is not None and not read_only and layout == "jsonl":
             self._ingest(self._jsonl.open_and_repair())
@@ -154,12 +156,19 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
             assert self._objects is not None
             self._ingest(self._objects.read_new())
 
-    def _read_state(self) -> ConsumedState:
+    def _fetch_state(self) -> Optional[tuple[bytes, str]]:
+        """consumed.json's bytes and version, None when absent (a read; no state changes)."""
         try:
-            raw, version = self.store.get_versioned(self._consumed_key)
+            return self.store.get_versioned(self._consumed_key)
         except NotFoundError:
+            return None
+
+    def _read_state(self, fetched: Any = ...) -> ConsumedState:
+        fetched = self._fetch_state() if fetched is ... else fetched
+        if fetched is None:
             self._state_version = None
             return ConsumedState()
+        raw, version = fetched
         self._state_version = version
         if raw == self._state_raw:
             return self._state
@@ -184,6 +193,7 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
 
     def _reload(self) -> None:
         """Re-read the index from the start (after the watermark moved back: a restore)."""
+        self._reloads += 1
         self._ids, self._head, self._pending = {}, 0, collections.deque()
         if self._jsonl is not None:
             self._jsonl.reset_reader()
@@ -194,9 +204,33 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
             self._objects.reset_reader()
         self._catch_up()
 
-    def _update(self) -> None:
-        self._refresh_state()
-        self._catch_up()
+    def _update(self, *, check_end: bool = False) -> bool:
+        """Read consumed.json, then the new index records (``check_end``: and DATA_END;
+        returns :meth:`data_ended` then, else False).
+
+        On a remote store with the ``objects`` index the reads that do not depend on
+        each other (consumed.json, the index listing, DATA_END) go at once: one round
+        trip instead of three; the records listed are then read together.
+        """
+        objects = self._objects
+        if objects is None or self.layout != "objects" or not is_remote(self.store):
+            self._refresh_state()
+            self._catch_up()
+            return self.data_ended() if check_end else False
+        jobs: list[Callable[[], Any]] = [self._fetch_state, objects.list_new]
+        if check_end and not self._data_ended:
+            jobs.append(lambda: self.store.exists(f"{self.prefix}/DATA_END"))
+        results = overlapped(self.store, lambda job: job(), jobs)
+        for _, exc in results:
+            if exc is not None:
+                raise exc
+        if len(results) > 2 and results[2][0]:
+            self._data_ended = True
+        reloads = self._reloads
+        self._apply_state(self._read_state(results[0][0]))
+        if self._reloads == reloads:  # a reload re-read the index itself: the listing is old
+            self._ingest(objects.read_new(listed=results[1][0]))
+        return check_end and self._data_ended
 
     # -- shards ------------------------------------------------------------------------
 
@@ -209,6 +243,11 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
     def watch(self) -> Any:
         """A watch on the buffer's prefix (new index records, commits): the store's."""
         return self.store.watch(self.prefix)
+
+    @property
+    def concurrent_loads(self) -> bool:
+        """:meth:`load` may run in several threads at once (it reads and decodes only)."""
+        return True
 
     def load(self, entry: GroupEntry) -> SampleGroup:
         """The group of ``entry``, with numpy arrays."""
@@ -332,7 +371,7 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
 
         Cost: O(new index records + backlog), independent of the history.
         """
-        self._update()
+        ended = self._update(check_end=True)
         groups = samples = 0
         oldest_v: Optional[int] = None
         oldest_t: Optional[float] = None
@@ -355,7 +394,7 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
             head_position=self._head,
             oldest_version=oldest_v,
             oldest_appended_at=oldest_t,
-            data_ended=self.data_ended(),
+            data_ended=ended,
         )
 
     @_serialized

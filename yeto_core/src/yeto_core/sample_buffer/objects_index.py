@@ -12,6 +12,7 @@ from yeto_core.ports import ObjectStore
 from yeto_core.records import Event
 from yeto_core.sample_buffer.codec import decode_record, encode_record, quarantined_record
 from yeto_core.stores.log import StoreLog
+from yeto_core.stores.parallel import get_all
 
 log = logging.getLogger("yeto.buffer")
 
@@ -45,19 +46,28 @@ class ObjectsIndex:
             )
         return pos
 
-    def read_new(self) -> list[dict[str, Any]]:
+    def list_new(self) -> list[str]:
+        """The keys of the records after the cursor that follow it without a gap (a read)."""
+        keys: list[str] = []
+        for key in self.store.list(self.dir, after=self.last_key):
+            if self._position_of(key) != self.count + len(keys):
+                break  # not visible yet (listing raced a creation); read it next time
+            keys.append(key)
+        return keys
+
+    def read_new(self, listed: Optional[list[str]] = None) -> list[dict[str, Any]]:
         """The records after the cursor, in order; the cursor moves past exactly those.
 
+        ``listed``: what :meth:`list_new` returned at this cursor (default: list now).
         The cursor moves only when the records are returned: a store call that fails
         midway (the caller retries) leaves it where it was, so no record is skipped.
         """
         out = []
         count, last_key = self.count, self.last_key
-        for key in self.store.list(self.dir, after=last_key):
-            pos = self._position_of(key)
-            if pos != count:
-                break  # not visible yet (listing raced a creation); read it next time
-            raw = self.store.get(key)
+        keys = self.list_new() if listed is None else listed
+        # the records' gets overlap on a remote store (one round trip for many)
+        for key, raw in zip(keys, get_all(self.store, keys), strict=True):
+            pos = count
             rec = decode_record(raw)
             if rec is None:
                 # Objects are created whole: one that fails its checksum was damaged

@@ -17,7 +17,8 @@ sampler take the next buffer position for a group it already appended).
 
 What is not a store outage is raised at once: a missing object
 (:class:`~yeto_core.errors.NotFoundError`), a bad key, a permission error.
-Every operation that succeeded after failures is queued as a report
+Every operation that the store answered after failures (a missing object is an
+answer too) is queued as a report
 (:meth:`RetryingStore.take_reports`) for the island to put in its event
 stream as ``store_outage_survived`` (op, key, attempts, seconds, last error):
 the stream itself writes through this store, so nothing is emitted from
@@ -115,6 +116,8 @@ class RetryingStore(ObjectStore):
                 result = fn()
             except Exception as exc:
                 if not transient(exc):
+                    if attempts:  # the store answered again (a miss is an answer too)
+                        self._report(op, key, attempts, since, last)
                     raise
                 now = self.clock()
                 since = now if since is None else since
@@ -138,17 +141,20 @@ class RetryingStore(ObjectStore):
                 return result
             if resolve is not None:
                 result = resolve(result)
-            with self._lock:
-                self._reports.append(
-                    {
-                        "op": op,
-                        "key": key,
-                        "attempts": attempts,
-                        "seconds": round(self.clock() - (since or 0.0), 3),
-                        "last_error": f"{type(last).__name__}: {last}",
-                    }
-                )
+            self._report(op, key, attempts, since, last)
             return result
+
+    def _report(self, op: str, key: str, attempts: int, since: Optional[float], last: Any) -> None:
+        with self._lock:
+            self._reports.append(
+                {
+                    "op": op,
+                    "key": key,
+                    "attempts": attempts,
+                    "seconds": round(self.clock() - (since or 0.0), 3),
+                    "last_error": f"{type(last).__name__}: {last}",
+                }
+            )
 
     def take_reports(self) -> list[dict[str, Any]]:
         """The operations that succeeded after failures since the last call (then cleared)."""
