@@ -18,7 +18,6 @@ import numpy as np
 from yeto_core.errors import ConfigError, SampleBufferError
 from yeto_core.reader_batches import check_group
 from yeto_core.records import CORRUPT_INDEX_HOST, SampleGroup
-from yeto_core.stores.parallel import is_remote, overlapped
 
 
 @attrs.define
@@ -57,11 +56,10 @@ class ReaderAdmission:
         On a remote store (:func:`~yeto_core.stores.parallel.overlapped`) the ``get``
         round trips of a round's groups overlap; elsewhere nothing is read ahead (empty).
         """
-        store = getattr(self.buffer, "store", None)
-        if not getattr(self.buffer, "concurrent_loads", False) or not is_remote(store):
-            return {}
         todo = [e for e in entries if self._classify_entry(e) is None]
-        results = overlapped(store, self.buffer.load, todo)
+        results = self.buffer.load_many(todo) if len(todo) > 1 else None
+        if results is None:
+            return {}
         return {int(e.position): r for e, r in zip(todo, results, strict=True)}
 
     def _admit(

@@ -155,6 +155,16 @@ class DurableSampleBuffer(Port):
     def load(self, entry: GroupEntry) -> SampleGroup:
         """The whole group ``entry`` indexes (arrays included)."""
 
+    def load_many(
+        self, entries: Sequence[GroupEntry]
+    ) -> Optional[list[tuple[Optional[SampleGroup], Optional[BaseException]]]]:
+        """The groups of ``entries`` read at once, in order, each ``(group, None)`` or
+        ``(None, the error its load raised)``; None when this buffer reads nothing ahead
+        (then each group is loaded when it is admitted). Default: None. The ``file`` buffer
+        overlaps the reads on a remote store.
+        """
+        return None
+
     @abc.abstractmethod
     def select(self, spec: RoundSpec) -> BufferRound:
         """Take up to ``spec.max_groups`` whole groups from the watermark on, in position order.

@@ -244,10 +244,12 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
         """A watch on the buffer's prefix (new index records, commits): the store's."""
         return self.store.watch(self.prefix)
 
-    @property
-    def concurrent_loads(self) -> bool:
-        """:meth:`load` may run in several threads at once (it reads and decodes only)."""
-        return True
+    def load_many(self, entries: Any) -> Any:
+        """On a remote store, the round's payload ``get`` round trips overlap (:meth:`load`
+        reads and decodes only, so it may run in several threads at once); else None."""
+        if not is_remote(self.store):
+            return None
+        return overlapped(self.store, self.load, list(entries))
 
     def load(self, entry: GroupEntry) -> SampleGroup:
         """The group of ``entry``, with numpy arrays."""

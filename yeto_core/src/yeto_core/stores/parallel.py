@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, TypeVar, Union
 
+from yeto_core.ports.store import ObjectStore
 from yeto_core.stage_profile import PROFILE
 
 T = TypeVar("T")
@@ -51,10 +52,9 @@ def _in_pool() -> bool:
     return threading.current_thread().name.startswith("store-io")
 
 
-def is_remote(store: Any) -> bool:
+def is_remote(store: ObjectStore) -> bool:
     """Whether ``store``'s requests are round trips worth overlapping (no local files)."""
-    root = getattr(store, "local_root", None)
-    return root is None or root() is None
+    return store.local_root() is None
 
 
 def overlapped(
