@@ -18,7 +18,7 @@ from yeto_core.group_codec import encode_group
 from yeto_core.records import SampleGroup
 from yeto_core.sample_buffer.codec import check_group_id
 from yeto_core.stage_profile import stage
-from yeto_core.stores.parallel import is_remote, overlapped
+from yeto_core.stores.parallel import is_remote, map_all
 
 
 def _serialized(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -148,12 +148,10 @@ class BufferAppends:
         overlap (each is its own create-if-absent, all durable when this returns)."""
         if not is_remote(self.store):
             return self.store.put_many_if_absent(items)
-        created = []
-        for fresh, exc in overlapped(self.store, lambda kd: self.store.put_if_absent(*kd), items):
-            if exc is not None:
-                raise exc  # retried whole: a payload already there is recognised then
-            created.append(bool(fresh))
-        return created
+        # an error is raised whole (retried whole: a payload already there is recognised then)
+        return [
+            bool(f) for f in map_all(self.store, lambda kd: self.store.put_if_absent(*kd), items)
+        ]
 
     def _append_shard(self, group: SampleGroup) -> int:
         shard = self._shard

@@ -28,7 +28,7 @@ from yeto_core.sample_buffer.jsonl_index import JsonlIndex
 from yeto_core.sample_buffer.objects_index import ObjectsIndex
 from yeto_core.sample_buffer.shards import merge_shards
 from yeto_core.stage_profile import stage
-from yeto_core.stores.parallel import is_remote, overlapped
+from yeto_core.stores.parallel import is_remote, map_all, overlapped
 
 LAYOUTS = ("auto", "jsonl", "objects", "shards")
 
@@ -220,16 +220,13 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
         jobs: list[Callable[[], Any]] = [self._fetch_state, objects.list_new]
         if check_end and not self._data_ended:
             jobs.append(lambda: self.store.exists(f"{self.prefix}/DATA_END"))
-        results = overlapped(self.store, lambda job: job(), jobs)
-        for _, exc in results:
-            if exc is not None:
-                raise exc
-        if len(results) > 2 and results[2][0]:
+        results = map_all(self.store, lambda job: job(), jobs)
+        if len(results) > 2 and results[2]:
             self._data_ended = True
         reloads = self._reloads
-        self._apply_state(self._read_state(results[0][0]))
+        self._apply_state(self._read_state(results[0]))
         if self._reloads == reloads:  # a reload re-read the index itself: the listing is old
-            self._ingest(objects.read_new(listed=results[1][0]))
+            self._ingest(objects.read_new(listed=results[1]))
         return check_end and self._data_ended
 
     # -- shards ------------------------------------------------------------------------

@@ -79,11 +79,17 @@ def _attempt(fn: Callable[[T], R], item: T) -> Union[tuple[R, None], tuple[None,
         return None, exc
 
 
-def get_all(store: Any, keys: Sequence[str]) -> list[bytes]:
-    """``store.get`` of every key, overlapped; the first failing key's error is raised."""
+def map_all(store: Any, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """:func:`overlapped`, then each result in order: the first failing item's error is
+    raised (as if the requests had been made one by one)."""
     out = []
-    for data, exc in overlapped(store, store.get, keys):
+    for result, exc in overlapped(store, fn, items):
         if exc is not None:
             raise exc
-        out.append(data)
+        out.append(result)  # type: ignore[arg-type]
     return out
+
+
+def get_all(store: Any, keys: Sequence[str]) -> list[bytes]:
+    """``store.get`` of every key, overlapped; the first failing key's error is raised."""
+    return map_all(store, store.get, keys)
