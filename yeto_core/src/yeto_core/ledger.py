@@ -107,9 +107,9 @@ class BatchLedger:
 
     # -- reading --------------------------------------------------------------------------
 
-    def _keys(self, prefix: Optional[str] = None) -> list[str]:
+    def _keys(self, prefix: Optional[str] = None, after: Optional[str] = None) -> list[str]:
         base = f"{prefix or self.prefix}/rounds/"
-        return [k for k in self.store.list(base) if k.endswith(".json")]
+        return [k for k in self.store.list(base, after=after) if k.endswith(".json")]
 
     def _read(self, key: str) -> LedgerRound:
         return serde.loads(self.store.get(key), LedgerRound, what="ledger round", root=key)
@@ -132,9 +132,7 @@ class BatchLedger:
     def _last_seen(self) -> Optional[LedgerRound]:
         """:meth:`last`, listing after the newest key this object saw (records are only
         ever added after it; this object's own moves forget it)."""
-        after = self._tail[0] if self._tail is not None else None
-        base = f"{self.prefix}/rounds/"
-        new = [k for k in self.store.list(base, after=after) if k.endswith(".json")]
+        new = self._keys(after=self._tail[0] if self._tail is not None else None)
         if new:
             self._tail = (new[-1], self._read(new[-1]))
         return self._tail[1] if self._tail is not None else None

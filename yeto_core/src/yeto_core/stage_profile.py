@@ -51,12 +51,10 @@ class StageProfile:
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
         t = self._clock()
-        opened = self._open.__dict__.setdefault("names", [])
-        opened.append(name)
         try:
-            yield
+            with self.within(name):
+                yield
         finally:
-            opened.pop()
             self.add(name, self._clock() - t)
 
     @contextlib.contextmanager
