@@ -138,22 +138,28 @@ def read_index(path: str | os.PathLike[str]) -> tuple[bytes, dict[str, dict[str,
     if len(raw) != n:
         raise DeltaError("malformed", f"{p}: safetensors header of {n} bytes is cut short")
     try:
-        header = json.loads(raw)
-    except ValueError as exc:
-        raise DeltaError("malformed", f"{p}: safetensors header is not JSON ({exc})") from None
-    base = 8 + n
+        return head + raw, _tensor_index(raw, 8 + n)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise DeltaError(
+            "malformed", f"{p}: safetensors header does not parse ({type(exc).__name__}: {exc})"
+        ) from None
+
+
+def _tensor_index(raw: bytes, base: int) -> dict[str, dict[str, Any]]:
+    """``{tensor: {dtype, shape, start, end}}`` of a safetensors header's JSON ``raw`` whose
+    data starts at ``base`` (raises ValueError/TypeError/KeyError on a malformed one)."""
     out = {}
-    for name, meta in header.items():
+    for name, meta in json.loads(raw).items():
         if name == "__metadata__":
             continue
-        a, b = meta["data_offsets"]
+        a, b = (int(x) for x in meta["data_offsets"])
         out[name] = {
-            "dtype": meta["dtype"],
-            "shape": list(meta["shape"]),
-            "start": base + int(a),
-            "end": base + int(b),
+            "dtype": str(meta["dtype"]),
+            "shape": [int(x) for x in meta["shape"]],
+            "start": base + a,
+            "end": base + b,
         }
-    return head + raw, out
+    return out
 
 
 def _checksum(data: memoryview) -> str:
@@ -417,20 +423,7 @@ def _index_of_header(header: bytes, where: str) -> dict[str, dict[str, Any]]:
         (n,) = struct.unpack("<Q", header[:8])
         if 8 + n != len(header):
             raise ValueError(f"its length prefix says {n} bytes, the manifest {len(header) - 8}")
-        meta = json.loads(header[8:])
-        base = 8 + n
-        out = {}
-        for k, v in meta.items():
-            if k == "__metadata__":
-                continue
-            a, b = (int(x) for x in v["data_offsets"])
-            out[k] = {
-                "dtype": str(v["dtype"]),
-                "shape": [int(x) for x in v["shape"]],
-                "start": base + a,
-                "end": base + b,
-            }
-        return out
+        return _tensor_index(header[8:], 8 + n)
     except (struct.error, ValueError, TypeError, KeyError, AttributeError) as exc:
         raise DeltaError(
             "malformed",
