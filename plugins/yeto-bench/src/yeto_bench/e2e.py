@@ -710,32 +710,11 @@ def combine(reports: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
     help="scheduler.options.rounds_per_tick of both yeto modes: the most rounds one train "
     "command trains (the trainer answers early when no full round waits).",
 )
-def command(
-    task: str,
-    target: float,
-    timeout_s: float,
-    seed: int,
-    repeat: int,
-    async_min_round_s: float,
-    base_dir: Optional[str],
-    plain_loop: Optional[str],
-    no_plain_loop: bool,
-    work_dir: Optional[str],
-    as_json: bool,
-    store_latency_ms: Optional[float],
-    remote_store: bool,
-    profile: bool,
-    rounds_per_tick: int,
-    seaweedfs: bool,
-) -> None:
+def command(seaweedfs: bool, **options: Any) -> None:
     """Asynchronous vs synchronous GRPO: time to a target reward (prints JSON)."""
     with contextlib.ExitStack() as stack:
         store_base = stack.enter_context(_seaweedfs()) if seaweedfs else ""
-        _command(
-            task, target, timeout_s, seed, repeat, async_min_round_s, base_dir, plain_loop,
-            no_plain_loop, work_dir, as_json, store_latency_ms, remote_store, profile,
-            rounds_per_tick, store_base,
-        )  # fmt: skip
+        _command(**options, store_base=store_base)
 
 
 @contextlib.contextmanager
@@ -753,7 +732,7 @@ def _seaweedfs() -> Any:
         raise click.UsageError(f"--seaweedfs: {exc}") from None
     saved = dict(os.environ)
     try:
-        testing.create_bucket(endpoint, "yeto-e2e")
+        testing.create_bucket_when_ready(endpoint, "yeto-e2e")
         os.environ.update(testing.s3_env(endpoint), YETO_STORE_S3_LIST_ORDER="sorted")
         yield "s3://yeto-e2e/e2e"
     finally:
