@@ -113,7 +113,7 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
         self._arrivals: Optional[collections.deque[GroupEntry]] = None
         self._data_ended = False
         self._reloads = 0  # how many times the index was re-read from the start
-        self._state = self._read_state()
+        self._state = self._read_state(self._fetch_state())
         if self._jsonl is not None and not read_only and layout == "jsonl":
             self._ingest(self._jsonl.open_and_repair())
         elif self._shard is not None and not read_only:
@@ -163,8 +163,8 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
         except NotFoundError:
             return None
 
-    def _read_state(self, fetched: Any = ...) -> ConsumedState:
-        fetched = self._fetch_state() if fetched is ... else fetched
+    def _read_state(self, fetched: Optional[tuple[bytes, str]]) -> ConsumedState:
+        """The state of what :meth:`_fetch_state` returned (None: no consumed.json yet)."""
         if fetched is None:
             self._state_version = None
             return ConsumedState()
@@ -177,7 +177,7 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
         return state
 
     def _refresh_state(self) -> None:
-        self._apply_state(self._read_state())
+        self._apply_state(self._read_state(self._fetch_state()))
 
     def _apply_state(self, state: ConsumedState) -> None:
         old = self._state
