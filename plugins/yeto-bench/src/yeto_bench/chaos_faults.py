@@ -436,6 +436,10 @@ def evaluate(
         if reason not in ("unconvertible", "quarantined")
         for p in ps
     }
+    # islands whose clock the bench skewed (their events' times cannot say "before")
+    skewed = {
+        str(r.get("island")) for r in records if r.get("kind") == "clock" and "skipped" not in r
+    }
     for rec in records:
         if "skipped" in rec:
             continue
@@ -483,11 +487,6 @@ def evaluate(
                     if e.kind == "trainer_start_summary" and e.data.get("cut_id") == rec["cut_id"]
                 )
             elif t == "release":
-                skewed = {
-                    str(r.get("island"))
-                    for r in records
-                    if r.get("kind") == "clock" and "skipped" not in r
-                }
                 _evaluate_release(rec, events, skewed)
 
 
