@@ -205,10 +205,11 @@ def test_sigkilled_batch_appender_loses_nothing_and_tears_nothing(tmp_path):
     entries = check_visible(root)
     for gid, pos in confirmed:
         assert entries[pos].group_id == gid
-    # beyond the confirmed ones, at most the batch in flight (a prefix of it) is visible
+    # beyond the confirmed ones, at most the batch in flight (a prefix of it, or all of it when
+    # the kill fell after append_many returned and before the side file recorded it) is visible
     extra = [e.group_id for e in entries[len(confirmed) :]]
     n = len(confirmed)
-    assert extra == [f"h-g{k}" for k in range(n, n + len(extra))] and len(extra) < 4
+    assert extra == [f"h-g{k}" for k in range(n, n + len(extra))] and len(extra) <= 4
 
 
 class _BatchBuffer:
