@@ -213,12 +213,31 @@ def start_seaweedfs_server(
     return endpoint_url, stop
 
 
-def create_bucket_when_ready(endpoint_url: str, bucket: str, timeout_s: float = 30.0) -> None:
-    """``create_bucket``, retried while a just-started server's filer is not ready yet."""
+def create_bucket_when_ready(endpoint_url: str, bucket: str, timeout_s: float = 60.0) -> None:
+    """``create_bucket``, retried while a just-started server's filer is not ready yet, then
+    one object written and deleted, retried until the bucket takes writes.
+
+    A just-started SeaweedFS answers its first writes to a new bucket with HTTP 500
+    ``InternalError`` while it grows the bucket's volumes, which can take seconds on a
+    loaded machine: longer than a store's transient-error retries allow.
+    """
+    from yeto_s3.store import make_client
+
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             create_bucket(endpoint_url, bucket)
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+    client = make_client(**s3_options(endpoint_url))
+    probe = ".yeto-ready-probe"
+    while True:
+        try:
+            client.put_object(Bucket=bucket, Key=probe, Body=b"ready")
+            client.delete_object(Bucket=bucket, Key=probe)
             return
         except Exception:
             if time.monotonic() > deadline:
