@@ -19,6 +19,8 @@ KEYS = {
     "select_commit_ms",
     "batched_append_groups_per_s",
     "batched_vs_single",
+    "batched_fsync_limit_groups_per_s",
+    "batched_append_ratio",
 }
 
 
@@ -35,5 +37,7 @@ def test_bench_buffer_prints_one_json_object_with_every_figure(tmp_path):
     assert out["append_ratio"] == pytest.approx(ratio, rel=0.01)
     batched = out["batched_append_groups_per_s"] / out["append_groups_per_s"]
     assert out["batched_vs_single"] == pytest.approx(batched, rel=0.01)
+    blimit = out["batched_append_groups_per_s"] / out["batched_fsync_limit_groups_per_s"]
+    assert out["batched_append_ratio"] == pytest.approx(blimit, rel=0.01)
     assert "s3_append_ratio" not in out
     assert list(tmp_path.iterdir()) == []  # scratch removed

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from yeto_core.errors import SampleBufferError
 from yeto_core.records import RoundSpec, Sample, SampleGroup
 from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.sampler_loop import SamplerLoop
@@ -60,12 +61,14 @@ def test_append_many_matches_single_appends(tmp_path):
     singles = [one.append(group(i)) for i in range(8)]
     assert many.append_many([group(i) for i in range(8)]) == singles == list(range(8))
     a, b = one.entries(), many.entries()
-    assert [(e.group_id, e.payload, e.n_samples) for e in a] == [
-        (e.group_id, e.payload, e.n_samples) for e in b
-    ]
-    for e in b:  # each record names the bytes its payload holds (digest checked on load)
-        g = many.load(e)
-        assert g.group_id == e.group_id and e.digest
+    assert [(e.group_id, e.n_samples) for e in a] == [(e.group_id, e.n_samples) for e in b]
+    # singles: one object per group; the batch: one pack, each group a slice of it
+    assert len({e.payload for e in a}) == 8 and all(e.length == -1 for e in a)
+    assert len({e.payload for e in b}) == 1 and b[0].payload.startswith("buffer/groups/pack-")
+    assert [e.offset for e in b] == [0] + [sum(x.length for x in b[:k]) for k in range(1, 8)]
+    for x, y in zip(a, b, strict=True):  # each record names its payload's bytes (digest)
+        assert many.load(y).group_id == y.group_id == one.load(x).group_id
+        assert x.digest == y.digest  # the digest of the group's own bytes, packed or not
     r = many.select(RoundSpec(max_groups=8, current_version=0, max_policy_age=1))
     assert r.positions == tuple(range(8))
     assert many.backlog().groups == 8
@@ -125,7 +128,7 @@ def test_crash_while_writing_payloads_leaves_no_record(tmp_path, monkeypatch):
 
     def dying_link(src, dst, *a, **k):
         calls["n"] += 1
-        if calls["n"] == 4:
+        if calls["n"] == 1:  # the batch's pack, before its name is linked into place
             raise Crash()
         return real(src, dst, *a, **k)
 
@@ -138,6 +141,151 @@ def test_crash_while_writing_payloads_leaves_no_record(tmp_path, monkeypatch):
     assert leftovers == [], f"temporary payload files left: {leftovers}"
     again = FileSampleBuffer(DirStore(root), layout="jsonl")
     assert again.append_many([group(i) for i in range(8)]) == list(range(8))
+
+
+def test_a_batch_is_one_pack_with_one_payload_sync(tmp_path, monkeypatch):
+    buf = FileSampleBuffer(DirStore(tmp_path / "s"), layout="jsonl")
+    buf.append(group(99))  # files exist
+    syncs = []
+    real_fsync, real_fdatasync = os.fsync, os.fdatasync
+    monkeypatch.setattr(os, "fsync", lambda fd: (syncs.append("fsync"), real_fsync(fd)))
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (syncs.append("data"), real_fdatasync(fd)))
+    assert buf.append_many([group(i) for i in range(8)]) == list(range(1, 9))
+    # the pack's bytes, the groups directory, the index record lines
+    assert syncs == ["fsync", "fsync", "data"], syncs
+    names = sorted(p.name for p in (tmp_path / "s" / "buffer" / "groups").iterdir())
+    assert len(names) == 2 and names[0] == "h-g99.safetensors" and names[1].startswith("pack-")
+
+
+def test_a_damaged_pack_slice_is_refused_by_its_digest_the_others_load(tmp_path):
+    root = tmp_path / "s"
+    buf = FileSampleBuffer(DirStore(root), layout="jsonl")
+    buf.append_many([group(i) for i in range(4)])
+    entries = buf.entries()
+    path = root / entries[2].payload
+    data = bytearray(path.read_bytes())
+    data[entries[2].offset + entries[2].length - 5] ^= 0x01  # inside group 2's bytes
+    os.chmod(path, 0o644)
+    path.write_bytes(bytes(data))
+    with pytest.raises(SampleBufferError, match="does not match the digest"):
+        buf.load(entries[2])
+    got = buf.load_many(entries)
+    assert [g.group_id if g is not None else None for g, _ in got] == [
+        "h-g0",
+        "h-g1",
+        None,
+        "h-g3",
+    ]
+    assert isinstance(got[2][1], SampleBufferError)
+    path.write_bytes(bytes(data[: entries[3].offset + 10]))  # truncated: group 3 is refused
+    with pytest.raises(SampleBufferError, match="truncated or replaced"):
+        buf.load(entries[3])
+
+
+def test_load_many_reads_each_pack_once(tmp_path):
+    store = DirStore(tmp_path / "s")
+    buf = FileSampleBuffer(store, layout="jsonl")
+    buf.append_many([group(i) for i in range(4)])
+    buf.append(group(4))
+    buf.append_many([group(i) for i in range(5, 8)])
+    gets = []
+    real = store.get
+    store.get = lambda key: (gets.append(key), real(key))[1]  # type: ignore[method-assign]
+    got = buf.load_many(buf.entries())
+    assert [g.group_id for g, _ in got] == [f"h-g{i}" for i in range(8)]
+    assert len(gets) == 3 == len(set(gets))  # two packs and one single payload
+
+
+def test_old_records_without_a_pack_still_load(tmp_path):
+    """Records written before packs (one object per group, no offset/length keys) load,
+    next to packed ones, and a reader takes them in one round."""
+    from yeto_core.group_codec import encode_group
+    from yeto_core.sample_buffer import encode_record
+    from yeto_core.sample_buffer.append import _digest
+
+    root = tmp_path / "s"
+    store = DirStore(root)
+    lines = []
+    for i in range(3):
+        data = encode_group(group(i))
+        key = f"buffer/groups/h-g{i}.safetensors"
+        store.put_if_absent(key, data)
+        rec = {
+            "appended_at": 1.0,
+            "digest": _digest(data) if i else "",  # the oldest records carried no digest
+            "group_id": f"h-g{i}",
+            "host": "h",
+            "incarnation": 0,
+            "max_version": 0,
+            "min_version": 0,
+            "n_samples": 2,
+            "payload": key,
+            "position": i,
+            "prompt_id": f"p{i}",
+            "seq": -1,
+        }
+        lines.append(encode_record(rec))
+    (root / "buffer" / "index.jsonl").write_bytes(b"".join(lines))
+    buf = FileSampleBuffer(store, layout="jsonl")
+    assert buf.append_many([group(i) for i in range(1, 6)]) == [1, 2, 3, 4, 5]  # dedup
+    entries = buf.entries()
+    assert [e.length for e in entries][:3] == [-1, -1, -1] and entries[3].length > 0
+    for e in entries:
+        assert buf.load(e).group_id == e.group_id
+    r = buf.select(RoundSpec(max_groups=6, current_version=0, max_policy_age=1))
+    assert [g.group_id for g, _ in buf.load_many(r.entries)] == [f"h-g{i}" for i in range(6)]
+
+
+def test_a_crash_after_the_pack_before_the_records_then_the_same_batch_reuses_it(tmp_path):
+    root = tmp_path / "s"
+    buf = FileSampleBuffer(DirStore(root), layout="jsonl")
+
+    def dies(lines: bytes) -> None:
+        raise Crash()
+
+    buf._jsonl.write_locked = dies  # type: ignore[union-attr, method-assign]
+    batch = [group(i) for i in range(6)]
+    with pytest.raises(Crash):
+        buf.append_many(batch)
+    assert check_visible(root) == []
+    packs = sorted((root / "buffer" / "groups").iterdir())
+    assert len(packs) == 1  # the pack is durable, unreferenced
+    again = FileSampleBuffer(DirStore(root), layout="jsonl")
+    assert again.append_many(batch) == list(range(6))
+    assert sorted((root / "buffer" / "groups").iterdir()) == packs  # found, not rewritten
+    entries = check_visible(root)
+    assert {e.payload for e in entries} == {f"buffer/groups/{packs[0].name}"}
+
+
+def test_a_pack_key_holding_other_bytes_falls_back_to_one_object_per_group(tmp_path):
+    store = DirStore(tmp_path / "s")
+    buf = FileSampleBuffer(store, layout="jsonl")
+    batch = [group(i) for i in range(3)]
+    from yeto_core.group_codec import encode_group
+    from yeto_core.sample_buffer.append import _digest
+
+    key = buf.pack_key([_digest(encode_group(g)) for g in batch])
+    store.put_if_absent(key, b"a damaged copy")
+    assert buf.append_many(batch) == [0, 1, 2]
+    entries = buf.entries()
+    assert [e.payload for e in entries] == [buf.payload_key(g.group_id) for g in batch]
+    assert all(buf.load(e).group_id == e.group_id for e in entries)
+
+
+def test_a_group_encodes_to_the_same_bytes_every_time_and_safetensors_reads_them():
+    """The pack's name is its content's: one group must encode to one byte string."""
+    from safetensors.numpy import load, save
+
+    from yeto_core.group_codec import encode_group
+
+    g = group(5)
+    data = encode_group(g)
+    assert all(encode_group(g) == data for _ in range(20))
+    ours = load(data)
+    theirs = load(save(ours))  # the safetensors writer's file of the same arrays
+    assert sorted(ours) == sorted(theirs)
+    for name, arr in ours.items():
+        assert arr.dtype == theirs[name].dtype and np.array_equal(arr, theirs[name])
 
 
 def test_dir_store_put_many_if_absent(tmp_path):
@@ -272,3 +420,21 @@ def test_dir_store_put_many_overwrites_and_syncs_each_directory_once(tmp_path, m
     assert [store.get(k) for k in ("r/1/a", "r/1/b", "r/1/c")] == [b"new", b"2", b"3"]
     assert dirs == [str(tmp_path / "s" / "r" / "1")]
     assert not [p for p in (tmp_path / "s" / "r" / "1").iterdir() if p.name.startswith(".")]
+
+
+def test_the_chaos_bench_damages_only_its_target_group_of_a_pack(tmp_path):
+    import types
+
+    from yeto_bench.chaos_faults import _corrupt_payload
+
+    store = DirStore(tmp_path / "s")
+    buf = FileSampleBuffer(store, layout="jsonl")
+    buf.append_many([group(i) for i in range(12)])
+    rec = _corrupt_payload(types.SimpleNamespace(store=store, rng=random.Random(3)))
+    bad = rec["position"]
+    for e in buf.entries():
+        if e.position == bad:
+            with pytest.raises(SampleBufferError, match="does not match the digest"):
+                buf.load(e)
+        else:
+            assert buf.load(e).group_id == e.group_id

@@ -25,16 +25,22 @@ safetensors metadata (strings) holds ``format``, ``group_id``, ``prompt_id``,
 log-probs) and, with routed experts,
 ``routed_shape`` (``"layers,top_k"``) and ``routed_present`` (one ``0``/``1``
 per sample). No pickle: only arrays and strings.
+
+The bytes are a function of the group alone (:func:`_safetensors_bytes`: the
+header's keys sorted, tensors in a fixed order), so encoding a group twice gives
+the same bytes and the same sha256: a batch appended again after a crash names
+the same pack (:mod:`yeto_core.sample_buffer.append`).
 """
 
 from __future__ import annotations
 
 import json
+import struct
+import sys
 from typing import Any
 
 import numpy as np
 from safetensors.numpy import load as _st_load
-from safetensors.numpy import save as _st_save
 
 from yeto_core.errors import SampleBufferError
 from yeto_core.records import Sample, SampleGroup, SampleStatus, SamplingParams
@@ -109,7 +115,44 @@ def encode_group(group: SampleGroup) -> bytes:
         arrays["routed_offsets"] = r_off
         metadata["routed_shape"] = f"{layers},{top_k}"
         metadata["routed_present"] = "".join("0" if r is None else "1" for r in routed)
-    return _st_save(arrays, metadata=metadata)
+    return _safetensors_bytes(arrays, metadata)
+
+
+_ST_DTYPES = {
+    np.dtype(np.int32): "I32",
+    np.dtype(np.int64): "I64",
+    np.dtype(np.float32): "F32",
+    np.dtype(np.float64): "F64",
+    np.dtype(np.uint8): "U8",
+}
+
+
+def _safetensors_bytes(arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
+    """The safetensors file of ``arrays`` (C order, little-endian) and string ``metadata``.
+
+    Deterministic (sorted header keys; tensors by alignment, then name, as the
+    safetensors writer orders them) and one copy of the array bytes: the header is
+    an 8-byte little-endian length, the JSON header padded with spaces to a multiple
+    of 8, then the tensors back to back.
+    """
+    header: dict[str, Any] = {"__metadata__": metadata}
+    parts: list[Any] = []
+    offset = 0
+    for name in sorted(arrays, key=lambda n: (-arrays[n].dtype.itemsize, n)):
+        a = np.ascontiguousarray(arrays[name])
+        if sys.byteorder != "little":  # pragma: no cover - every supported host is little-endian
+            a = a.astype(a.dtype.newbyteorder("<"))
+        n = a.nbytes
+        header[name] = {
+            "dtype": _ST_DTYPES[a.dtype],
+            "shape": list(a.shape),
+            "data_offsets": [offset, offset + n],
+        }
+        parts.append(a.reshape(-1).view(np.uint8).data)
+        offset += n
+    head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    return b"".join([struct.pack("<Q", len(head)), head, *parts])
 
 
 def _metadata(data: bytes) -> dict[str, str]:

@@ -138,11 +138,18 @@ class HeadReport:
         entries = self.buffer.entries(0)
         n = _ceil_tenth(len(entries))
         out: dict[int, float] = {}
-        for entry in entries[:n]:
-            if not entry.payload:  # a quarantined index line's stand-in: no group to read
-                continue
+        # a quarantined index line's stand-in has no payload: no group to read
+        todo = [e for e in entries[:n] if e.payload]
+        # read at once where the buffer can (a pack of several groups is read once)
+        many = self.buffer.load_many(todo) if len(todo) > 1 else None
+        for i, entry in enumerate(todo):
             try:
-                group = self.buffer.load(entry)
+                if many is None:
+                    group = self.buffer.load(entry)
+                else:
+                    group, error = many[i]
+                    if error is not None:
+                        raise error
             except YetoError:  # a damaged payload (skipped as unconvertible by the trainer)
                 out[entry.position] = math.nan
                 continue

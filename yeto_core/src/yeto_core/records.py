@@ -254,6 +254,10 @@ class GroupEntry:
     #: sha256 of the payload bytes, checked at every load ("" in records written before
     #: payloads carried one: those load unchecked)
     digest: str = ""
+    #: a group packed with others of one ``append_many`` call: its bytes are
+    #: ``payload[offset:offset + length]`` (``length`` -1: the whole object is the group's)
+    offset: int = 0
+    length: int = -1
 
 
 #: The ``host`` of the index entry that stands in for an index line that is complete

@@ -268,7 +268,13 @@ def _corrupt_payload(run: Any) -> dict[str, Any]:
     if e is None:
         return {"skipped": "no group waits past the watermark"}
     data = run.store.get(e.payload)
-    run.store.put(e.payload, _flip(data, run.rng, lo=min(len(data) - 1, 16)))
+    if e.length >= 0:  # a pack of one sampler call's groups: a byte of this group's slice
+        own = data[e.offset : e.offset + e.length]
+        own = _flip(own, run.rng, lo=min(len(own) - 1, 16))
+        damaged = data[: e.offset] + own + data[e.offset + e.length :]
+    else:
+        damaged = _flip(data, run.rng, lo=min(len(data) - 1, 16))
+    run.store.put(e.payload, damaged)
     return {"position": int(e.position), "key": e.payload, "at": time.time()}
 
 

@@ -8,6 +8,8 @@ consumed state and the choice of a round), :mod:`.append` (the write path),
 Store layout under ``prefix`` (default ``buffer``)::
 
     groups/<group_id>.safetensors   one payload per group (see yeto_core.group_codec)
+    groups/pack-<hash>.bin          layout "jsonl": the payloads of one append_many call,
+                                    back to back (each record: offset, length, digest)
     index.jsonl                     layout "jsonl": one line per group (and the merged
                                     index of layout "shards")
     index/<position:012d>.json      layout "objects": one object per group
@@ -19,6 +21,14 @@ Store layout under ``prefix`` (default ``buffer``)::
 that already exists is complete and is reused, nothing is rewritten), the
 index record second; a group is visible only once its index record is, so a
 crash between the two leaves an unreferenced payload and no index record.
+``append_many`` in layout ``jsonl`` writes its new groups' payloads as one
+**pack** (their safetensors bytes back to back, named by the sha256 of their
+digests, so appending the same groups again names the same pack and reuses it);
+each record names the pack (``payload``), its group's ``offset`` and ``length``
+in it and the ``digest`` of those bytes alone. A record without ``length`` (-1)
+owns its whole payload object: the format of ``append`` and of older buffers.
+Nothing deletes payloads; anything that does must keep a pack while any record
+that names it is still needed.
 
 **Index records** are one JSON object each whose last key ``crc`` is the CRC-32
 of the record's canonical JSON without it. A record that fails its check is

@@ -81,13 +81,17 @@ class BufferAppends:
         """Durably append several groups with one index sync (group commit); their positions.
 
         The same guarantees as :meth:`append` for each group: every payload is durable
-        (``put_many_if_absent``) before any of the batch's index records is written,
-        and the records go in one write and one ``fdatasync`` (layout ``jsonl``), so a
-        crash leaves none or a prefix of the batch's records visible, never a torn one,
-        and appending the batch again after a crash deduplicates what was there. Layouts
-        ``objects`` writes the payloads first (overlapping puts on a remote store), then
-        the records one object each, in order (a crash leaves a prefix); ``shards``
-        appends the groups one at a time.
+        before any of the batch's index records is written, and the records go in one
+        write and one ``fdatasync`` (layout ``jsonl``), so a crash leaves none or a
+        prefix of the batch's records visible, never a torn one, and appending the batch
+        again after a crash deduplicates what was there. In layout ``jsonl`` the new
+        groups' payloads are one **pack** object (``groups/pack-<hash>.bin``, named by
+        the groups' digests, created with ``put_if_absent``): each record names the
+        pack, its group's ``offset``/``length`` in it and the digest of those bytes, so
+        a batch costs one payload sync, one directory sync and one index sync. Layout
+        ``objects`` writes one payload object per group first (overlapping puts on a
+        remote store), then the records one object each, in order (a crash leaves a
+        prefix); ``shards`` appends the groups one at a time.
         """
         if self.read_only:
             raise SampleBufferError("this buffer was opened read-only; open it without read_only")
@@ -108,22 +112,30 @@ class BufferAppends:
                     todo.append((len(out) - 1, g, self.payload_key(gid), encode_group(g)))
         if not todo:
             return [int(p) for p in out]  # type: ignore[arg-type]
-        with stage("buffer.payload_put"):
-            created = self._put_payloads([(k, d) for _, _, k, d in todo])
         items = []
         slots = []
-        for (slot, g, key, data), fresh in zip(todo, created, strict=True):
-            if not fresh:
-                # A payload exists: an earlier append of this id (maybe one that crashed
-                # before its index record). The record must name the bytes that are there.
-                self._catch_up()
-                known = self._ids.get(g.group_id)
-                if known is not None:
-                    out[slot] = known
-                    continue
-                data = self.store.get(key)
-            items.append((g.group_id, self._record_maker(g, key, _digest(data))))
-            slots.append(slot)
+        # layout jsonl: the batch's payloads go as one pack object (one payload sync; the
+        # index lock dedups ids across processes). Else one object per group.
+        packed = self._put_pack(todo) if len(todo) > 1 and self._jsonl is not None else None
+        if packed is not None:
+            for (slot, g, _key, _data), (key, digest, span) in zip(todo, packed, strict=True):
+                items.append((g.group_id, self._record_maker(g, key, digest, span)))
+                slots.append(slot)
+        else:
+            with stage("buffer.payload_put"):
+                created = self._put_payloads([(k, d) for _, _, k, d in todo])
+            for (slot, g, key, data), fresh in zip(todo, created, strict=True):
+                if not fresh:
+                    # A payload exists: an earlier append of this id (maybe one that crashed
+                    # before its index record). The record must name the bytes that are there.
+                    self._catch_up()
+                    known = self._ids.get(g.group_id)
+                    if known is not None:
+                        out[slot] = known
+                        continue
+                    data = self.store.get(key)
+                items.append((g.group_id, self._record_maker(g, key, _digest(data))))
+                slots.append(slot)
         if items and self._jsonl is not None:
             with stage("buffer.index_append"):
                 positions, recs = self._jsonl.append_many(items)
@@ -142,6 +154,32 @@ class BufferAppends:
             if out[i] is None:
                 out[i] = out[first[g.group_id]]
         return [int(p) for p in out]  # type: ignore[arg-type]
+
+    def _put_pack(
+        self, todo: list[tuple[int, SampleGroup, str, bytes]]
+    ) -> Optional[list[tuple[str, str, tuple[int, int]]]]:
+        """Write the payloads of ``todo`` as one pack object (one create-if-absent: one
+        file fsync and one directory fsync on a directory store); for each group its
+        ``(pack key, digest of its own bytes, (offset, length))``. None when the pack's
+        key holds other bytes (a damaged copy): then each group gets its own object.
+
+        The key is named by the content: appending the same groups again after a crash
+        finds the pack there and reuses it (nothing is rewritten)."""
+        datas = [d for *_, d in todo]
+        with stage("buffer.digest"):
+            digests = [_digest(d) for d in datas]
+        key = self.pack_key(digests)
+        blob = b"".join(datas)
+        with stage("buffer.payload_put"):
+            fresh = self.store.put_if_absent(key, blob)
+        if not fresh and self.store.get(key) != blob:
+            return None
+        out = []
+        offset = 0
+        for d, digest in zip(datas, digests, strict=True):
+            out.append((key, digest, (offset, len(d))))
+            offset += len(d)
+        return out
 
     def _put_payloads(self, items: list[tuple[str, bytes]]) -> list[bool]:
         """``put_many_if_absent`` of distinct payload keys; on a remote store the puts
@@ -170,7 +208,11 @@ class BufferAppends:
         return pos
 
     def _record_maker(
-        self, group: SampleGroup, payload: str, digest: str
+        self,
+        group: SampleGroup,
+        payload: str,
+        digest: str,
+        span: Optional[tuple[int, int]] = None,
     ) -> Callable[[int], dict[str, Any]]:
         versions = [int(s.weight_version) for s in group.samples]
         base = {
@@ -186,6 +228,8 @@ class BufferAppends:
             "seq": -1,
             "digest": digest,
         }
+        if span is not None:  # packed: the group's bytes in the pack
+            base["offset"], base["length"] = span
         if self.layout == "shards":
             base["host"] = self.host
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
@@ -140,11 +141,14 @@ class DirStore(DirCompareAndSwap, ObjectStore):
             self._ensure_parent(key, path)
             fd, tmp = _mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
                 if self.fsync and sync:
-                    f.flush()
-                    os.fsync(f.fileno())
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
         except BaseException:
             _unlink_quietly(tmp)
             raise
@@ -198,9 +202,12 @@ class DirStore(DirCompareAndSwap, ObjectStore):
         path = self._path(key)
         payload = bytes(data)
         self._ensure_parent(key, path)
-        self._refuse_prefix_dir(key, path)
-        if os.path.lexists(path):
+        try:  # one lstat: a prefix directory is refused, an object there is kept
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                self._refuse_prefix_dir(key, path)
             return False
+        except (FileNotFoundError, NotADirectoryError):
+            pass
         tmp = self._write_tmp(key, path, payload)
         try:
             os.link(tmp, path)
