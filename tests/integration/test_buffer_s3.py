@@ -1,6 +1,6 @@
 """The sample buffer on S3 (moto, and a real SeaweedFS server, on 127.0.0.1): concurrent appenders.
 
-8 processes x 40 groups by default (16 on moto; ``YETO_BUFFER_S3_GROUPS=200`` runs the full
+8 processes x 20 groups by default (10 on moto; ``YETO_BUFFER_S3_GROUPS=200`` runs the full
 8 x 200 of the issue, about 4 minutes on 2 cores) append through
 the ``s3`` store, layout ``objects``: every group gets a distinct position, the
 positions are dense, nothing is lost, and every payload loads.
@@ -62,7 +62,7 @@ def server(request):
 def test_eight_appender_processes_get_distinct_dense_positions(server, tmp_path, request):
     # moto (in the test's process, one request at a time, a listing scans the whole bucket)
     # gets fewer groups than the real server: 8 appenders still race for every position.
-    default = "16" if request.node.callspec.params["server"] == "moto" else "40"
+    default = "10" if request.node.callspec.params["server"] == "moto" else "20"
     procs_n, per = 8, int(os.environ.get("YETO_BUFFER_S3_GROUPS", default))
     url = "s3://buffer-tests/concurrent"
     script = tmp_path / "child.py"
