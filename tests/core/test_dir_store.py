@@ -278,3 +278,60 @@ def test_a_swap_fsyncs_its_version_not_the_listed_copy(tmp_path, monkeypatch):
     assert store.exists("run/LATEST.json")
     assert store.put_if_match("run/LATEST.json", b"three", v2) is not None
     assert copy.read_bytes() == b"three"
+
+
+def test_a_writer_paused_while_others_swap_far_ahead_does_not_win(tmp_path, monkeypatch):
+    """A writer reads version n, pauses while the others swap on (far enough that n + 1's
+    bytes are dropped), then links n + 1: the number is still taken, so it loses. When old
+    versions were deleted, it created n + 1 again and was told it had won (a lost update)."""
+    store = DirStore(tmp_path / "s", fsync=False)
+    store.put_if_match("run/consumed.json", b"0", None)
+    _data, stale = store.get_versioned("run/consumed.json")
+    real = DirStore._create_version
+
+    def paused(self, key, path, seq, payload):
+        monkeypatch.setattr(DirStore, "_create_version", real)
+        cur = stale
+        for i in range(1, 11):
+            cur = store.put_if_match("run/consumed.json", b"%d" % i, cur)
+            assert cur is not None
+        return real(self, key, path, seq, payload)
+
+    monkeypatch.setattr(DirStore, "_create_version", paused)
+    assert store.put_if_match("run/consumed.json", b"stale", stale) is None
+    assert store.get("run/consumed.json") == b"10"
+
+
+def test_swaps_across_shards_keep_every_old_number_taken(tmp_path):
+    store = DirStore(tmp_path / "s", fsync=False)
+    v = store.put_if_match("k", b"", None)  # an empty value is a value, not a dropped one
+    assert store.get("k") == b"" and store.exists("k")
+    for i in range(1, 600):
+        v = store.put_if_match("k", b"%d" % i, v)
+        assert v is not None
+    assert store.get_versioned("k") == (b"599", "v600")
+    cdir = tmp_path / "s" / ".k.tmp-cas"
+    assert sorted(p.name for p in cdir.iterdir()) == ["s00000000", "s00000001", "s00000002"]
+    kept = [p for p in cdir.rglob("0*") if p.stat().st_size > 0]
+    assert sorted(int(p.name) for p in kept) == list(range(596, 601))  # the last five
+    for old in (1, 255, 256, 257, 590):  # every dropped number, shard edges included
+        assert store.put_if_match("k", b"stale", f"v{old}") is None
+        assert store._create_version("k", tmp_path / "s" / "k", old + 1, b"stale") is False
+    assert store.get("k") == b"599"
+
+
+def test_versions_written_before_shards_are_read_and_stay_taken(tmp_path):
+    store = DirStore(tmp_path / "s", fsync=False)
+    cdir = tmp_path / "s" / ".k.tmp-cas"
+    cdir.mkdir(parents=True)
+    for seq in (6, 7):  # the layout before shards: numbered files in the folder itself
+        (cdir / f"{seq:012d}").write_bytes(b"old-%d" % seq)
+    assert store.get_versioned("k") == (b"old-7", "v7")
+    assert store.put_if_match("k", b"stale", "v6") is None
+    assert store._create_version("k", tmp_path / "s" / "k", 7, b"x") is False
+    v = store.put_if_match("k", b"new", "v7")
+    assert v == "v8" and store.get("k") == b"new"
+    for i in range(6):
+        v = store.put_if_match("k", b"n%d" % i, v)
+    assert (cdir / f"{7:012d}").stat().st_size == 0  # dropped in place, its number taken
+    assert store._create_version("k", tmp_path / "s" / "k", 7, b"x") is False

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 from typing import Optional
 
@@ -14,6 +15,8 @@ from yeto_core.stores.fsync import fsync_dir
 
 _TMP_MARK = ".tmp-"
 _CAS_MARK = ".tmp-cas"  # the versions of a compare-and-swap key (a tmp-shaped name: unlisted)
+_SHARD = 256  # versions per shard folder
+_KEEP = 4  # the versions before the newest that keep their bytes (for readers that lag)
 
 
 def _unlink_quietly(path: str | Path) -> None:
@@ -23,6 +26,14 @@ def _unlink_quietly(path: str | Path) -> None:
         pass
 
 
+def _is_tomb(folder: Path, st: os.stat_result) -> bool:
+    try:
+        tomb = os.stat(folder / "tomb")
+    except FileNotFoundError:
+        return False
+    return (tomb.st_ino, tomb.st_dev) == (st.st_ino, st.st_dev)
+
+
 class DirCompareAndSwap:
     """Numbered versions of a key, each created exclusively (the host holds ``fsync``
     and the key-to-path helpers ``_path``, ``_ensure_parent``, ``_refuse_prefix_dir``,
@@ -30,34 +41,70 @@ class DirCompareAndSwap:
 
     # -- compare-and-swap: numbered versions, each created exclusively --------------------
     #
-    # A key written by put_if_match keeps its versions as ``.<name>.tmp-cas/<seq:012d>``
-    # beside it (never listed, like temporary files): the next version is *created*
-    # with ``link`` (atomic and exclusive, no lock held), so of two writers swapping from
-    # version ``n`` exactly one creates ``n + 1``, and a writer paused at any point blocks
-    # nobody. ``get`` reads the newest version; the key's own file is a copy for
-    # ``list``/``exists`` (written after the version, so it may lag, never lead).
+    # A key written by put_if_match keeps its versions as
+    # ``.<name>.tmp-cas/s<seq // 256:08d>/<seq:012d>`` beside it (never listed, like
+    # temporary files): the next version is *created* with ``link`` (atomic and exclusive,
+    # no lock held), so of two writers swapping from version ``n`` exactly one creates
+    # ``n + 1``, and a writer paused at any point blocks nobody. ``get`` reads the newest
+    # version; the key's own file is a copy for ``list``/``exists`` (written after the
+    # version, so it may lag, never lead).
+    #
+    # A version number is never free again: an old version's bytes are dropped by renaming
+    # a link to its shard's empty ``tomb`` file over it, so its name stays and a writer that
+    # read version ``n``, paused while others swapped on and the old versions were dropped,
+    # then tried to link ``n + 1``, finds the name taken and fails (when old versions were
+    # deleted instead, that writer created the long-dropped number again and was told it
+    # had won: a lost update). Shards of 256 keep each listing short as numbers grow.
+    # Versions written before shards (``.<name>.tmp-cas/<seq:012d>``) are read, and their
+    # numbers stay taken in the same way.
 
     def _cas_dir(self, path: Path) -> Path:
         return path.parent / f".{path.name}{_CAS_MARK}"
 
     @staticmethod
-    def _versions(cdir: Path) -> list[int]:
+    def _digits(folder: Path) -> list[int]:
+        try:
+            names = os.listdir(folder)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return [int(n) for n in names if n.isdigit()]
+
+    @classmethod
+    def _newest(cls, cdir: Path) -> Optional[tuple[int, Path]]:
+        """The newest version's number and file (live: every older one may be a tomb)."""
         try:
             names = os.listdir(cdir)
         except (FileNotFoundError, NotADirectoryError):
-            return []
-        return sorted(int(n) for n in names if n.isdigit())
+            return None
+        flat = [int(n) for n in names if n.isdigit()]  # written before shards
+        best = (max(flat), cdir) if flat else None
+        shards = sorted(n for n in names if n[:1] == "s" and n[1:].isdigit())
+        for shard in reversed(shards):  # the newest shard may be empty for a moment
+            seqs = cls._digits(cdir / shard)
+            if seqs:
+                top = max(seqs)
+                if best is None or top > best[0]:
+                    best = (top, cdir / shard)
+                break
+        if best is None:
+            return None
+        return best[0], best[1] / f"{best[0]:012d}"
 
     def _read_cas(self, path: Path) -> Optional[tuple[bytes, int]]:
         cdir = self._cas_dir(path)
         for _ in range(8):
-            vs = self._versions(cdir)
-            if not vs:
+            got = self._newest(cdir)
+            if got is None:
                 return None
+            seq, vpath = got
             try:
-                return (cdir / f"{vs[-1]:012d}").read_bytes(), vs[-1]
+                with open(vpath, "rb") as f:
+                    st = os.fstat(f.fileno())
+                    if st.st_size == 0 and _is_tomb(vpath.parent, st):
+                        continue  # dropped while we looked (others swapped on): look again
+                    return f.read(), seq
             except FileNotFoundError:
-                continue  # pruned or deleted while we looked: look again
+                continue  # the key was deleted while we looked: look again
         return None
 
     def _create_version(self, key: str, path: Path, seq: int, payload: bytes) -> bool:
@@ -66,7 +113,18 @@ class DirCompareAndSwap:
             cdir.mkdir(exist_ok=True)
             if self.fsync:
                 fsync_dir(path.parent)
-        fd, tmp = mkstemp(prefix=f".v{_TMP_MARK}", dir=cdir)
+        sdir = cdir / f"s{seq // _SHARD:08d}"
+        if not sdir.is_dir():
+            try:
+                sdir.mkdir()
+            except FileExistsError:
+                pass
+            if self.fsync:
+                fsync_dir(cdir)
+        name = f"{seq:012d}"
+        if os.path.lexists(cdir / name):
+            return False  # a version of that number written before shards
+        fd, tmp = mkstemp(prefix=f".v{_TMP_MARK}", dir=sdir)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(payload)
@@ -74,17 +132,37 @@ class DirCompareAndSwap:
                     f.flush()
                     os.fsync(f.fileno())
             try:
-                os.link(tmp, cdir / f"{seq:012d}")
+                os.link(tmp, sdir / name)
             except FileExistsError:
                 return False
         finally:
             _unlink_quietly(tmp)
         if self.fsync:
-            fsync_dir(cdir)
-        for old in self._versions(cdir):
-            if old < seq - 4:
-                _unlink_quietly(cdir / f"{old:012d}")
+            fsync_dir(sdir)
+        self._drop(cdir, seq - _KEEP - 1)
         return True
+
+    @staticmethod
+    def _drop(cdir: Path, seq: int) -> None:
+        """Drop version ``seq``'s bytes, keeping its name taken (a link to the tomb)."""
+        if seq < 1:
+            return
+        for folder in (cdir / f"s{seq // _SHARD:08d}", cdir):
+            vpath = folder / f"{seq:012d}"
+            if not os.path.lexists(vpath):
+                continue
+            tomb = folder / "tomb"
+            if not tomb.exists():
+                os.close(os.open(tomb, os.O_WRONLY | os.O_CREAT, 0o644))
+            tmp = folder / f".t{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex}"
+            try:
+                os.link(tomb, tmp)
+                os.replace(tmp, vpath)  # atomic: readers see the version or the tomb
+            except OSError:
+                pass  # (a full link count: the version keeps its bytes, which is safe)
+            finally:
+                _unlink_quietly(tmp)
+            return
 
     def _mirror(self, key: str, path: Path, payload: bytes) -> None:
         # not fsynced: get and exists read the versions (each fsynced); the copy only

@@ -356,7 +356,7 @@ class DirStore(DirCompareAndSwap, ObjectStore):
 
     def exists(self, key: str) -> bool:
         path = self._path(key)
-        return path.is_file() or bool(self._versions(self._cas_dir(path)))
+        return path.is_file() or self._newest(self._cas_dir(path)) is not None
 
     def list(self, prefix: str = "", after: Optional[str] = None) -> Iterator[str]:
         check_prefix(prefix)
