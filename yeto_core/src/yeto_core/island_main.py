@@ -191,7 +191,10 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
     island, incarnation = ident.island, ident.incarnation
     backend_cls = plugins.trainer_backend(config.trainer.backend)
     buffer = open_run_buffer(plugins, config, store, island)
-    stream = EventStream(store, config.trainer.name, flush_s=0.0, observer=plugins.emit)
+    # every event is written at once, off the round's path (the final flush below waits)
+    stream = EventStream(
+        store, config.trainer.name, flush_s=0.0, observer=plugins.emit, background=True
+    )
     stream.observer = store_outage_reporter(stream, store, plugins.emit)
     recorder: dict[str, RecordingBackend] = {}
     model_dir = base_model(store, config, ident)
