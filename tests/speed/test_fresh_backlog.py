@@ -134,3 +134,32 @@ def test_seen_releases_remembers_the_newest_release_and_forwards_the_rest():
     assert seen.seen() is None
     assert seen.latest().version == 7 and seen.seen() == (7, 112)
     assert seen.prefix == "releases"
+
+
+def test_ample_room_spares_the_next_backlog_read_and_a_tight_one_does_not():
+    buf, engine = MemoryBuffer(), WeightFileEngine()
+    reads = []
+    real = buf.backlog
+    buf.backlog = lambda *a, **k: (reads.append(1), real(*a, **k))[1]
+    loop = SamplerLoop(
+        buf,
+        engine,
+        DigitsTask(),
+        LaggingFollower(engine),
+        host="h",
+        incarnation=0,
+        group_size=2,
+        prompts_per_call=4,
+        backlog_cap=64,
+        fresh_only=(3, 16),
+        share_of=2,
+    )
+    calls = 0
+    while loop.claim_room()[0] > 0:
+        loop.run_round()
+        calls += 1
+    # 64 groups of room, 4 a call, 2 islands: a read leaves room for 2 more calls of
+    # both islands after this one and the other's; the backlog still stops at the bound
+    assert buf.backlog().groups == 64
+    assert len(reads) < calls  # some calls went without a read
+    assert loop.claim_room()[0] == 0  # at the bound it reads again (and finds no room)

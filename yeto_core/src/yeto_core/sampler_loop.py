@@ -138,6 +138,8 @@ class SamplerLoop:
         self.share_of = max(1, int(share_of))
         #: groups the next call generates (cut by ``fresh_only``; reset after each call)
         self.call_size = self.prompts_per_call
+        #: fresh room the last backlog read left after the calls made since (a bound)
+        self._spare = 0
         self.next_index = 0
         self.rounds = 0
         self.groups_appended = 0
@@ -214,9 +216,24 @@ class SamplerLoop:
 
         :returns: (groups the next call may add, 0: none; the inputs of that decision).
         """
+        if self.fresh_only is not None and self._spare >= self.prompts_per_call * self.share_of:
+            # the last read left room for every island's next call even after this call
+            # and one of each other island's since: no backlog read (a remote store's
+            # listing), this call is whole
+            self._spare -= self.prompts_per_call * self.share_of
+            self.call_size = self.prompts_per_call
+            PROFILE.count("sampler.backlog_read_skipped")
+            return self.prompts_per_call, {}
         room, why = self._room()
+        self._spare = 0
         if room > 0:
             self.call_size = min(self.prompts_per_call, room)
+            if self.fresh_only is not None:
+                others = (self.share_of - 1) * self.prompts_per_call
+                left = int(why["fresh_room"])
+                if self.backlog_cap is not None:
+                    left = min(left, self.backlog_cap - int(why["backlog_groups"]))
+                self._spare = left - self.call_size - others
         return room, why
 
     def _room(self) -> tuple[int, dict[str, Any]]:
