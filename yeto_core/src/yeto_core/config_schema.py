@@ -52,6 +52,9 @@ class SamplerIslandConfig:
     pause_every_s: float = 0.0
     pause_s: float = 0.0
     backlog_cap: int = 64
+    #: Sample only groups the trainer's policy-age gate will still let through when it
+    #: reaches them (``yeto_core.sampler_loop``); false: only ``backlog_cap`` bounds it.
+    fresh_only: bool = True
     #: Synchronous GRPO (baseline, ``yeto bench e2e``): before its (n+1)-th generate call
     #: an island waits until it serves policy version >= n (the release trained on round n).
     sync_rounds: bool = False

@@ -85,6 +85,9 @@ class EventStream:
     :param flush_s: at most this long between a new event and its flush
         (``emit`` flushes when the last flush is older); 0 flushes every event.
     :param observer: called with every event (the plugin manager's ``emit``).
+    :param background: a due flush runs on a flusher thread, not in ``emit``'s caller
+        (the trainer's round path); :meth:`flush` still writes at once, in order with it.
+        A failed background flush is retried by the next one (or the final ``flush``).
     """
 
     def __init__(
@@ -95,6 +98,7 @@ class EventStream:
         clock: Callable[[], float] = time.time,
         flush_s: float = 1.0,
         observer: Optional[Callable[[Event], None]] = None,
+        background: bool = False,
     ) -> None:
         self.store = store
         self.island = island
@@ -115,6 +119,11 @@ class EventStream:
         self._file = None if root is None else root / stream_key(island)
         #: lines in the store after the last flush (None: the next flush puts them all)
         self._flushed: Optional[int] = None
+        self.background = background
+        self._wake = threading.Event()
+        self._flusher: Optional[threading.Thread] = None
+        #: the last background flush's error (None: it succeeded); retried by the next
+        self.background_error: Optional[BaseException] = None
 
     def emit(self, kind: str, **data: Any) -> Event:
         """Add an event; flush if the last flush is older than ``flush_s``."""
@@ -134,8 +143,29 @@ class EventStream:
         if self.observer is not None:
             self.observer(event)
         if due:
-            self.flush()
+            if self.background:
+                self._flush_later()
+            else:
+                self.flush()
         return event
+
+    def _flush_later(self) -> None:
+        if self._flusher is None:
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name=f"events-{self.island}", daemon=True
+            )
+            self._flusher.start()
+        self._wake.set()
+
+    def _flush_loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            try:
+                self.flush()
+                self.background_error = None
+            except Exception as exc:  # the lines stay dirty: the next flush puts them all
+                self.background_error = exc
 
     def flush(self) -> None:
         """Write the new events (no-op when nothing changed): the whole stream, or an append."""

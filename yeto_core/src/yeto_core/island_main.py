@@ -191,7 +191,10 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
     island, incarnation = ident.island, ident.incarnation
     backend_cls = plugins.trainer_backend(config.trainer.backend)
     buffer = open_run_buffer(plugins, config, store, island)
-    stream = EventStream(store, config.trainer.name, flush_s=0.0, observer=plugins.emit)
+    # every event is written at once, off the round's path (the final flush below waits)
+    stream = EventStream(
+        store, config.trainer.name, flush_s=0.0, observer=plugins.emit, background=True
+    )
     stream.observer = store_outage_reporter(stream, store, plugins.emit)
     recorder: dict[str, RecordingBackend] = {}
     model_dir = base_model(store, config, ident)
@@ -281,7 +284,7 @@ def open_run_buffer(plugins: Any, config: RunConfig, store: Any, host: str, **kw
 
 def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdentity) -> int:
     from yeto_core.policy_follower import PolicyFollower
-    from yeto_core.sampler_loop import SamplerLoop
+    from yeto_core.sampler_loop import SamplerLoop, SeenReleases
 
     island, incarnation = ident.island, ident.incarnation
     groups = {name: s for name, s in config.sampler_islands()}
@@ -317,8 +320,9 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    releases = SeenReleases(release_store(plugins, config, store))
     follower = PolicyFollower(
-        release_store(plugins, config, store),
+        releases,
         engine,
         work_dir=scratch_dir(ident) / "releases",
         emit=on_event,
@@ -356,6 +360,11 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         stop=stop,
         emit=on_event,
         dispenser=dispenser,
+        fresh_only=(config.trainer.max_policy_age, config.trainer.groups_per_round)
+        if scfg.fresh_only
+        else None,
+        latest_release=releases.seen,
+        share_of=sum(s.count for s in config.samplers),
     )
     from yeto_core.sampler_drain import DEFAULT_DRAIN_BOUND_S, DrainGuard
 

@@ -98,6 +98,11 @@ from yeto_core.stores.retrying import RetryingStore
 #: The head rides out a store that fails (a 503 storm past the store's own retries, a
 #: full disk) for this long with failing ticks in a row, then stops the run cleanly.
 STORE_OUTAGE_LIMIT_S = 120.0
+#: While the trainer has more full rounds (each train command trained all it asked for)
+#: the head sends the next command at once and does its housekeeping (status.json,
+#: backstops, samplers) at most this often, not every ``tick_s``: on a remote store a
+#: housekeeping tick is several round trips between two train commands.
+BUSY_HOUSEKEEPING_S = 1.0
 
 
 class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands):
@@ -301,6 +306,7 @@ class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands):
             # housekeeping (status.json, backstops, samplers) keeps the tick_s cadence; a
             # wake-up by the buffer's watch between ticks runs only the trainer loop
             woken, last_house = False, -math.inf
+            busy = False  # the last trainer tick left more full rounds
             outage: Optional[tuple[float, int, str]] = None  # (since, ticks, last error)
             while self._stop_requested is None and self.trainer_loop.finished is None:
                 if self.lease is not None:
@@ -311,7 +317,8 @@ class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands):
                             self.observe_streams()
                         last_rewards = self.clock()
                         emit_snapshot(self.events.emit, every_s=10.0)
-                    if not woken or time.monotonic() - last_house >= tick_s:
+                    every = max(tick_s, BUSY_HOUSEKEEPING_S) if busy else tick_s
+                    if not woken or time.monotonic() - last_house >= every:
                         last_house = time.monotonic()
                         with stage("head.tick"):
                             self.tick()
@@ -343,7 +350,8 @@ class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands):
                         last_error=outage[2],
                     )
                     outage = None
-                if self.trainer_loop.more_ready:
+                busy = self.trainer_loop.more_ready
+                if busy:
                     woken = True  # the trainer has more full rounds: send the next command now
                 elif self.trainer_loop.finished is None:
                     with stage("head.wait_tick"):

@@ -18,6 +18,20 @@ by the trainer's commit; a plain wait on its stop event when the buffer has
 none), re-reading the backlog at least every ``backlog_poll_s``. A call's groups
 are appended with one ``append_many`` (a group commit: one index sync for all of
 them).
+
+With ``fresh_only`` (``(max_policy_age, groups_per_round)``, the trainer's gate) the
+loop also samples no group the gate would age out before the trainer reaches it: a
+group stamped with the served version ``v`` and appended behind ``W`` fresh groups is
+trained at about version ``R + W // groups_per_round`` (``R``: the newest release the
+follower saw), so it is fresh while ``W < (max_policy_age + 1 - (R - v)) x
+groups_per_round``. ``R`` counts the rounds committed after the newest release (the
+buffer's watermark past the release's ``buffer_watermark``): the trainer's commit wakes
+a waiting sampler before that round's release is out. A call is cut to the groups that
+fit, and to its island's share of them (``share_of``: islands woken by the same commit
+decide at once); with none fitting the loop waits, as at the cap, for a commit or for
+the follower's next load. When the trainer is stopped ``R == v`` and the bound is S1's
+start threshold, ``(max_policy_age + 1) x groups_per_round``, so the backlog still
+reaches it (past it by at most ``share_of - 1`` groups).
 """
 
 from __future__ import annotations
@@ -56,6 +70,13 @@ class SamplerLoop:
         follower serves policy version >= n (generate round n, wait for the release trained
         on it, generate round n+1). Needs a follower. Counted per incarnation.
     :param stop: set it to end :meth:`run` (also ends a backlog wait or a throttle at once).
+    :param fresh_only: ``(max_policy_age, groups_per_round)`` of the trainer: sample only
+        groups that will still pass the policy-age gate when the trainer reaches them
+        (None: only the cap bounds the backlog). Needs a follower.
+    :param latest_release: ``(version, buffer_watermark)`` of the newest release the
+        follower saw (None: none yet, the served version is assumed).
+    :param share_of: the sampler islands that share the fresh room (each call takes at
+        most its share, at least one group).
     """
 
     def __init__(
@@ -82,6 +103,9 @@ class SamplerLoop:
         emit: Optional[Callable[[Event], None]] = None,
         prompts_per_round: Optional[int] = None,
         dispenser: Any = None,
+        fresh_only: Optional[tuple[int, int]] = None,
+        latest_release: Optional[Callable[[], Optional[tuple[int, Optional[int]]]]] = None,
+        share_of: int = 1,
     ) -> None:
         if prompts_per_round is not None:  # the old name of prompts_per_call
             prompts_per_call = prompts_per_round
@@ -107,6 +131,15 @@ class SamplerLoop:
         self._emit = emit or (lambda e: None)
         self.offset = dispense_offset(self.seed, host, self.incarnation)
         self.dispenser = dispenser
+        if fresh_only is not None and follower is None:
+            raise ValueError("fresh_only needs a policy follower (the served version)")
+        self.fresh_only = fresh_only
+        self.latest_release = latest_release or (lambda: None)
+        self.share_of = max(1, int(share_of))
+        #: groups the next call generates (cut by ``fresh_only``; reset after each call)
+        self.call_size = self.prompts_per_call
+        #: fresh room the last backlog read left after the calls made since (a bound)
+        self._spare = 0
         self.next_index = 0
         self.rounds = 0
         self.groups_appended = 0
@@ -141,29 +174,31 @@ class SamplerLoop:
         return not self.stop.is_set()
 
     def wait_for_room(self) -> bool:
-        """Wait while the backlog is at the cap (and, with ``sync_rounds``, for the policy).
+        """Wait while the backlog is at the cap (and, with ``sync_rounds``, for the policy;
+        with ``fresh_only``, while a new group would age out before it is trained).
+
+        Sets :attr:`call_size` to the groups the next call may generate.
 
         :returns: False if stopped while waiting.
         """
         if not self.wait_for_version():
             return False
-        if self.backlog_cap is None:
+        self.call_size = self.prompts_per_call
+        if self.backlog_cap is None and self.fresh_only is None:
             return not self.stop.is_set()
         announced = False
         watch = None
         while True:
             with stage("sampler.backlog_read"):
-                backlog = self.buffer.backlog()
-            if backlog.groups < self.backlog_cap:
+                room, why = self.claim_room()
+            if room > 0:
                 if watch is not None:
                     watch.close()
                 if announced:
-                    self._event("sampler_backlog_resumed", backlog_groups=backlog.groups)
+                    self._event("sampler_backlog_resumed", **why)
                 return not self.stop.is_set()
             if not announced:
-                self._event(
-                    "sampler_backlog_wait", backlog_groups=backlog.groups, cap=self.backlog_cap
-                )
+                self._event("sampler_backlog_wait", cap=self.backlog_cap, **why)
                 announced = True
             if watch is None:
                 watch = self.buffer.watch()  # wakes on the trainer's commit (None: poll)
@@ -176,15 +211,72 @@ class SamplerLoop:
                 elif self.stop.wait(self.backlog_poll_s):
                     return False
 
+    def claim_room(self) -> tuple[int, dict[str, Any]]:
+        """Size the next call to the room there is now (without waiting).
+
+        :returns: (groups the next call may add, 0: none; the inputs of that decision).
+        """
+        if self.fresh_only is not None and self._spare >= self.prompts_per_call * self.share_of:
+            # the last read left room for every island's next call even after this call
+            # and one of each other island's since: no backlog read (a remote store's
+            # listing), this call is whole
+            self._spare -= self.prompts_per_call * self.share_of
+            self.call_size = self.prompts_per_call
+            PROFILE.count("sampler.backlog_read_skipped")
+            return self.prompts_per_call, {}
+        room, why = self._room()
+        self._spare = 0
+        if room > 0:
+            self.call_size = min(self.prompts_per_call, room)
+            if self.fresh_only is not None:
+                others = (self.share_of - 1) * self.prompts_per_call
+                left = int(why["fresh_room"])
+                if self.backlog_cap is not None:
+                    left = min(left, self.backlog_cap - int(why["backlog_groups"]))
+                self._spare = left - self.call_size - others
+        return room, why
+
+    def _room(self) -> tuple[int, dict[str, Any]]:
+        """(groups the next call may add, the inputs of that decision)."""
+        if self.fresh_only is None:
+            groups = self.buffer.backlog().groups
+            room = self.prompts_per_call if groups < self.backlog_cap else 0
+            return room, {"backlog_groups": groups}
+        age, per_round = self.fresh_only
+        served = int(self.follower.version)
+        seen = self.latest_release()
+        newest = served if seen is None else max(served, int(seen[0]))
+        # the groups still fresh at the newest release are the ones ahead of a new group
+        backlog = self.buffer.backlog(current_version=newest, max_policy_age=age)
+        groups = backlog.groups
+        if seen is not None and seen[1] is not None and backlog.watermark > int(seen[1]):
+            # rounds committed since that release (their releases are not out yet): each
+            # moved the watermark by at least a round
+            newest += -(-(int(backlog.watermark) - int(seen[1])) // per_round)
+        fresh_room = (age + 1 - (newest - served)) * per_round - groups
+        # islands woken by the same commit decide at once: each takes its share
+        room = max(1, fresh_room // self.share_of) if fresh_room > 0 else 0
+        if self.backlog_cap is not None and groups >= self.backlog_cap:
+            room = 0
+        why = {
+            "backlog_groups": groups,
+            "served_version": served,
+            "trainer_version": newest,
+            "fresh_room": fresh_room,
+            "reason": "policy_age" if fresh_room <= 0 else "cap",
+        }
+        return room, why
+
     def run_round(self) -> list[int]:
         """Generate, score and append one round of groups. :returns: their buffer positions."""
         started = self.clock()
         slots = None
+        size, self.call_size = self.call_size, self.prompts_per_call
         if self.dispenser is not None:
-            slots = self.dispenser.take(self.prompts_per_call)
+            slots = self.dispenser.take(size)
             indices = [s.row for s in slots]
         else:
-            indices = [self.offset + self.next_index + k for k in range(self.prompts_per_call)]
+            indices = [self.offset + self.next_index + k for k in range(size)]
         prompts = [self.task.prompt(i) for i in indices]
         guard = self.follower.round() if self.follower is not None else _no_lock()
         asked = time.perf_counter()
@@ -197,7 +289,7 @@ class SamplerLoop:
         if self.follower is not None and self.follower.last_round_straddled:
             # A forced load swapped the weights mid-generation: these samples mixed two
             # policies, so no version stamp would be true. Thrown away and counted.
-            self.next_index += self.prompts_per_call
+            self.next_index += size
             if slots is not None:
                 self.dispenser.give_back(slots)
             self.groups_discarded += len(prompts)
@@ -259,7 +351,7 @@ class SamplerLoop:
             positions = self._append(groups)
         if slots is not None:
             self.dispenser.done(slots)
-        self.next_index += self.prompts_per_call
+        self.next_index += size
         self.rounds += 1
         self.groups_appended += len(positions)
         self._event(
@@ -302,6 +394,33 @@ class SamplerLoop:
             if self.stop.is_set():
                 break
         return done
+
+
+class SeenReleases:
+    """A release store's stand-in that remembers the release its last ``latest()`` named.
+
+    The follower polls ``latest()``; the sampler loop reads :meth:`seen` (the trainer's
+    newest release: version and buffer watermark) for ``fresh_only`` without a request
+    of its own. Every other attribute is the wrapped store's.
+    """
+
+    def __init__(self, releases: Any) -> None:
+        self._releases = releases
+        self._seen: Optional[tuple[int, Optional[int]]] = None
+
+    def latest(self) -> Any:
+        rel = self._releases.latest()
+        if rel is not None:
+            wm = (rel.info or {}).get("buffer_watermark")
+            self._seen = (int(rel.version), int(wm) if wm is not None else None)
+        return rel
+
+    def seen(self) -> Optional[tuple[int, Optional[int]]]:
+        """(version, buffer watermark) of the newest release seen; None before one."""
+        return self._seen
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._releases, name)
 
 
 class _NoLock:

@@ -554,7 +554,8 @@ def _islands_view(snap: Snapshot, t0: float) -> dict[str, Any]:
         if state in ("running", "running ") and own:
             k = own[-1]
             if k.kind == "sampler_backlog_wait":
-                state = "running (waiting: backlog cap)"
+                why = "policy age" if k.data.get("reason") == "policy_age" else "backlog cap"
+                state = f"running (waiting: {why})"
             elif k.kind == "sampler_pause":
                 state = "running (paused)"
         loads = [e for e in evs if e.kind == "release_loaded"]

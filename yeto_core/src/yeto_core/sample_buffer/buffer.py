@@ -111,6 +111,10 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
         #: the store's version of consumed.json as last read or written (None: absent);
         #: every write is a compare-and-swap from it (one committer per buffer)
         self._state_version: Optional[str] = None
+        #: consumed.json is as this object's own last commit wrote it (no read since saw
+        #: another version): ``watermark`` and ``commit`` use it without a read; the
+        #: commit's compare-and-swap still refuses a state someone else wrote meanwhile
+        self._own_state = False
         self._arrivals: Optional[collections.deque[GroupEntry]] = None
         self._data_ended = False
         self._reloads = 0  # how many times the index was re-read from the start
@@ -174,8 +178,11 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
         """The state of what :meth:`_fetch_state` returned (None: no consumed.json yet)."""
         if fetched is None:
             self._state_version = None
+            self._own_state = False
             return ConsumedState()
         raw, version = fetched
+        if version != self._state_version:
+            self._own_state = False
         self._state_version = version
         if raw == self._state_raw:
             return self._state
@@ -318,7 +325,8 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
     @property
     @_serialized
     def watermark(self) -> int:
-        self._refresh_state()
+        if not self._own_state:
+            self._refresh_state()
         return self._state.watermark
 
     @property
@@ -349,7 +357,8 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
     def commit(self, round: BufferRound) -> int:
         if self.read_only:
             raise SampleBufferError("this buffer was opened read-only; open it without read_only")
-        self._refresh_state()
+        if not self._own_state:  # else: our own last commit; the swap below checks it still is
+            self._refresh_state()
         state = self._state
         if round.start != state.watermark:
             raise SampleBufferError(
@@ -369,10 +378,12 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
         )
         with stage("buffer.commit_write"):
             self._write_state(new)
+        self._own_state = True
         return new.watermark
 
     def _write_state(self, state: ConsumedState) -> None:
         raw = serde.dumps(state).encode()
+        self._own_state = False  # until this write is known to have landed
         version = self.store.put_if_match(self._consumed_key, raw, self._state_version)
         if version is None:
             raise SampleBufferError(

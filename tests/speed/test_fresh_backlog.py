@@ -1,0 +1,165 @@
+"""The sampler loop's ``fresh_only``: no group is sampled that the policy-age gate will
+age out before the trainer reaches it (a single-threaded simulation: counts, no timings)."""
+
+from __future__ import annotations
+
+import contextlib
+
+from yeto_core.records import RoundSpec, SamplingParams
+from yeto_core.sampler_loop import SamplerLoop, SeenReleases
+from yeto_core.testing.fake_backend import MemoryBuffer
+from yeto_core.testing.fakes import DigitsTask, WeightFileEngine
+
+
+class LaggingFollower:
+    """Serves ``engine.version``; the test loads versions (by hand) behind the trainer."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.last_round_straddled = False
+
+    @property
+    def version(self):
+        return self.engine.version
+
+    @contextlib.contextmanager
+    def round(self):
+        yield self.engine.version
+
+
+def simulate(fresh_only, *, rounds=60, age=1, per_round=4, per_call=3, load_every=3):
+    """Two sampler islands woken together twice per trained round (both decide before
+    either appends, as after one commit); each trained round's release is seen one step
+    after its commit; the followers load the trainer's version every ``load_every``
+    rounds. :returns: (trained, stale, waits, appended, events)."""
+    buf = MemoryBuffer()
+    trainer = {"version": 0, "seen": None}
+    events, loops = [], []
+    for h in range(2):
+        engine = WeightFileEngine()
+        loops.append(
+            SamplerLoop(
+                buf,
+                engine,
+                DigitsTask(),
+                LaggingFollower(engine),
+                host=f"h{h}",
+                incarnation=0,
+                group_size=2,
+                prompts_per_call=per_call,
+                sampling=SamplingParams(),
+                backlog_cap=10 * per_round,
+                emit=events.append,
+                fresh_only=(age, per_round) if fresh_only else None,
+                latest_release=lambda: trainer["seen"],
+                share_of=2,
+            )
+        )
+    trained = stale = waits = 0
+    for r in range(rounds):
+        for _ in range(2):
+            go = [loop.claim_room()[0] > 0 for loop in loops]
+            waits += go.count(False)
+            for loop, ok in zip(loops, go, strict=True):
+                if ok:
+                    assert loop.run_round() is not None
+        trainer["seen"] = (trainer["version"], buf.watermark)  # the last round's release
+        if buf.backlog().groups >= per_round:
+            rnd = buf.select(
+                RoundSpec(
+                    max_groups=per_round, current_version=trainer["version"], max_policy_age=age
+                )
+            )
+            buf.commit(rnd)  # its release is seen at the next step
+            trained += len(rnd.entries)
+            stale += len(rnd.stale)
+            trainer["version"] += 1
+        if r % load_every == 0:
+            for loop in loops:
+                loop.engine.version = trainer["seen"][0]  # the followers' loads, behind
+    return trained, stale, waits, len(buf.groups), events
+
+
+def test_without_fresh_only_the_scenario_wastes_groups():
+    trained, stale, _waits, _n, _ev = simulate(False)
+    assert stale > 0 and trained > 0
+
+
+def test_fresh_only_samples_no_group_the_gate_ages_out():
+    trained, stale, waits, appended, events = simulate(True)
+    assert stale == 0
+    assert trained >= 120  # the trainer still trains (at least half of its 60 rounds)
+    assert waits > 0 and appended >= trained
+    cut = [e for e in events if e.kind == "sampler_round" and e.data["groups"] < 3]
+    assert cut, "some calls were cut to the groups that fit"
+    waited = [e for e in events if e.kind == "sampler_backlog_wait"]
+    assert not waited  # claim_room never waits; the loop's wait announces its inputs
+
+
+def test_with_the_trainer_stopped_the_backlog_reaches_s1s_start_threshold():
+    # R == v: the bound is (age + 1) x groups_per_round, S1's start threshold, exactly
+    buf, engine = MemoryBuffer(), WeightFileEngine()
+    loop = SamplerLoop(
+        buf,
+        engine,
+        DigitsTask(),
+        LaggingFollower(engine),
+        host="h",
+        incarnation=0,
+        group_size=2,
+        prompts_per_call=5,
+        backlog_cap=64,
+        fresh_only=(3, 16),
+        share_of=2,
+    )
+    for _ in range(40):
+        if loop.claim_room()[0] <= 0:
+            break
+        loop.run_round()
+    assert buf.backlog().groups == 64
+
+
+def test_seen_releases_remembers_the_newest_release_and_forwards_the_rest():
+    class Rel:
+        version = 7
+        info = {"buffer_watermark": 112}
+
+    class Store:
+        prefix = "releases"
+
+        def latest(self):
+            return Rel()
+
+    seen = SeenReleases(Store())
+    assert seen.seen() is None
+    assert seen.latest().version == 7 and seen.seen() == (7, 112)
+    assert seen.prefix == "releases"
+
+
+def test_ample_room_spares_the_next_backlog_read_and_a_tight_one_does_not():
+    buf, engine = MemoryBuffer(), WeightFileEngine()
+    reads = []
+    real = buf.backlog
+    buf.backlog = lambda *a, **k: (reads.append(1), real(*a, **k))[1]
+    loop = SamplerLoop(
+        buf,
+        engine,
+        DigitsTask(),
+        LaggingFollower(engine),
+        host="h",
+        incarnation=0,
+        group_size=2,
+        prompts_per_call=4,
+        backlog_cap=64,
+        fresh_only=(3, 16),
+        share_of=2,
+    )
+    calls = 0
+    while loop.claim_room()[0] > 0:
+        loop.run_round()
+        calls += 1
+    # 64 groups of room, 4 a call, 2 islands: a read leaves room for 2 more calls of
+    # both islands after this one and the other's; the backlog still stops at the bound
+    assert buf.backlog().groups == 64
+    assert len(reads) < calls  # some calls went without a read
+    assert loop.claim_room()[0] == 0  # at the bound it reads again (and finds no room)
