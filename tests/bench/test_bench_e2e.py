@@ -229,6 +229,9 @@ def test_e2e_smoke_json_keys(tmp_path: Path, sort4_base: Path) -> None:
         assert rep["max_policy_lag"]["sync"] == 0, rep["max_policy_lag"]
     for mode in ("async", "sync"):
         assert report["runs"][mode]["rounds_trained"] > 0, report["runs"]
+        run = report["runs"][mode]
+        assert 0 <= run["groups_stale"] <= run["groups_appended"], run
+        assert 0 <= run["groups_waiting"] <= run["groups_appended"], run
         assert report["trainer_paid_s"][mode] > 0 and report["trainer_busy_s"][mode] > 0
     # synchronous GRPO: every round is trained from the version its groups were sampled with
     assert report["max_policy_lag"]["sync"] == 0, report["max_policy_lag"]

@@ -163,3 +163,46 @@ def test_ample_room_spares_the_next_backlog_read_and_a_tight_one_does_not():
     assert buf.backlog().groups == 64
     assert len(reads) < calls  # some calls went without a read
     assert loop.claim_room()[0] == 0  # at the bound it reads again (and finds no room)
+
+
+def test_groups_of_a_fenced_incarnation_do_not_fill_the_fresh_room():
+    """An evicted sampler's groups wait in the buffer until the trainer skips them (its
+    incarnation is fenced); counted as fresh, they filled the room, the islands stopped
+    sampling and the trainer never got a full round (a run stopped by the silence
+    backstop, twice, in the eviction campaign)."""
+    buf = MemoryBuffer()
+    evicted = SamplerLoop(
+        buf,
+        WeightFileEngine(),
+        DigitsTask(),
+        None,
+        host="h0",
+        incarnation=2,
+        group_size=2,
+        prompts_per_call=4,
+        sampling=SamplingParams(),
+    )
+    for _ in range(3):
+        evicted.run_round()
+    assert buf.backlog().groups == 12
+
+    def loop(fenced):
+        engine = WeightFileEngine()
+        return SamplerLoop(
+            buf,
+            engine,
+            DigitsTask(),
+            LaggingFollower(engine),
+            host="h0",
+            incarnation=4,
+            group_size=2,
+            prompts_per_call=4,
+            sampling=SamplingParams(),
+            backlog_cap=64,
+            fresh_only=(2, 4),  # (age + 1) x 4 = 12 groups of room
+            fenced=fenced,
+        )
+
+    assert loop(None).claim_room()[0] == 0  # the evicted incarnation's groups count
+    fresh = loop(lambda host, inc: (host, inc) == ("h0", 2))
+    assert fresh.claim_room()[0] == 12  # none of them counts: the whole room

@@ -341,6 +341,8 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
             lease_s=config.dispenser.lease_s,
             emit=on_event,
         )
+    from yeto_core.fences import StoreFences
+
     loop = SamplerLoop(
         buffer,
         engine,
@@ -365,6 +367,7 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         else None,
         latest_release=releases.seen,
         share_of=sum(s.count for s in config.samplers),
+        fenced=StoreFences(store) if scfg.fresh_only else None,
     )
     from yeto_core.sampler_drain import DEFAULT_DRAIN_BOUND_S, DrainGuard
 

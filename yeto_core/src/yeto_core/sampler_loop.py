@@ -106,6 +106,7 @@ class SamplerLoop:
         fresh_only: Optional[tuple[int, int]] = None,
         latest_release: Optional[Callable[[], Optional[tuple[int, Optional[int]]]]] = None,
         share_of: int = 1,
+        fenced: Optional[Callable[[str, int], bool]] = None,
     ) -> None:
         if prompts_per_round is not None:  # the old name of prompts_per_call
             prompts_per_call = prompts_per_round
@@ -136,6 +137,9 @@ class SamplerLoop:
         self.fresh_only = fresh_only
         self.latest_release = latest_release or (lambda: None)
         self.share_of = max(1, int(share_of))
+        #: fenced sampler incarnations (their waiting groups are skipped by the trainer, so
+        #: ``fresh_only`` does not count them: counted, they could fill the room for good)
+        self.fenced = fenced
         #: groups the next call generates (cut by ``fresh_only``; reset after each call)
         self.call_size = self.prompts_per_call
         #: fresh room the last backlog read left after the calls made since (a bound)
@@ -247,7 +251,9 @@ class SamplerLoop:
         seen = self.latest_release()
         newest = served if seen is None else max(served, int(seen[0]))
         # the groups still fresh at the newest release are the ones ahead of a new group
-        backlog = self.buffer.backlog(current_version=newest, max_policy_age=age)
+        backlog = self.buffer.backlog(
+            current_version=newest, max_policy_age=age, fenced=self.fenced
+        )
         groups = backlog.groups
         if seen is not None and seen[1] is not None and backlog.watermark > int(seen[1]):
             # rounds committed since that release (their releases are not out yet): each

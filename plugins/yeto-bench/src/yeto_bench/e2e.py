@@ -304,6 +304,7 @@ def run_mode(
         entries = buf.entries(0)
         appended_at = {int(e.position): float(e.appended_at) for e in entries}
         min_version = {int(e.position): int(e.min_version) for e in entries}
+        state = buf.stats()  # consumed.json's stale count and the backlog left at the end
     finally:
         buf.close()
     t0 = min(appended_at.values(), default=t0)
@@ -343,6 +344,9 @@ def run_mode(
         # optimizer steps (trained rounds) per second, from the first group to the target
         "optimizer_steps_per_s": round(steps / (until - start), 3) if until > start else None,
         "groups_appended": len(appended_at),
+        # groups the policy-age gate skipped unread (sampling wasted) and groups still waiting
+        "groups_stale": int(state["stale_total"]),
+        "groups_waiting": int(state["backlog_groups"]),
         "head_exit_code": head.returncode,
         "reward_curve": curve[:: max(1, len(curve) // 50)],
     }
@@ -551,7 +555,16 @@ def one_report(
         **_money(a, s),
         "reward_curves": {"async": a["reward_curve"], "sync": s["reward_curve"]},
         "runs": {
-            k: {x: v[x] for x in ("rounds_trained", "groups_appended", "head_exit_code")}
+            k: {
+                x: v.get(x)
+                for x in (
+                    "rounds_trained",
+                    "groups_appended",
+                    "groups_stale",
+                    "groups_waiting",
+                    "head_exit_code",
+                )
+            }
             for k, v in (("async", a), ("sync", s))
         },
         "plain_loop": plain,

@@ -77,11 +77,13 @@ class DurableSampleBuffer(Port):
             def watermark(self):
                 return self.wm
 
-            def backlog(self, current_version=None, max_policy_age=None):
+            def backlog(self, current_version=None, max_policy_age=None, fenced=None):
                 waiting = self.entries_[self.wm:]
                 if current_version is not None and max_policy_age is not None:
                     waiting = [e for e in waiting
                                if current_version - e.min_version <= max_policy_age]
+                if fenced is not None:
+                    waiting = [e for e in waiting if not fenced(e.host, e.incarnation)]
                 return Backlog(groups=len(waiting),
                                samples=sum(e.n_samples for e in waiting),
                                watermark=self.wm, head_position=len(self.groups),
@@ -188,9 +190,14 @@ class DurableSampleBuffer(Port):
 
     @abc.abstractmethod
     def backlog(
-        self, current_version: Optional[int] = None, max_policy_age: Optional[int] = None
+        self,
+        current_version: Optional[int] = None,
+        max_policy_age: Optional[int] = None,
+        fenced: Optional[Callable[[str, int], bool]] = None,
     ) -> Backlog:
-        """What waits after the watermark (with a version and age: only what is selectable).
+        """What waits after the watermark (with a version and age: only what is selectable;
+        with ``fenced``, a ``(host, incarnation) -> bool``, not the groups of fenced sampler
+        incarnations, which the trainer skips).
 
         Its cost does not grow with history.
         """

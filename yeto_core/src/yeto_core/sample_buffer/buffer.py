@@ -418,9 +418,13 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
 
     @_serialized
     def backlog(
-        self, current_version: Optional[int] = None, max_policy_age: Optional[int] = None
+        self,
+        current_version: Optional[int] = None,
+        max_policy_age: Optional[int] = None,
+        fenced: Optional[Callable[[str, int], bool]] = None,
     ) -> Backlog:
-        """What waits after the watermark (with a version and age: only what is selectable).
+        """What waits after the watermark (with a version and age: only what is selectable;
+        with ``fenced``, not the groups of fenced sampler incarnations).
 
         Cost: O(new index records + backlog), independent of the history.
         """
@@ -433,6 +437,8 @@ class FileSampleBuffer(BufferAppends, DurableSampleBuffer):
             if dup:
                 continue
             if gate and current_version - entry.min_version > max_policy_age:  # type: ignore[operator]
+                continue
+            if fenced is not None and fenced(entry.host, entry.incarnation):
                 continue
             groups += 1
             samples += entry.n_samples

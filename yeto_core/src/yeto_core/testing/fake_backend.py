@@ -195,11 +195,16 @@ class MemoryBuffer(DurableSampleBuffer):
         self._watermark = watermark
 
     def backlog(
-        self, current_version: Optional[int] = None, max_policy_age: Optional[int] = None
+        self,
+        current_version: Optional[int] = None,
+        max_policy_age: Optional[int] = None,
+        fenced: Optional[Callable[[str, int], bool]] = None,
     ) -> Backlog:
         waiting = self._entries[self._watermark :]
         if current_version is not None and max_policy_age is not None:
             waiting = [e for e in waiting if current_version - e.min_version <= max_policy_age]
+        if fenced is not None:
+            waiting = [e for e in waiting if not fenced(e.host, e.incarnation)]
         return Backlog(
             groups=len(waiting),
             samples=sum(e.n_samples for e in waiting),
