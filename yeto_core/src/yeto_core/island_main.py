@@ -31,6 +31,7 @@ from typing import Any, Optional
 from yeto_core.batch_reader import ReaderBatch
 from yeto_core.config import RunConfig
 from yeto_core.event_stream import EventStream
+from yeto_core.fences import StoreFences
 from yeto_core.island_env import (  # noqa: F401 (ENV_* re-exported: the old import path)
     ENV_CUT,
     ENV_INCARNATION,
@@ -208,8 +209,6 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         recorder["backend"] = rec
         return rec
 
-    from yeto_core.fences import StoreFences
-
     bridge = trainer_event_bridge(stream, recorder)
     driver = DriverLifecycle(
         factory,
@@ -341,8 +340,6 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
             lease_s=config.dispenser.lease_s,
             emit=on_event,
         )
-    from yeto_core.fences import StoreFences
-
     loop = SamplerLoop(
         buffer,
         engine,

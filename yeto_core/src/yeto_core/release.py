@@ -41,8 +41,8 @@ from yeto_core.release_delta import (
     DeltaError,
     apply_delta,
     build_delta,
-    weights_bytes,
 )
+from yeto_core.release_parent import DeltaParentKeeping
 
 _RELEASE_ID = re.compile(r"^(\d+)(?:-r(\d+))?$")
 
@@ -76,7 +76,7 @@ def _id_key(release_id: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2) or 0)
 
 
-class ReleaseStore:
+class ReleaseStore(DeltaParentKeeping):
     """Publish, find and fetch policy releases.
 
     :param store: the run's object store.
@@ -405,54 +405,6 @@ class ReleaseStore:
         self._event("release_published", rel, **self.last_publish)
         return rel
 
-    def _full_reason(
-        self, local_dir: str | os.PathLike[str], latest: Optional[Release]
-    ) -> Optional[str]:
-        """Why this publication is full (None: it can be a delta against the kept parent)."""
-        if self.deltas == "off":
-            return "deltas are off"
-        if self.codec is None:
-            return "no release codec is installed"
-        if self.deltas == "auto":
-            size = weights_bytes(local_dir)
-            if size < self.delta_min_bytes:
-                return f"weights are {size} bytes, under delta_min_bytes={self.delta_min_bytes}"
-        if self._parent is None:
-            return "no local copy of the previous release (first publication of this trainer)"
-        prel = self._parent[0]
-        if _stat_dir(self._parent[1]) != self._parent_stat:
-            return (
-                f"the kept copy of the previous export ({self._parent[1]}) changed since it was "
-                "published (was the export rewritten in place?)"
-            )
-        if latest is None or latest.release_id != prel.release_id:
-            return (
-                f"LATEST is {latest.release_id if latest else None!r}, not this trainer's "
-                f"previous release {prel.release_id!r}"
-            )
-        if int((prel.delta or {}).get("depth", 0)) + 1 >= self.full_every:
-            return f"full_every={self.full_every}: the chain since the last full release is full"
-        return None
-
-    def _keep_parent(self, local_dir: str | os.PathLike[str], rel: Release) -> None:
-        """Keep a copy of the export just published as the next delta's parent."""
-        if self.deltas == "off" or self.codec is None:
-            return
-        if self.deltas == "auto" and weights_bytes(local_dir) < self.delta_min_bytes:
-            return  # never a delta parent: the next release is full anyway
-        src = Path(local_dir)
-        keep = src.with_name(src.name + ".parent")
-        if keep.exists():
-            shutil.rmtree(keep)
-        # hard links where the file system allows (the export is not read or written again),
-        # else a copy; what each kept file looked like is recorded, and a kept copy that
-        # changed since (a caller rewriting its export in place) is never a delta's parent
-        shutil.copytree(src, keep, copy_function=_link_or_copy)
-        if self._parent is not None and self._parent[1] != keep:
-            shutil.rmtree(self._parent[1], ignore_errors=True)  # one parent copy at a time
-        self._parent = (rel, keep)
-        self._parent_stat = _stat_dir(keep)
-
     def _publisher_view(self, latest: Optional[Release]) -> tuple[list[str], int]:
         """(release ids, highest seq) for the next publication.
 
@@ -503,22 +455,6 @@ class ReleaseStore:
                 },
             )
         )
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:  # another device, no hard links on this file system
-        shutil.copy2(src, dst)
-
-
-def _stat_dir(d: Path) -> list[tuple[str, int, int, int]]:
-    out = []
-    for p in sorted(Path(d).rglob("*")):
-        if p.is_file():
-            st = p.stat()
-            out.append((p.relative_to(d).as_posix(), st.st_size, st.st_mtime_ns, st.st_ino))
-    return out
 
 
 def _size(rel: Release) -> int:
