@@ -105,7 +105,6 @@ examples: install vllm-venv
 	  tests/integration/test_vllm_example.py tests/sglang/test_example_learns.py \
 	  tests/modal/test_e2e_local.py tests/sky/test_e2e.py tests/nc/test_e2e_storm.py \
 	  tests/convert/test_convert_example.py tests/cost/test_quickstart_budget.py \
-	  "tests/torch/test_follow_and_learn.py::test_grpo_learns_sorting_from_the_warm_base" \
 	  "tests/ports/test_islands_need_only_the_store.py::test_the_full_quickstart_learns_through_the_tempdir_provider"
 
 clean:

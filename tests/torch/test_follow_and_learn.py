@@ -3,8 +3,6 @@ and the proof that the GRPO learns."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -55,11 +53,6 @@ def test_hf_sampler_follows_releases_and_refuses_a_corrupted_one(sort_base, tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    os.environ.get("YETO_SOAK") != "1",
-    reason="up to 260 GRPO rounds (about 2 min on 2 cores; the quickstart test shows learning "
-    "end to end in make test): YETO_SOAK=1 (make examples) runs it",
-)
 def test_grpo_learns_sorting_from_the_warm_base(sort_base, tmp_path):
     """16 prompts x G=8 at temperature 1, weights synced through real releases each round."""
     engine = HFEngine(str(sort_base), seed=11)
