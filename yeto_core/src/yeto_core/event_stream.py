@@ -122,8 +122,6 @@ class EventStream:
         self.background = background
         self._wake = threading.Event()
         self._flusher: Optional[threading.Thread] = None
-        #: the last background flush's error (None: it succeeded); retried by the next
-        self.background_error: Optional[BaseException] = None
 
     def emit(self, kind: str, **data: Any) -> Event:
         """Add an event; flush if the last flush is older than ``flush_s``."""
@@ -163,9 +161,8 @@ class EventStream:
             self._wake.clear()
             try:
                 self.flush()
-                self.background_error = None
-            except Exception as exc:  # the lines stay dirty: the next flush puts them all
-                self.background_error = exc
+            except Exception:  # the lines stay dirty: the next flush puts them all
+                pass
 
     def flush(self) -> None:
         """Write the new events (no-op when nothing changed): the whole stream, or an append."""

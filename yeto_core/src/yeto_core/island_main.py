@@ -364,7 +364,7 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         else None,
         latest_release=releases.seen,
         share_of=sum(s.count for s in config.samplers),
-        fenced=StoreFences(store) if scfg.fresh_only else None,
+        fenced=StoreFences(store),  # read only with fresh_only (no request before)
     )
     from yeto_core.sampler_drain import DEFAULT_DRAIN_BOUND_S, DrainGuard
 
