@@ -27,6 +27,24 @@ class LaggingFollower:
         yield self.engine.version
 
 
+def fresh_loop(buf, **options):
+    """A sampler loop on ``buf`` with ``fresh_only`` behind a lagging follower (one island
+    of two unless ``share_of`` says otherwise); ``options`` override the defaults."""
+    engine = WeightFileEngine()
+    kw = dict(
+        host="h",
+        incarnation=0,
+        group_size=2,
+        prompts_per_call=4,
+        sampling=SamplingParams(),
+        backlog_cap=64,
+        fresh_only=(3, 16),
+        share_of=2,
+    )
+    kw.update(options)
+    return SamplerLoop(buf, engine, DigitsTask(), LaggingFollower(engine), **kw)
+
+
 def simulate(fresh_only, *, rounds=60, age=1, per_round=4, per_call=3, load_every=3):
     """Two sampler islands woken together twice per trained round (both decide before
     either appends, as after one commit); each trained round's release is seen one step
@@ -98,20 +116,8 @@ def test_fresh_only_samples_no_group_the_gate_ages_out():
 
 def test_with_the_trainer_stopped_the_backlog_reaches_s1s_start_threshold():
     # R == v: the bound is (age + 1) x groups_per_round, S1's start threshold, exactly
-    buf, engine = MemoryBuffer(), WeightFileEngine()
-    loop = SamplerLoop(
-        buf,
-        engine,
-        DigitsTask(),
-        LaggingFollower(engine),
-        host="h",
-        incarnation=0,
-        group_size=2,
-        prompts_per_call=5,
-        backlog_cap=64,
-        fresh_only=(3, 16),
-        share_of=2,
-    )
+    buf = MemoryBuffer()
+    loop = fresh_loop(buf, prompts_per_call=5)
     for _ in range(40):
         if loop.claim_room()[0] <= 0:
             break
@@ -137,23 +143,11 @@ def test_seen_releases_remembers_the_newest_release_and_forwards_the_rest():
 
 
 def test_ample_room_spares_the_next_backlog_read_and_a_tight_one_does_not():
-    buf, engine = MemoryBuffer(), WeightFileEngine()
+    buf = MemoryBuffer()
     reads = []
     real = buf.backlog
     buf.backlog = lambda *a, **k: (reads.append(1), real(*a, **k))[1]
-    loop = SamplerLoop(
-        buf,
-        engine,
-        DigitsTask(),
-        LaggingFollower(engine),
-        host="h",
-        incarnation=0,
-        group_size=2,
-        prompts_per_call=4,
-        backlog_cap=64,
-        fresh_only=(3, 16),
-        share_of=2,
-    )
+    loop = fresh_loop(buf)
     calls = 0
     while loop.claim_room()[0] > 0:
         loop.run_round()
@@ -186,21 +180,9 @@ def test_groups_of_a_fenced_incarnation_do_not_fill_the_fresh_room():
         evicted.run_round()
     assert buf.backlog().groups == 12
 
-    def loop(fenced):
-        engine = WeightFileEngine()
-        return SamplerLoop(
-            buf,
-            engine,
-            DigitsTask(),
-            LaggingFollower(engine),
-            host="h0",
-            incarnation=4,
-            group_size=2,
-            prompts_per_call=4,
-            sampling=SamplingParams(),
-            backlog_cap=64,
-            fresh_only=(2, 4),  # (age + 1) x 4 = 12 groups of room
-            fenced=fenced,
+    def loop(fenced):  # (age + 1) x 4 = 12 groups of room
+        return fresh_loop(
+            buf, host="h0", incarnation=4, fresh_only=(2, 4), share_of=1, fenced=fenced
         )
 
     assert loop(None).claim_room()[0] == 0  # the evicted incarnation's groups count
