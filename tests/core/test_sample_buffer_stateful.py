@@ -5,7 +5,9 @@ Invariants checked against a model (the ordered, deduplicated group ids):
 - no position is consumed twice within a lineage (between resets);
 - the watermark only moves forward between resets;
 - a stale group is never returned as trainable, a trainable one is never too old;
-- a reopened buffer (a new process) sees the same head, watermark and backlog.
+- a reopened buffer (a new process) sees the same head, watermark and backlog;
+- group commits (``append_many``), also by a second appender with a stale view of the
+  index, keep all of the above (layout ``objects``: one index object per call).
 """
 
 from __future__ import annotations
@@ -39,9 +41,12 @@ class BufferMachine(RuleBasedStateMachine):
         self.versions: list[int] = []
         self.watermark = 0
         self.consumed_in_lineage: set[int] = set()
+        self.second: FileSampleBuffer | None = None  # another appender (append_many)
 
     def teardown(self) -> None:
         self.buf.close()
+        if self.second is not None:
+            self.second.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     @rule(n=st.integers(0, 12), version=st.integers(0, 6))
@@ -54,6 +59,25 @@ class BufferMachine(RuleBasedStateMachine):
             assert pos == len(self.ids)
             self.ids.append(gid)
             self.versions.append(version)
+
+    @rule(
+        ns=st.lists(st.integers(0, 12), max_size=5),
+        version=st.integers(0, 6),
+        second=st.booleans(),
+    )
+    def append_many(self, ns: list[int], version: int, second: bool) -> None:
+        """A sampler call (group commit), by this buffer or by a second appender whose
+        view of the index may be stale (another process on the same store)."""
+        if second and self.second is None:
+            self.second = FileSampleBuffer(self.store, layout=self.layout)
+        buf = self.second if second and self.second is not None else self.buf
+        positions = buf.append_many([_group(f"g{n}", version) for n in ns])
+        for n, pos in zip(ns, positions, strict=True):
+            gid = f"g{n}"
+            if gid not in self.ids:
+                self.ids.append(gid)
+                self.versions.append(version)
+            assert pos == self.ids.index(gid)
 
     @rule(max_groups=st.integers(0, 5), current=st.integers(0, 8), age=st.integers(0, 3))
     def select_and_commit(self, max_groups: int, current: int, age: int) -> None:

@@ -197,32 +197,48 @@ def test_a_sampler_call_s_payloads_go_with_overlapping_puts_records_in_order(tmp
     store.put_if_absent = put_if_absent  # type: ignore[method-assign]
     store.calls.clear()
     assert buf.append_many([group(i) for i in range(8)]) == list(range(8))
-    assert store.calls["put_if_absent"] == 16  # 8 payloads + 8 records, nothing more
+    assert store.calls["put_if_absent"] == 9  # 8 payloads + 1 index object, nothing more
+    assert list(store.list("buffer/index/")) == ["buffer/index/000000000000.json"]
     store.put_if_absent = real  # type: ignore[method-assign]
     assert buf.append_many([group(i) for i in range(10)]) == list(range(10))  # dedup
     reader = FileSampleBuffer(store, layout="objects", read_only=True)
     assert [e.group_id for e in reader.entries()] == [f"g{i}" for i in range(10)]
 
 
-def test_a_crash_between_payloads_and_records_leaves_a_prefix_then_dedups(tmp_path):
-    store = RemoteDir(tmp_path / "s")
-    buf = FileSampleBuffer(store, layout="objects")
+def _crash_at_index_put(store: RemoteDir, after: int):
+    """Make the store's index ``put_if_absent`` calls fail after ``after`` of them."""
     real = store.put_if_absent
-    made = []
+    made: list[str] = []
 
     def put_if_absent(key: str, data: bytes) -> bool:
-        if key.startswith("buffer/index/") and len(made) == 3:
+        if key.startswith("buffer/index/") and len(made) == after:
             raise OSError(5, "the sampler died here")
         if key.startswith("buffer/index/"):
             made.append(key)
         return real(key, data)
 
     store.put_if_absent = put_if_absent  # type: ignore[method-assign]
+    return real
+
+
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_a_crash_between_payloads_and_records_leaves_whole_objects_then_dedups(
+    tmp_path, monkeypatch, chunk
+):
+    """A call's records are one index object (``chunk``: objects of 3 records): a crash
+    before or between its index puts leaves whole objects, in order; the restarted
+    sampler's same call appends the rest once."""
+    if chunk is not None:
+        monkeypatch.setattr("yeto_core.sample_buffer.append.OBJECTS_BATCH_RECORDS", chunk)
+    store = RemoteDir(tmp_path / "s")
+    buf = FileSampleBuffer(store, layout="objects")
+    real = _crash_at_index_put(store, after=0 if chunk is None else 1)
     with pytest.raises(OSError):
         buf.append_many([group(i) for i in range(8)])
     store.put_if_absent = real  # type: ignore[method-assign]
     reader = FileSampleBuffer(store, layout="objects", read_only=True)
-    assert [e.group_id for e in reader.entries()] == ["g0", "g1", "g2"]  # a prefix
+    seen = [e.group_id for e in reader.entries()]
+    assert seen == ([] if chunk is None else ["g0", "g1", "g2"])  # whole objects only
     again = FileSampleBuffer(store, layout="objects")  # the restarted sampler
     assert again.append_many([group(i) for i in range(8)]) == list(range(8))
     entries = FileSampleBuffer(store, layout="objects", read_only=True).entries()

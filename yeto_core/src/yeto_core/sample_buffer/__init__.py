@@ -12,7 +12,8 @@ Store layout under ``prefix`` (default ``buffer``)::
                                     back to back (each record: offset, length, digest)
     index.jsonl                     layout "jsonl": one line per group (and the merged
                                     index of layout "shards")
-    index/<position:012d>.json      layout "objects": one object per group
+    index/<position:012d>.json      layout "objects": the records of one append or one
+                                    append_many call (positions position..position+n-1)
     shards/<host>/index.jsonl       layout "shards": one index per appender host
     consumed.json                   the consumed watermark and stale/duplicate counters
     DATA_END                        written by mark_data_end()
@@ -41,12 +42,13 @@ never parsed into an entry.
   position is the line number: positions are dense. Readers never take the
   lock; an unterminated or failing last line is simply not visible yet. A bad
   line followed by good lines is corruption, not a crash, and raises.
-- ``objects`` (object stores): position ``p`` is the key
-  ``index/<p:012d>.json`` created with ``put_if_absent``, carrying the full
-  record, so a taken position always holds a complete record. An appender
-  tries ``p`` only after seeing ``p-1`` taken (listing, or losing the race for
-  it), so positions are dense; the loser of a race lists after its key and
-  retries at the next free position.
+- ``objects`` (object stores): the key ``index/<p:012d>.json``, created with
+  ``put_if_absent``, holds the full records of positions ``p .. p+n-1`` (one
+  checked line each; ``n`` is 1 for ``append``, a call's groups for
+  ``append_many``), so a taken position always holds a complete record. An
+  appender tries ``p`` only at the end of an object it has read (listing, or
+  losing the race for it and reading the newest object), so positions are
+  dense and no object starts inside another; see :mod:`.objects_index`.
 - ``shards`` (a shared POSIX mount written from several hosts): each host
   appends to its own ``shards/<host>/index.jsonl`` (as ``jsonl``; ``append``
   returns the shard sequence number). The head (opened with ``merger=True``)

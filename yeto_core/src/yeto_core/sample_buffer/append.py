@@ -20,6 +20,9 @@ from yeto_core.sample_buffer.codec import check_group_id
 from yeto_core.stage_profile import stage
 from yeto_core.stores.parallel import is_remote, map_all
 
+OBJECTS_BATCH_RECORDS = 256
+"""Layout ``objects``: the most records ``append_many`` puts in one index object."""
+
 
 def _serialized(method: Callable[..., Any]) -> Callable[..., Any]:
     """Run ``method`` holding the buffer's lock (its index cursor and head move together)."""
@@ -90,8 +93,9 @@ class BufferAppends:
         pack, its group's ``offset``/``length`` in it and the digest of those bytes, so
         a batch costs one payload sync, one directory sync and one index sync. Layout
         ``objects`` writes one payload object per group first (overlapping puts on a
-        remote store), then the records one object each, in order (a crash leaves a
-        prefix); ``shards`` appends the groups one at a time.
+        remote store), then the batch's records as one index object (up to
+        :data:`OBJECTS_BATCH_RECORDS` records each; a crash leaves whole objects, in
+        order); ``shards`` appends the groups one at a time.
         """
         if self.read_only:
             raise SampleBufferError("this buffer was opened read-only; open it without read_only")
@@ -144,12 +148,17 @@ class BufferAppends:
                 out[slot] = pos
         elif items:
             assert self._objects is not None
-            # one object per record, in order: a crash leaves a prefix of the batch
-            for (gid, make), slot in zip(items, slots, strict=True):
+            # one index object per chunk of records (one put_if_absent for a sampler
+            # call): a crash leaves whole chunks, in order
+            for lo in range(0, len(items), OBJECTS_BATCH_RECORDS):
+                chunk = items[lo : lo + OBJECTS_BATCH_RECORDS]
                 with stage("buffer.index_append"):
-                    pos, _rec = self._objects.append(make)
-                self._appended[gid] = pos
-                out[slot] = pos
+                    placed = self._objects.append_many([make for _, make in chunk])
+                for (gid, _make), slot, (pos, _rec) in zip(
+                    chunk, slots[lo : lo + OBJECTS_BATCH_RECORDS], placed, strict=True
+                ):
+                    self._appended[gid] = pos
+                    out[slot] = pos
         for i, g in enumerate(groups):
             if out[i] is None:
                 out[i] = out[first[g.group_id]]
