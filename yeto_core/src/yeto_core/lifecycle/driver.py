@@ -334,6 +334,8 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         if len(batch.groups) < self.groups_per_round and not self.partial_last_round:
             reader.reset()  # a short round at the data end: hold; the buffer re-offers it
             return False
+        # the next round's payloads are read while this one trains (remote stores)
+        self.buffer.prefetch(batch.watermark, self.groups_per_round)
         with stage("trainer.train"):
             metrics = self.backend.train_round(batch)
         if float(metrics.get("nonfinite", 0.0)) > 0:

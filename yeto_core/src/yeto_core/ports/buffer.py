@@ -167,6 +167,14 @@ class DurableSampleBuffer(Port):
         """
         return None
 
+    def prefetch(self, start: int, n: int) -> None:
+        """A hint, in the background: the next reads will load up to ``n`` groups from
+        position ``start`` on (the trainer gives it the next round's positions while it
+        trains). It returns at once and changes nothing a reader sees: a later ``load``
+        or ``load_many`` may answer from what it read, checked as always. Default:
+        nothing. The ``file`` buffer reads ahead on a remote store only.
+        """
+
     @abc.abstractmethod
     def select(self, spec: RoundSpec) -> BufferRound:
         """Take up to ``spec.max_groups`` whole groups from the watermark on, in position order.

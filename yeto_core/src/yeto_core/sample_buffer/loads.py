@@ -3,22 +3,79 @@
 
 ``load`` and ``load_many`` read a group's payload object (a pack: the group's slice),
 check it against the digest its index record took at append and decode it.
+``prefetch`` reads the next round's payload objects ahead, on a thread, on a remote
+store: a later load takes those bytes instead of a round trip, and checks them alike.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Optional
 
 from yeto_core.errors import NotFoundError, SampleBufferError
 from yeto_core.group_codec import decode_group
-from yeto_core.records import GroupEntry, SampleGroup
+from yeto_core.records import CORRUPT_INDEX_HOST, GroupEntry, SampleGroup
 from yeto_core.sample_buffer.append import _digest
-from yeto_core.stage_profile import stage
+from yeto_core.stage_profile import PROFILE, stage
 from yeto_core.stores.parallel import is_remote, overlapped
 
 
 class BufferLoads:
-    """Reading groups from the buffer (the mixin's host holds the store)."""
+    """Reading groups from the buffer (the mixin's host holds the store, the lock and
+    the reader state ``_pending``)."""
+
+    _ahead: Optional[dict[str, bytes]] = None  # payload key -> bytes read ahead
+    _ahead_thread: Optional[threading.Thread] = None
+    _ahead_keys: frozenset[str] = frozenset()  # the keys the running thread reads
+    #: guards ``_ahead`` (not the buffer's lock: loads run on worker threads, and the
+    #: buffer's lock may be held by the thread waiting for them)
+    _ahead_lock = threading.Lock()
+
+    def prefetch(self, start: int, n: int) -> None:
+        """Read ahead the payloads of the first ``n`` waiting groups from ``start`` on
+        (the index records already read; a remote store only), on one thread; returns
+        at once. A read-ahead still running makes this a no-op; else what the last one
+        read and no load took is dropped (so at most one round's payloads are kept)."""
+        if n <= 0 or not is_remote(self.store):
+            return
+        running = self._ahead_thread
+        if running is not None and running.is_alive():
+            return
+        with self._lock, self._ahead_lock:
+            self._ahead = {}
+            keys: list[str] = []
+            for entry, dup in self._pending:
+                if len(keys) >= n:
+                    break
+                if entry.position < start or dup or entry.host == CORRUPT_INDEX_HOST:
+                    continue
+                if entry.payload and entry.payload not in keys:
+                    keys.append(entry.payload)
+        if not keys:
+            return
+        self._ahead_keys = frozenset(keys)
+        thread = threading.Thread(
+            target=self._read_ahead, args=(keys,), name="yeto-buffer-prefetch", daemon=True
+        )
+        self._ahead_thread = thread
+        thread.start()
+
+    def _read_ahead(self, keys: list[str]) -> None:
+        got = overlapped(self.store, self.store.get, keys)
+        with self._ahead_lock:
+            ahead = self._ahead if self._ahead is not None else {}
+            for key, (data, exc) in zip(keys, got, strict=True):
+                if exc is None and isinstance(data, bytes):
+                    ahead[key] = data  # a failed read is read again by the load itself
+            self._ahead = ahead
+
+    def _wait_ahead(self, keys: Any) -> None:
+        """Wait for a running read-ahead that reads any of ``keys`` (it started before:
+        it answers sooner than a new round trip would)."""
+        thread = self._ahead_thread
+        if thread is not None and thread.is_alive() and not self._ahead_keys.isdisjoint(keys):
+            with stage("buffer.prefetch_wait"):
+                thread.join()
 
     def load_many(self, entries: Any) -> Any:
         """The groups of ``entries`` read at once: each payload object is read once (the
@@ -27,6 +84,7 @@ class BufferLoads:
         threads at once). None on a local store when no entry is packed (each group is
         then loaded when it is admitted)."""
         entries = list(entries)
+        self._wait_ahead({e.payload for e in entries})
         packed = any(e.length >= 0 for e in entries)
         if not packed:
             if not is_remote(self.store):
@@ -51,6 +109,13 @@ class BufferLoads:
         return self._group_of(entry, self._fetch(entry.payload, entry))
 
     def _fetch(self, key: str, entry: Optional[GroupEntry] = None) -> bytes:
+        ahead = self._ahead
+        if ahead:
+            with self._ahead_lock:
+                data = ahead.pop(key, None)
+            if data is not None:
+                PROFILE.count("buffer.prefetch_hit")
+                return data
         try:
             with stage("buffer.load_get"):
                 return self.store.get(key)

@@ -1,0 +1,124 @@
+"""The trainer reads the next round's payloads while it trains (``prefetch``, remote stores).
+
+A store that looks remote records the keys it is asked for: after ``prefetch`` of the
+next round's positions, taking that round reads no payload, and the bytes read ahead
+are checked as a load checks them (a damaged payload is still refused). Counts, never
+timings.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+from yeto_core.batch_reader import BatchReader
+from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.stores.dir_store import DirStore
+from yeto_core.testing.fakes import Clock
+from yeto_core.testing.groups import build_group
+
+G = 4
+
+
+class Remote(DirStore):
+    """A dir store seen as remote (no local files), recording the keys it reads."""
+
+    def __init__(self, root: Path, *, remote: bool = True) -> None:
+        super().__init__(root, fsync=False)
+        self.remote = remote
+        self.got: list[str] = []
+        self._lock = threading.Lock()
+
+    def local_root(self) -> Optional[Path]:
+        return None if self.remote else super().local_root()
+
+    def watch(self, prefix: str) -> Any:
+        from yeto_core.ports.store import SleepWatch
+
+        return SleepWatch()
+
+    def get(self, key: str) -> bytes:
+        with self._lock:
+            self.got.append(key)
+        return super().get(key)
+
+    def payload_gets(self) -> list[str]:
+        with self._lock:
+            return [k for k in self.got if k.startswith("buffer/groups/")]
+
+
+def _setup(tmp_path, *, remote: bool = True, n: int = 24):
+    store = Remote(tmp_path / "s", remote=remote)
+    writer = FileSampleBuffer(store, layout="objects")
+    writer.append_many([build_group(f"g{i}", n=G, host="h", prompt_id=f"p{i}") for i in range(n)])
+    buf = FileSampleBuffer(store, layout="objects")
+    clock = Clock()
+    reader = BatchReader(
+        buf,
+        group_size=G,
+        groups_per_round=8,
+        max_policy_age=4,
+        wait_s=10.0,
+        poll_s=1.0,
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    return store, buf, reader
+
+
+def _join(buf: FileSampleBuffer) -> None:
+    thread = buf._ahead_thread
+    assert thread is not None, "prefetch started no read-ahead"
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
+def test_the_next_round_s_payloads_are_read_while_this_one_trains(tmp_path):
+    store, buf, reader = _setup(tmp_path)
+    first = reader.try_take(0)
+    assert first is not None and first.watermark == 8
+    buf.prefetch(first.watermark, 8)  # what the trainer does before it trains `first`
+    _join(buf)
+    assert sorted(store.payload_gets()[-8:]) == sorted(
+        buf.payload_key(f"g{i}") for i in range(8, 16)
+    )
+    reader.commit(first)
+    store.got.clear()
+    second = reader.try_take(1)
+    assert second is not None
+    assert [g.group_id for g in second.groups] == [f"g{i}" for i in range(8, 16)]
+    assert store.payload_gets() == []  # every payload came from the read-ahead
+    reader.commit(second)
+    third = reader.try_take(2)  # nothing read ahead: read as before
+    assert third is not None and [g.group_id for g in third.groups] == [
+        f"g{i}" for i in range(16, 24)
+    ]
+    assert len(store.payload_gets()) == 8
+
+
+def test_a_payload_damaged_before_it_was_read_ahead_is_still_refused(tmp_path):
+    store, buf, reader = _setup(tmp_path)
+    key = buf.payload_key("g9")
+    raw = bytearray(store.get(key))
+    raw[-1] ^= 0x01
+    store.put(key, bytes(raw))
+    first = reader.try_take(0)
+    assert first is not None
+    buf.prefetch(first.watermark, 8)
+    _join(buf)
+    reader.commit(first)
+    second = reader.try_take(1, short_ok=True)
+    assert second is not None
+    assert 9 not in second.positions
+    assert list(second.skipped["unconvertible"]) == [9]  # checked against its digest
+
+
+def test_on_a_local_store_nothing_is_read_ahead(tmp_path):
+    store, buf, reader = _setup(tmp_path, remote=False)
+    first = reader.try_take(0)
+    assert first is not None
+    before = len(store.payload_gets())
+    buf.prefetch(first.watermark, 8)
+    assert buf._ahead_thread is None
+    assert len(store.payload_gets()) == before
