@@ -72,15 +72,18 @@ def encode_group(group: SampleGroup) -> bytes:
         raise SampleBufferError(f"group {group.group_id!r} has no samples; append whole groups")
     for i, s in enumerate(samples):
         _check_sample(group.group_id, i, s)
-    lens = np.fromiter((len(s.tokens) for s in samples), dtype=np.int64, count=len(samples))
-    offsets = np.zeros(len(samples) + 1, dtype=np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    arrays = {
-        "tokens": np.concatenate([np.asarray(s.tokens, dtype=np.int32) for s in samples]),
+    n = len(samples)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    offsets[1:] = [len(s.tokens) for s in samples]
+    np.cumsum(offsets, out=offsets)
+    # Per-sample arrays are not concatenated: their bytes are joined into the file
+    # once (see _safetensors_bytes), in sample order, which is the concatenation.
+    arrays: dict[str, Any] = {
+        "tokens": [np.asarray(s.tokens, dtype=np.int32) for s in samples],
         "token_offsets": offsets,
         "prompt_lens": np.array([s.prompt_len for s in samples], dtype=np.int64),
-        "logprobs": np.concatenate([np.asarray(s.logprobs, dtype=np.float32) for s in samples]),
-        "loss_mask": np.concatenate([np.asarray(s.loss_mask, dtype=np.uint8) for s in samples]),
+        "logprobs": [np.asarray(s.logprobs, dtype=np.float32) for s in samples],
+        "loss_mask": [np.asarray(s.loss_mask, dtype=np.uint8) for s in samples],
         "rewards": np.array([float(s.reward) for s in samples], dtype=np.float64),
         "weight_versions": np.array([s.weight_version for s in samples], dtype=np.int64),
         "status": np.array([_STATUS_INDEX[SampleStatus(s.status)] for s in samples], np.uint8),
@@ -111,7 +114,7 @@ def encode_group(group: SampleGroup) -> bytes:
         r_off = np.zeros(len(samples) + 1, dtype=np.int64)
         np.cumsum(rows, out=r_off[1:])
         parts = [np.asarray(r, dtype=np.int32).reshape(-1) for r in routed if r is not None]
-        arrays["routed_experts"] = np.concatenate(parts)
+        arrays["routed_experts"] = parts
         arrays["routed_offsets"] = r_off
         metadata["routed_shape"] = f"{layers},{top_k}"
         metadata["routed_present"] = "".join("0" if r is None else "1" for r in routed)
@@ -126,33 +129,55 @@ _ST_DTYPES = {
     np.dtype(np.uint8): "U8",
 }
 
+#: the header's JSON (sorted keys, compact), one encoder for every payload
+_HEADER_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 
-def _safetensors_bytes(arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
+
+def _tensor(value: Any) -> tuple[np.dtype, list[int], list[Any]]:
+    """``(dtype, shape, buffers)`` of one tensor: an array, or a list of 1-D arrays of one
+    dtype that the file holds back to back (their concatenation, without making it)."""
+    if isinstance(value, np.ndarray):
+        parts = [value]
+    elif all(p.ndim == 1 for p in value):
+        dtype = value[0].dtype
+        parts = [np.ascontiguousarray(p) for p in value]
+        if sys.byteorder != "little":  # pragma: no cover - every supported host is little-endian
+            parts = [p.astype(dtype.newbyteorder("<")) for p in parts]
+        return dtype, [sum(len(p) for p in parts)], parts
+    else:  # not flat: what np.concatenate makes of it (the writer's shape rules)
+        parts = [np.concatenate(value)]
+    a = np.ascontiguousarray(parts[0])
+    if sys.byteorder != "little":  # pragma: no cover - every supported host is little-endian
+        a = a.astype(a.dtype.newbyteorder("<"))
+    return a.dtype, list(a.shape), [a.reshape(-1).view(np.uint8)]
+
+
+def _safetensors_bytes(arrays: dict[str, Any], metadata: dict[str, str]) -> bytes:
     """The safetensors file of ``arrays`` (C order, little-endian) and string ``metadata``.
 
-    Deterministic (sorted header keys; tensors by alignment, then name, as the
-    safetensors writer orders them) and one copy of the array bytes: the header is
-    an 8-byte little-endian length, the JSON header padded with spaces to a multiple
-    of 8, then the tensors back to back.
+    Each value is an array or a list of 1-D arrays of one dtype (a tensor that is
+    their concatenation). Deterministic (sorted header keys; tensors by alignment,
+    then name, as the safetensors writer orders them) and one copy of the array
+    bytes: the header is an 8-byte little-endian length, the JSON header padded
+    with spaces to a multiple of 8, then the tensors back to back.
     """
     header: dict[str, Any] = {"__metadata__": metadata}
-    parts: list[Any] = []
+    tensors = {name: _tensor(v) for name, v in arrays.items()}
+    buffers: list[Any] = []
     offset = 0
-    for name in sorted(arrays, key=lambda n: (-arrays[n].dtype.itemsize, n)):
-        a = np.ascontiguousarray(arrays[name])
-        if sys.byteorder != "little":  # pragma: no cover - every supported host is little-endian
-            a = a.astype(a.dtype.newbyteorder("<"))
-        n = a.nbytes
+    for name in sorted(tensors, key=lambda n: (-tensors[n][0].itemsize, n)):
+        dtype, shape, parts = tensors[name]
+        n = sum(p.nbytes for p in parts)
         header[name] = {
-            "dtype": _ST_DTYPES[a.dtype],
-            "shape": list(a.shape),
+            "dtype": _ST_DTYPES[dtype],
+            "shape": shape,
             "data_offsets": [offset, offset + n],
         }
-        parts.append(a.reshape(-1).view(np.uint8).data)
+        buffers.extend(parts)
         offset += n
-    head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    head = _HEADER_JSON.encode(header).encode()
     head += b" " * (-len(head) % 8)
-    return b"".join([struct.pack("<Q", len(head)), head, *parts])
+    return b"".join([struct.pack("<Q", len(head)), head, *buffers])
 
 
 def _metadata(data: bytes) -> dict[str, str]:
