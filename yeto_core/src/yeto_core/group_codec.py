@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
+from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
 
 import numpy as np
@@ -75,7 +76,7 @@ def encode_group(group: SampleGroup) -> bytes:
     n = len(samples)
     offsets = np.zeros(n + 1, dtype=np.int64)
     offsets[1:] = [len(s.tokens) for s in samples]
-    np.cumsum(offsets, out=offsets)
+    offsets.cumsum(out=offsets)
     # Per-sample arrays are not concatenated: their bytes are joined into the file
     # once (see _safetensors_bytes), in sample order, which is the concatenation.
     arrays: dict[str, Any] = {
@@ -129,27 +130,39 @@ _ST_DTYPES = {
     np.dtype(np.uint8): "U8",
 }
 
-#: the header's JSON (sorted keys, compact), one encoder for every payload
-_HEADER_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
-
 
 def _tensor(value: Any) -> tuple[np.dtype, list[int], list[Any]]:
     """``(dtype, shape, buffers)`` of one tensor: an array, or a list of 1-D arrays of one
     dtype that the file holds back to back (their concatenation, without making it)."""
-    if isinstance(value, np.ndarray):
-        parts = [value]
-    elif all(p.ndim == 1 for p in value):
-        dtype = value[0].dtype
+    if isinstance(value, list):
         parts = [np.ascontiguousarray(p) for p in value]
         if sys.byteorder != "little":  # pragma: no cover - every supported host is little-endian
-            parts = [p.astype(dtype.newbyteorder("<")) for p in parts]
-        return dtype, [sum(len(p) for p in parts)], parts
-    else:  # not flat: what np.concatenate makes of it (the writer's shape rules)
-        parts = [np.concatenate(value)]
-    a = np.ascontiguousarray(parts[0])
+            parts = [p.astype(p.dtype.newbyteorder("<")) for p in parts]
+        if all(p.ndim == 1 for p in parts):
+            return parts[0].dtype, [sum(map(len, parts))], parts
+        value = np.concatenate(value)  # not flat: what np.concatenate makes of it
+    a = np.ascontiguousarray(value)
     if sys.byteorder != "little":  # pragma: no cover - every supported host is little-endian
         a = a.astype(a.dtype.newbyteorder("<"))
     return a.dtype, list(a.shape), [a.reshape(-1).view(np.uint8)]
+
+
+def _header_json(
+    metadata: dict[str, str], entries: list[tuple[str, str, list[int], int, int]]
+) -> str:
+    """``json.dumps(header, sort_keys=True, separators=(",", ":"))`` of the safetensors
+    header, written out directly (the header of every payload; ``entries`` are
+    ``(name, dtype, shape, start, end)`` with plain lowercase names)."""
+    out = ['{"__metadata__":{']
+    out.append(",".join([f"{_json_str(k)}:{_json_str(metadata[k])}" for k in sorted(metadata)]))
+    out.append("}")
+    for name, dtype, shape, start, end in sorted(entries):
+        dims = ",".join(map(str, shape))
+        out.append(
+            f',"{name}":{{"data_offsets":[{start},{end}],"dtype":"{dtype}","shape":[{dims}]}}'
+        )
+    out.append("}")
+    return "".join(out)
 
 
 def _safetensors_bytes(arrays: dict[str, Any], metadata: dict[str, str]) -> bytes:
@@ -161,21 +174,17 @@ def _safetensors_bytes(arrays: dict[str, Any], metadata: dict[str, str]) -> byte
     bytes: the header is an 8-byte little-endian length, the JSON header padded
     with spaces to a multiple of 8, then the tensors back to back.
     """
-    header: dict[str, Any] = {"__metadata__": metadata}
-    tensors = {name: _tensor(v) for name, v in arrays.items()}
+    tensors = [(-t[0].itemsize, name, t) for name, v in arrays.items() for t in (_tensor(v),)]
+    tensors.sort(key=lambda e: e[:2])
     buffers: list[Any] = []
+    entries = []
     offset = 0
-    for name in sorted(tensors, key=lambda n: (-tensors[n][0].itemsize, n)):
-        dtype, shape, parts = tensors[name]
-        n = sum(p.nbytes for p in parts)
-        header[name] = {
-            "dtype": _ST_DTYPES[dtype],
-            "shape": shape,
-            "data_offsets": [offset, offset + n],
-        }
+    for _, name, (dtype, shape, parts) in tensors:
+        n = sum([p.nbytes for p in parts])
+        entries.append((name, _ST_DTYPES[dtype], shape, offset, offset + n))
         buffers.extend(parts)
         offset += n
-    head = _HEADER_JSON.encode(header).encode()
+    head = _header_json(metadata, entries).encode()
     head += b" " * (-len(head) % 8)
     return b"".join([struct.pack("<Q", len(head)), head, *buffers])
 
