@@ -80,11 +80,11 @@ def encode_group(group: SampleGroup) -> bytes:
     # Per-sample arrays are not concatenated: their bytes are joined into the file
     # once (see _safetensors_bytes), in sample order, which is the concatenation.
     arrays: dict[str, Any] = {
-        "tokens": [np.asarray(s.tokens, dtype=np.int32) for s in samples],
+        "tokens": [np.ascontiguousarray(s.tokens, dtype=np.int32) for s in samples],
         "token_offsets": offsets,
         "prompt_lens": np.array([s.prompt_len for s in samples], dtype=np.int64),
-        "logprobs": [np.asarray(s.logprobs, dtype=np.float32) for s in samples],
-        "loss_mask": [np.asarray(s.loss_mask, dtype=np.uint8) for s in samples],
+        "logprobs": [np.ascontiguousarray(s.logprobs, dtype=np.float32) for s in samples],
+        "loss_mask": [np.ascontiguousarray(s.loss_mask, dtype=np.uint8) for s in samples],
         "rewards": np.array([float(s.reward) for s in samples], dtype=np.float64),
         "weight_versions": np.array([s.weight_version for s in samples], dtype=np.int64),
         "status": np.array([_STATUS_INDEX[SampleStatus(s.status)] for s in samples], np.uint8),
@@ -114,7 +114,9 @@ def encode_group(group: SampleGroup) -> bytes:
         rows = [0 if r is None else int(np.shape(r)[0]) for r in routed]
         r_off = np.zeros(len(samples) + 1, dtype=np.int64)
         np.cumsum(rows, out=r_off[1:])
-        parts = [np.asarray(r, dtype=np.int32).reshape(-1) for r in routed if r is not None]
+        parts = [
+            np.ascontiguousarray(r, dtype=np.int32).reshape(-1) for r in routed if r is not None
+        ]
         arrays["routed_experts"] = parts
         arrays["routed_offsets"] = r_off
         metadata["routed_shape"] = f"{layers},{top_k}"
@@ -132,19 +134,19 @@ _ST_DTYPES = {
 
 
 def _tensor(value: Any) -> tuple[np.dtype, list[int], list[Any]]:
-    """``(dtype, shape, buffers)`` of one tensor: an array, or a list of 1-D arrays of one
-    dtype that the file holds back to back (their concatenation, without making it)."""
+    """``(dtype, shape, buffers)`` of one tensor: an array, or a list of C-contiguous arrays
+    of one dtype that the file holds back to back (their concatenation, without making
+    it; C-contiguous arrays are bytes-like in C order)."""
     if isinstance(value, list):
-        parts = [np.ascontiguousarray(p) for p in value]
         if sys.byteorder != "little":  # pragma: no cover - every supported host is little-endian
-            parts = [p.astype(p.dtype.newbyteorder("<")) for p in parts]
-        if all(p.ndim == 1 for p in parts):
-            return parts[0].dtype, [sum(map(len, parts))], parts
+            value = [p.astype(p.dtype.newbyteorder("<")) for p in value]
+        if all(p.ndim == 1 for p in value):
+            return value[0].dtype, [sum(map(len, value))], value
         value = np.concatenate(value)  # not flat: what np.concatenate makes of it
     a = np.ascontiguousarray(value)
     if sys.byteorder != "little":  # pragma: no cover - every supported host is little-endian
         a = a.astype(a.dtype.newbyteorder("<"))
-    return a.dtype, list(a.shape), [a.reshape(-1).view(np.uint8)]
+    return a.dtype, list(a.shape), [a]
 
 
 def _header_json(
