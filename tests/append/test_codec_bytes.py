@@ -4,6 +4,7 @@ bytes (the on-disk format, and a batch appended again after a crash names the sa
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 
 import numpy as np
@@ -136,3 +137,28 @@ def test_encode_record_writes_the_pinned_line():
 def test_encode_record_refuses_nan():
     with pytest.raises(ValueError):
         encode_record({**RECORD, "appended_at": math.nan})
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"flag": True, "none": None},
+        {"nested": {"b": 1, "a": [1.5, "x"]}},
+        {"big": 2**70, "neg": -3, "tiny": 1e-300, "e": 1e22, "zero": -0.0},
+        {"text": 'tab\t, quote", slash\\ , nul\x00, emoji \U0001f600, \u2028'},
+        {"en": __import__("enum").IntEnum("E", "A")(1)},
+    ],
+)
+def test_encode_record_matches_the_canonical_json_of_any_record(extra):
+    rec = {**RECORD, **extra}
+    body = json.dumps(rec, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    line = encode_record(rec)
+    assert line[: len(body) - 1] == body[:-1]
+    assert line[len(body) - 1 :].startswith(b',"crc":"')
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+def test_encode_record_refuses_non_finite_floats(bad):
+    with pytest.raises(ValueError):
+        encode_record({**RECORD, "x": bad})
