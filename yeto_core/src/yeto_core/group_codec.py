@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
+from itertools import accumulate
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
 
@@ -73,21 +74,22 @@ def encode_group(group: SampleGroup) -> bytes:
         raise SampleBufferError(f"group {group.group_id!r} has no samples; append whole groups")
     for i, s in enumerate(samples):
         _check_sample(group.group_id, i, s)
-    n = len(samples)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    offsets[1:] = [len(s.tokens) for s in samples]
-    offsets.cumsum(out=offsets)
     # Per-sample arrays are not concatenated: their bytes are joined into the file
-    # once (see _safetensors_bytes), in sample order, which is the concatenation.
+    # once (see _safetensors_bytes), in sample order, which is the concatenation; the
+    # per-sample scalars are packed straight into little-endian bytes.
     arrays: dict[str, Any] = {
         "tokens": [np.ascontiguousarray(s.tokens, dtype=np.int32) for s in samples],
-        "token_offsets": offsets,
-        "prompt_lens": np.array([s.prompt_len for s in samples], dtype=np.int64),
+        "token_offsets": _i64(accumulate([len(s.tokens) for s in samples], initial=0)),
+        "prompt_lens": _i64([s.prompt_len for s in samples]),
         "logprobs": [np.ascontiguousarray(s.logprobs, dtype=np.float32) for s in samples],
         "loss_mask": [np.ascontiguousarray(s.loss_mask, dtype=np.uint8) for s in samples],
-        "rewards": np.array([float(s.reward) for s in samples], dtype=np.float64),
-        "weight_versions": np.array([s.weight_version for s in samples], dtype=np.int64),
-        "status": np.array([_STATUS_INDEX[SampleStatus(s.status)] for s in samples], np.uint8),
+        "rewards": _f64([s.reward for s in samples]),
+        "weight_versions": _i64([s.weight_version for s in samples]),
+        "status": (
+            _U8,
+            [len(samples)],
+            [bytes([_STATUS_INDEX[SampleStatus(s.status)] for s in samples])],
+        ),
     }
     metadata = {
         "format": FORMAT,
@@ -112,8 +114,7 @@ def encode_group(group: SampleGroup) -> bytes:
             )
         layers, top_k = next(iter(shapes))
         rows = [0 if r is None else int(np.shape(r)[0]) for r in routed]
-        r_off = np.zeros(len(samples) + 1, dtype=np.int64)
-        np.cumsum(rows, out=r_off[1:])
+        r_off = _i64(accumulate(rows, initial=0))
         parts = [
             np.ascontiguousarray(r, dtype=np.int32).reshape(-1) for r in routed if r is not None
         ]
@@ -133,10 +134,27 @@ _ST_DTYPES = {
 }
 
 
+_I64, _F64, _U8 = np.dtype(np.int64), np.dtype(np.float64), np.dtype(np.uint8)
+
+
+def _i64(values: Any) -> tuple[np.dtype, list[int], list[bytes]]:
+    """A 1-D int64 tensor of a few Python numbers, packed little-endian (what
+    ``np.array(values, dtype=np.int64)`` holds)."""
+    ints = [int(v) for v in values]
+    return _I64, [len(ints)], [struct.pack(f"<{len(ints)}q", *ints)]
+
+
+def _f64(values: Any) -> tuple[np.dtype, list[int], list[bytes]]:
+    floats = [float(v) for v in values]
+    return _F64, [len(floats)], [struct.pack(f"<{len(floats)}d", *floats)]
+
+
 def _tensor(value: Any) -> tuple[np.dtype, list[int], list[Any]]:
-    """``(dtype, shape, buffers)`` of one tensor: an array, or a list of C-contiguous arrays
+    """``(dtype, shape, buffers)`` of one tensor: an array, a list of C-contiguous arrays
     of one dtype that the file holds back to back (their concatenation, without making
-    it; C-contiguous arrays are bytes-like in C order)."""
+    it; C-contiguous arrays are bytes-like in C order), or that triple already."""
+    if isinstance(value, tuple):
+        return value
     if isinstance(value, list):
         if sys.byteorder != "little":  # pragma: no cover - every supported host is little-endian
             value = [p.astype(p.dtype.newbyteorder("<")) for p in value]
@@ -182,7 +200,7 @@ def _safetensors_bytes(arrays: dict[str, Any], metadata: dict[str, str]) -> byte
     entries = []
     offset = 0
     for _, name, (dtype, shape, parts) in tensors:
-        n = sum([p.nbytes for p in parts])
+        n = sum([len(p) if isinstance(p, bytes) else p.nbytes for p in parts])
         entries.append((name, _ST_DTYPES[dtype], shape, offset, offset + n))
         buffers.extend(parts)
         offset += n
