@@ -48,3 +48,22 @@ def test_an_append_catches_up_on_lines_another_writer_added(tmp_path):
     index = (tmp_path / "s" / "buffer" / "index.jsonl").read_bytes()
     ids = [json.loads(line)["group_id"] for line in index.splitlines()]
     assert ids == ["g0", "g1", "g2"]
+
+
+def test_a_payload_already_at_the_key_is_what_the_record_names(tmp_path):
+    """An earlier append that crashed before its index record left bytes at the key
+    (here: other bytes than this group's): the record carries the digest of the bytes
+    that are there, not of the group just encoded."""
+    import hashlib
+
+    from yeto_core.group_codec import encode_group
+
+    store = DirStore(tmp_path / "s", fsync=False)
+    buf = FileSampleBuffer(store, layout="jsonl")
+    there = encode_group(group("other-content"))
+    store.put(buf.payload_key("g0"), there)
+    assert buf.append(group("g0")) == 0
+    (entry,) = buf.entries()
+    assert entry.digest == hashlib.sha256(there).hexdigest()
+    assert entry.digest != hashlib.sha256(encode_group(group("g0"))).hexdigest()
+    assert store.get(buf.payload_key("g0")) == there  # kept, not overwritten
