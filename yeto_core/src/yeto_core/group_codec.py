@@ -37,6 +37,8 @@ from __future__ import annotations
 import json
 import struct
 import sys
+from itertools import accumulate
+from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
 
 import numpy as np
@@ -72,18 +74,22 @@ def encode_group(group: SampleGroup) -> bytes:
         raise SampleBufferError(f"group {group.group_id!r} has no samples; append whole groups")
     for i, s in enumerate(samples):
         _check_sample(group.group_id, i, s)
-    lens = np.fromiter((len(s.tokens) for s in samples), dtype=np.int64, count=len(samples))
-    offsets = np.zeros(len(samples) + 1, dtype=np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    arrays = {
-        "tokens": np.concatenate([np.asarray(s.tokens, dtype=np.int32) for s in samples]),
-        "token_offsets": offsets,
-        "prompt_lens": np.array([s.prompt_len for s in samples], dtype=np.int64),
-        "logprobs": np.concatenate([np.asarray(s.logprobs, dtype=np.float32) for s in samples]),
-        "loss_mask": np.concatenate([np.asarray(s.loss_mask, dtype=np.uint8) for s in samples]),
-        "rewards": np.array([float(s.reward) for s in samples], dtype=np.float64),
-        "weight_versions": np.array([s.weight_version for s in samples], dtype=np.int64),
-        "status": np.array([_STATUS_INDEX[SampleStatus(s.status)] for s in samples], np.uint8),
+    # Per-sample arrays are not concatenated: their bytes are joined into the file
+    # once (see _safetensors_bytes), in sample order, which is the concatenation; the
+    # per-sample scalars are packed straight into little-endian bytes.
+    arrays: dict[str, Any] = {
+        "tokens": [np.ascontiguousarray(s.tokens, dtype=np.int32) for s in samples],
+        "token_offsets": _i64(accumulate([len(s.tokens) for s in samples], initial=0)),
+        "prompt_lens": _i64([s.prompt_len for s in samples]),
+        "logprobs": [np.ascontiguousarray(s.logprobs, dtype=np.float32) for s in samples],
+        "loss_mask": [np.ascontiguousarray(s.loss_mask, dtype=np.uint8) for s in samples],
+        "rewards": _f64([s.reward for s in samples]),
+        "weight_versions": _i64([s.weight_version for s in samples]),
+        "status": (
+            _U8,
+            [len(samples)],
+            [bytes([_STATUS_INDEX[SampleStatus(s.status)] for s in samples])],
+        ),
     }
     metadata = {
         "format": FORMAT,
@@ -108,10 +114,11 @@ def encode_group(group: SampleGroup) -> bytes:
             )
         layers, top_k = next(iter(shapes))
         rows = [0 if r is None else int(np.shape(r)[0]) for r in routed]
-        r_off = np.zeros(len(samples) + 1, dtype=np.int64)
-        np.cumsum(rows, out=r_off[1:])
-        parts = [np.asarray(r, dtype=np.int32).reshape(-1) for r in routed if r is not None]
-        arrays["routed_experts"] = np.concatenate(parts)
+        r_off = _i64(accumulate(rows, initial=0))
+        parts = [
+            np.ascontiguousarray(r, dtype=np.int32).reshape(-1) for r in routed if r is not None
+        ]
+        arrays["routed_experts"] = parts
         arrays["routed_offsets"] = r_off
         metadata["routed_shape"] = f"{layers},{top_k}"
         metadata["routed_present"] = "".join("0" if r is None else "1" for r in routed)
@@ -127,32 +134,79 @@ _ST_DTYPES = {
 }
 
 
-def _safetensors_bytes(arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
+_I64, _F64, _U8 = np.dtype(np.int64), np.dtype(np.float64), np.dtype(np.uint8)
+
+
+def _i64(values: Any) -> tuple[np.dtype, list[int], list[bytes]]:
+    """A 1-D int64 tensor of a few Python numbers, packed little-endian (what
+    ``np.array(values, dtype=np.int64)`` holds)."""
+    ints = [int(v) for v in values]
+    return _I64, [len(ints)], [struct.pack(f"<{len(ints)}q", *ints)]
+
+
+def _f64(values: Any) -> tuple[np.dtype, list[int], list[bytes]]:
+    floats = [float(v) for v in values]
+    return _F64, [len(floats)], [struct.pack(f"<{len(floats)}d", *floats)]
+
+
+def _tensor(value: Any) -> tuple[np.dtype, list[int], list[Any]]:
+    """``(dtype, shape, buffers)`` of one tensor: an array, a list of C-contiguous arrays
+    of one dtype that the file holds back to back (their concatenation, without making
+    it; C-contiguous arrays are bytes-like in C order), or that triple already."""
+    if isinstance(value, tuple):
+        return value
+    if isinstance(value, list):
+        if sys.byteorder != "little":  # pragma: no cover - every supported host is little-endian
+            value = [p.astype(p.dtype.newbyteorder("<")) for p in value]
+        if all(p.ndim == 1 for p in value):
+            return value[0].dtype, [sum(map(len, value))], value
+        value = np.concatenate(value)  # not flat: what np.concatenate makes of it
+    a = np.ascontiguousarray(value)
+    if sys.byteorder != "little":  # pragma: no cover - every supported host is little-endian
+        a = a.astype(a.dtype.newbyteorder("<"))
+    return a.dtype, list(a.shape), [a]
+
+
+def _header_json(
+    metadata: dict[str, str], entries: list[tuple[str, str, list[int], int, int]]
+) -> str:
+    """``json.dumps(header, sort_keys=True, separators=(",", ":"))`` of the safetensors
+    header, written out directly (the header of every payload; ``entries`` are
+    ``(name, dtype, shape, start, end)`` with plain lowercase names)."""
+    out = ['{"__metadata__":{']
+    out.append(",".join([f"{_json_str(k)}:{_json_str(metadata[k])}" for k in sorted(metadata)]))
+    out.append("}")
+    for name, dtype, shape, start, end in sorted(entries):
+        dims = ",".join(map(str, shape))
+        out.append(
+            f',"{name}":{{"data_offsets":[{start},{end}],"dtype":"{dtype}","shape":[{dims}]}}'
+        )
+    out.append("}")
+    return "".join(out)
+
+
+def _safetensors_bytes(arrays: dict[str, Any], metadata: dict[str, str]) -> bytes:
     """The safetensors file of ``arrays`` (C order, little-endian) and string ``metadata``.
 
-    Deterministic (sorted header keys; tensors by alignment, then name, as the
-    safetensors writer orders them) and one copy of the array bytes: the header is
-    an 8-byte little-endian length, the JSON header padded with spaces to a multiple
-    of 8, then the tensors back to back.
+    Each value is an array or a list of 1-D arrays of one dtype (a tensor that is
+    their concatenation). Deterministic (sorted header keys; tensors by alignment,
+    then name, as the safetensors writer orders them) and one copy of the array
+    bytes: the header is an 8-byte little-endian length, the JSON header padded
+    with spaces to a multiple of 8, then the tensors back to back.
     """
-    header: dict[str, Any] = {"__metadata__": metadata}
-    parts: list[Any] = []
+    tensors = [(-t[0].itemsize, name, t) for name, v in arrays.items() for t in (_tensor(v),)]
+    tensors.sort(key=lambda e: e[:2])
+    buffers: list[Any] = []
+    entries = []
     offset = 0
-    for name in sorted(arrays, key=lambda n: (-arrays[n].dtype.itemsize, n)):
-        a = np.ascontiguousarray(arrays[name])
-        if sys.byteorder != "little":  # pragma: no cover - every supported host is little-endian
-            a = a.astype(a.dtype.newbyteorder("<"))
-        n = a.nbytes
-        header[name] = {
-            "dtype": _ST_DTYPES[a.dtype],
-            "shape": list(a.shape),
-            "data_offsets": [offset, offset + n],
-        }
-        parts.append(a.reshape(-1).view(np.uint8).data)
+    for _, name, (dtype, shape, parts) in tensors:
+        n = sum([len(p) if isinstance(p, bytes) else p.nbytes for p in parts])
+        entries.append((name, _ST_DTYPES[dtype], shape, offset, offset + n))
+        buffers.extend(parts)
         offset += n
-    head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    head = _header_json(metadata, entries).encode()
     head += b" " * (-len(head) % 8)
-    return b"".join([struct.pack("<Q", len(head)), head, *parts])
+    return b"".join([struct.pack("<Q", len(head)), head, *buffers])
 
 
 def _metadata(data: bytes) -> dict[str, str]:

@@ -48,14 +48,8 @@ class StageProfile:
         with self._lock:
             self._counters[name] = self._counters.get(name, 0) + n
 
-    @contextlib.contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        t = self._clock()
-        try:
-            with self.within(name):
-                yield
-        finally:
-            self.add(name, self._clock() - t)
+    def stage(self, name: str) -> contextlib.AbstractContextManager[None]:
+        return _Stage(self, name)
 
     @contextlib.contextmanager
     def within(self, name: Optional[str]) -> Iterator[None]:
@@ -106,6 +100,34 @@ class StageProfile:
             self._counters.clear()
             self.started = self._clock()
             self._last_emit = None
+
+
+class _Stage:
+    """One ``with profile.stage(name)``: a plain context manager (a generator-based
+    one costs several times more, and stages wrap every buffer append)."""
+
+    __slots__ = ("_profile", "_name", "_t", "_opened")
+
+    def __init__(self, profile: StageProfile, name: str) -> None:
+        self._profile = profile
+        self._name = name
+
+    def __enter__(self) -> None:
+        p = self._profile
+        opened = p._open.__dict__.get("names")
+        if opened is None:
+            opened = p._open.__dict__.setdefault("names", [])
+        opened.append(self._name)
+        self._opened = opened
+        self._t = p._clock()
+
+    def __exit__(self, *exc: object) -> None:
+        p = self._profile
+        seconds = p._clock() - self._t
+        self._opened.pop()
+        with p._lock:
+            p._seconds[self._name] = p._seconds.get(self._name, 0.0) + seconds
+            p._counts[self._name] = p._counts.get(self._name, 0) + 1
 
 
 #: this process's profile

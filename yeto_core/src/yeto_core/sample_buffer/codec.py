@@ -29,9 +29,13 @@ def check_group_id(group_id: str, what: str = "group id") -> str:
     return group_id
 
 
+#: canonical JSON (sorted keys, compact, no NaN): one encoder for every record
+_RECORD_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
 def encode_record(record: dict[str, Any]) -> bytes:
     """One index record as a JSON line whose last key ``crc`` checks the rest."""
-    body = json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    body = _RECORD_JSON.encode(record).encode()
     crc = zlib.crc32(body)
     return body[:-1] + b'%s%08x"}\n' % (_CRC_MARK, crc)
 

@@ -43,6 +43,7 @@ class JsonlIndex:
         self._rfd: Optional[int] = None
         self._wfd: Optional[int] = None
         self._lfd: Optional[int] = None
+        self._size: Optional[int] = None  # the file's size at the last read_new (under the lock)
 
     def close(self) -> None:
         for name in ("_rfd", "_wfd", "_lfd"):
@@ -62,7 +63,7 @@ class JsonlIndex:
                 self._rfd = os.open(self.path, os.O_RDONLY)
             except FileNotFoundError:
                 return []
-        size = os.fstat(self._rfd).st_size
+        size = self._size = os.fstat(self._rfd).st_size
         if size < self.offset:
             raise SampleBufferError(
                 f"{self.path} shrank to {size} bytes below the {self.offset} bytes already read; "
@@ -145,10 +146,13 @@ class JsonlIndex:
         finally:
             fcntl.flock(self._lfd, fcntl.LOCK_UN)
 
-    def _repair_tail(self) -> None:
-        """Under the lock: bytes after the last good line are a torn write; cut them off."""
+    def _repair_tail(self, size: Optional[int] = None) -> None:
+        """Under the lock: bytes after the last good line are a torn write; cut them off.
+
+        ``size``: the file's size read under this same lock hold (saves an ``fstat``)."""
         assert self._wfd is not None
-        size = os.fstat(self._wfd).st_size
+        if size is None:
+            size = os.fstat(self._wfd).st_size
         if size <= self.offset:
             return
         with open(self.path, "rb") as f:
@@ -195,9 +199,15 @@ class JsonlIndex:
 
         :returns: (position, every record read or written by this call, whether it wrote).
         """
-        with self._lock():
+        import fcntl
+
+        self._open_for_write()  # (the steps of _lock, spelled out: this is every append)
+        assert self._lfd is not None
+        fcntl.flock(self._lfd, fcntl.LOCK_EX)
+        try:
+            self._size = None
             new = self.read_new()
-            self._repair_tail()
+            self._repair_tail(self._size)
             if group_id in self.ids:
                 return self.ids[group_id], new, False
             rec = make(self.count)
@@ -206,6 +216,8 @@ class JsonlIndex:
             self.count += 1
             new.append(rec)
             return rec["position"], new, True
+        finally:
+            fcntl.flock(self._lfd, fcntl.LOCK_UN)
 
     def append_many(
         self, items: list[tuple[str, Callable[[int], dict[str, Any]]]]

@@ -77,7 +77,8 @@ class DirStore(DirCompareAndSwap, ObjectStore):
                 f"dir store root {self.root} exists and is not a directory; "
                 "choose another path for the store"
             ) from None
-        self._made_dirs: set[Path] = {self.root}
+        self._root_s = str(self.root).rstrip("/")  # "" for "/": keys join as "/key"
+        self._made_dirs: set[str] = {str(self.root)}  # directories known to exist (strings)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> DirStore:
@@ -110,10 +111,18 @@ class DirStore(DirCompareAndSwap, ObjectStore):
             )
         return self.root / key
 
-    def _ensure_parent(self, key: str, path: Path) -> None:
-        parent = path.parent
-        if parent in self._made_dirs:
+    def _spath(self, key: str) -> str:
+        """:meth:`_path` as a string (the hot paths skip building ``Path`` objects)."""
+        check_key(key)
+        if _is_tmp_name(key.rpartition("/")[2]):
+            self._path(key)  # raises
+        return f"{self._root_s}/{key}"
+
+    def _ensure_parent(self, key: str, path: str | Path) -> None:
+        parent_s = os.path.dirname(path)
+        if parent_s in self._made_dirs:
             return
+        parent = Path(parent_s)
         missing = []
         p = parent
         while not p.exists():
@@ -130,16 +139,17 @@ class DirStore(DirCompareAndSwap, ObjectStore):
             # New directories must be durable in their parents before a file in them is.
             for d in reversed(missing):
                 fsync_dir(d.parent)
-        self._made_dirs.add(parent)
+        self._made_dirs.add(parent_s)
 
-    def _write_tmp(self, key: str, path: Path, data: bytes, *, sync: bool = True) -> str:
+    def _write_tmp(self, key: str, path: str | Path, data: bytes, *, sync: bool = True) -> str:
+        parent, _, name = os.fspath(path).rpartition("/")
         try:
-            fd, tmp = _mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
+            fd, tmp = _mkstemp(prefix=f".{name}{_TMP_MARK}", dir=parent)
         except FileNotFoundError:
             # The directory vanished behind our back (removed by hand): make it again.
-            self._made_dirs.discard(path.parent)
+            self._made_dirs.discard(parent)
             self._ensure_parent(key, path)
-            fd, tmp = _mkstemp(prefix=f".{path.name}{_TMP_MARK}", dir=path.parent)
+            fd, tmp = _mkstemp(prefix=f".{name}{_TMP_MARK}", dir=parent)
         try:
             try:
                 view = memoryview(data)
@@ -154,8 +164,8 @@ class DirStore(DirCompareAndSwap, ObjectStore):
             raise
         return tmp
 
-    def _refuse_prefix_dir(self, key: str, path: Path) -> None:
-        if path.is_dir():
+    def _refuse_prefix_dir(self, key: str, path: str | Path) -> None:
+        if os.path.isdir(path):
             raise StoreError(
                 f"cannot write {key!r} in {self.root}: it is a prefix of other objects "
                 "(a dir store cannot hold both 'a' and 'a/b')"
@@ -199,7 +209,7 @@ class DirStore(DirCompareAndSwap, ObjectStore):
             fsync_dir(path.parent)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
-        path = self._path(key)
+        path = self._spath(key)
         payload = bytes(data)
         self._ensure_parent(key, path)
         try:  # one lstat: a prefix directory is refused, an object there is kept
@@ -223,7 +233,7 @@ class DirStore(DirCompareAndSwap, ObjectStore):
         finally:
             _unlink_quietly(tmp)
         if created and self.fsync:
-            fsync_dir(path.parent)
+            fsync_dir(os.path.dirname(path))
         return created
 
     def watch(self, prefix: str) -> Watch:
@@ -340,7 +350,7 @@ class DirStore(DirCompareAndSwap, ObjectStore):
                 out[slot] = self.put_if_absent(key, data)
         return out
 
-    def _create_exclusive(self, path: Path, data: bytes) -> bool:
+    def _create_exclusive(self, path: str | Path, data: bytes) -> bool:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:
