@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from yeto_core.batch_reader import BatchReader
 from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.stage_profile import PROFILE
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fakes import Clock
 from yeto_core.testing.groups import build_group
@@ -122,3 +123,59 @@ def test_on_a_local_store_nothing_is_read_ahead(tmp_path):
     buf.prefetch(first.watermark, 8)
     assert buf._ahead_thread is None
     assert len(store.payload_gets()) == before
+
+
+def _driver_run(root: Path, *, remote: bool):
+    """A trainer (DriverLifecycle, fake backend) over 5 rounds of 4 groups on ``root``."""
+    from yeto_core.cut import CutStore
+    from yeto_core.lifecycle import DriverLifecycle
+    from yeto_core.release import ReleaseStore
+    from yeto_core.testing.fake_backend import FakeBackend, make_group
+
+    store = Remote(root / "store", remote=remote)
+    FileSampleBuffer(store, layout="objects").append_many(
+        [make_group(i, 0, g=G, seed=5) for i in range(20)]
+    )
+    buf = FileSampleBuffer(store, layout="objects", host="trainer")
+    calls: list[tuple[int, int]] = []
+    real = buf.prefetch
+
+    def prefetch(start: int, n: int) -> None:
+        calls.append((start, n))
+        real(start, n)
+        if buf._ahead_thread is not None:
+            buf._ahead_thread.join(timeout=30)  # the round "trains" until it is read
+
+    buf.prefetch = prefetch  # type: ignore[method-assign]
+    lc = DriverLifecycle(
+        lambda inc: FakeBackend(seed=3),
+        buf,
+        CutStore(store, keep=10),
+        ReleaseStore(store),
+        groups_per_round=4,
+        max_policy_age=100,
+        workdir=root / "work",
+        group_size=G,
+        vocab_size=100,
+    )
+    lc.start(0)
+    store.got.clear()
+    hits = PROFILE.snapshot()["counters"].get("buffer.prefetch_hit", 0)
+    assert lc.train(5) == 5
+    hits = PROFILE.snapshot()["counters"].get("buffer.prefetch_hit", 0) - hits
+    return lc.backend, calls, store.payload_gets(), hits
+
+
+def test_the_trainer_reads_each_next_round_ahead_and_trains_the_same(tmp_path):
+    """The driver asks for the next round before each round trains: on a remote store
+    only the first round's payloads are read by a take, and the trained state is
+    bitwise the one of the same run on a local store (nothing read ahead there)."""
+    remote, calls, gets, hits = _driver_run(tmp_path / "remote", remote=True)
+    local, local_calls, _, local_hits = _driver_run(tmp_path / "local", remote=False)
+    assert calls == [(4, 4), (8, 4), (12, 4), (16, 4), (20, 4)] == local_calls
+    # each payload read once: 4 by the first take, 16 ahead (the last read-ahead finds
+    # nothing after position 20), and rounds 2-5 loaded all 16 from what was read ahead
+    assert len(gets) == 20 and len(set(gets)) == 20
+    assert hits == 16 and local_hits == 0
+    assert remote.params.tobytes() == local.params.tobytes()
+    assert remote.trained_groups == local.trained_groups
