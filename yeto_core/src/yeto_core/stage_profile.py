@@ -125,9 +125,7 @@ class _Stage:
         p = self._profile
         seconds = p._clock() - self._t
         self._opened.pop()
-        with p._lock:
-            p._seconds[self._name] = p._seconds.get(self._name, 0.0) + seconds
-            p._counts[self._name] = p._counts.get(self._name, 0) + 1
+        p.add(self._name, seconds)
 
 
 #: this process's profile
