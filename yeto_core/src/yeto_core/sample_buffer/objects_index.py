@@ -57,12 +57,10 @@ class ObjectsIndex:
         """The keys of the index objects after the cursor, in key order (a read).
 
         An object holds one or more positions, so whether the keys follow the cursor
-        without a gap is known only from their contents: :meth:`read_new` checks it.
+        without a gap is known only from their contents: :meth:`read_new` checks it
+        (and refuses a key that is no ``<position>.json``).
         """
-        keys = list(self.store.list(self.dir, after=self.last_key))
-        for key in keys:
-            self._position_of(key)  # anything else under index/ is refused
-        return keys
+        return list(self.store.list(self.dir, after=self.last_key))
 
     def read_new(self, listed: Optional[list[str]] = None) -> list[dict[str, Any]]:
         """The records after the cursor, in order; the cursor moves past exactly those.
@@ -99,8 +97,7 @@ class ObjectsIndex:
         """The records of the index object ``key`` at position ``pos``: positions
         ``pos .. pos + span - 1`` (:func:`object_span`), a quarantined stand-in for
         each one whose line fails its checksum."""
-        lines = object_lines(raw)
-        decoded = [decode_record(line) for line in lines]
+        lines, decoded = decoded_lines(raw)
         if all(r is not None for r in decoded):
             recs = [r for r in decoded if r is not None]
             for i, rec in enumerate(recs):
@@ -202,8 +199,7 @@ class ObjectsIndex:
                 f"index object {last!r} was listed and is gone: nothing deletes index "
                 "objects, so someone removed it. Restore it"
             ) from None
-        lines = object_lines(raw)
-        return pos + object_span(pos, lines, [decode_record(line) for line in lines])
+        return pos + object_span(pos, *decoded_lines(raw))
 
 
 def object_lines(raw: bytes) -> list[bytes]:
@@ -212,6 +208,12 @@ def object_lines(raw: bytes) -> list[bytes]:
     if len(lines) > 1 and not lines[-1]:
         lines.pop()  # the newline that ends the last record
     return lines
+
+
+def decoded_lines(raw: bytes) -> tuple[list[bytes], list[Optional[dict[str, Any]]]]:
+    """An index object's lines and each one's record (None: it fails its checksum)."""
+    lines = object_lines(raw)
+    return lines, [decode_record(line) for line in lines]
 
 
 def object_span(pos: int, lines: list[bytes], decoded: Sequence[Optional[dict[str, Any]]]) -> int:
