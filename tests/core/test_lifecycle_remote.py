@@ -114,3 +114,25 @@ def test_a_trainer_process_killed_mid_run_is_a_failed_state(tmp_path):
         time.sleep(0.02)
     remote.release()
     assert remote.state() == S.STOPPED
+
+
+def test_a_train_command_carries_its_time_limit_to_the_trainer_process(tmp_path):
+    """``train(rounds, for_s)`` sends ``for_s`` in the command; the agent's driver stops
+    after the round that passes it (here any round: a nanosecond)."""
+    import json
+
+    root = tmp_path / "store"
+    store = DirStore(root, fsync=False)
+    _fill(store)
+    script = tmp_path / "trainer_island.py"
+    script.write_text(TRAINER)
+    islands = ScriptIslands(script, str(root))
+    remote = RemoteTrainerLifecycle(store, islands, launch_for(store), timeout_s=60, poll_s=0.02)
+    remote.start(0)
+    assert remote.wait_ready() == S.READY
+    assert remote.train(100, 1e-9) == 1
+    assert remote.train(100) == N // 2 - 1  # no limit: every round that waits
+    commands = [json.loads(store.get(k)) for k in store.list("trainer/0/commands/")]
+    assert [c.get("for_s") for c in commands if c["op"] == "train"] == [1e-9, None]
+    remote.drain(StopReason.FINISHED)
+    remote.release()

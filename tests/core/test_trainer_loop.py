@@ -17,8 +17,15 @@ from yeto_core.testing.fakes import Clock
 from yeto_core.trainer_loop import Journal, LoopConfig, TrainerLoop, TrainerLoopGaveUp
 
 N = 18
+# one round per train command: these tests step the head tick by tick
 CFG = LoopConfig(
-    groups_per_round=2, a_hard=2, start_seconds_fixed=10.0, max_failures=3, drain_limit_s=500
+    groups_per_round=2,
+    a_hard=2,
+    start_seconds_fixed=10.0,
+    max_failures=3,
+    drain_limit_s=500,
+    rounds_per_tick=1,
+    train_for_s=None,
 )
 
 
@@ -190,7 +197,7 @@ def test_drain_limit_finishes_after_data_end(tmp_path):
         def release(self):
             self.s = LifecycleState.STOPPED
 
-        def train(self, rounds):
+        def train(self, rounds, for_s=None):
             raise AssertionError("never READY")
 
         def drain(self, reason):

@@ -74,7 +74,7 @@ class ReadyInsideState(TrainerLifecycle):
             pass
         return self._state
 
-    def train(self, rounds: int) -> int:
+    def train(self, rounds: int, for_s=None) -> int:
         done = min(rounds, self.groups // 2)
         self.groups -= 2 * done
         return done

@@ -96,8 +96,8 @@ class ConvertingLifecycle(TrainerLifecycle):
     def state(self) -> LifecycleState:
         return self.inner.state()
 
-    def train(self, rounds: int) -> int:
-        return self.inner.train(rounds)
+    def train(self, rounds: int, for_s: Optional[float] = None) -> int:
+        return self.inner.train(rounds, for_s)
 
     def drain(self, reason: Any) -> ConsistentCut:
         return self.inner.drain(reason)

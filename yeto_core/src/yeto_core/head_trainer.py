@@ -48,6 +48,8 @@ class HeadTrainer:
                 a_hard=self.config.trainer.max_policy_age,
                 **options,
             )
+        except ValueError as exc:
+            raise ConfigError(f"scheduler.options: {exc}") from None
         except TypeError as exc:
             allowed = ", ".join(
                 f.name

@@ -83,12 +83,24 @@ class LoopConfig:
     start_seconds_fixed: Optional[float] = None
     max_failures: int = 3
     drain_limit_s: float = 3600.0
-    rounds_per_tick: int = 1
+    #: the most rounds one train command asks for
+    rounds_per_tick: int = 32
+    #: a train command ends after the round that passes this many seconds (None: it
+    #: ends only at ``rounds_per_tick`` rounds or when no full round waits); keeps the
+    #: head's turn between two commands off the trainer's path while rounds wait,
+    #: while a stop or a budget decision waits at most this long plus one round
+    train_for_s: Optional[float] = 2.0
     #: Start the trainer before any backlog to publish the first policy (rule
     #: ``first_policy``). Only LoRA runs need it: their samplers wait for the first
     #: adapter release. A full-parameter run's samplers serve the base model, which is
     #: policy version 0, so with False the head treats the base as released.
     first_policy_start: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        if int(self.rounds_per_tick) < 1:
+            raise ValueError(f"rounds_per_tick = {self.rounds_per_tick!r} must be >= 1")
+        if self.train_for_s is not None and not float(self.train_for_s) > 0:
+            raise ValueError(f"train_for_s = {self.train_for_s!r} must be > 0 (or absent)")
 
 
 class TrainerLoop:
@@ -297,11 +309,15 @@ class TrainerLoop:
             self._note_started(self.lifecycle.state())
         elif state == S.READY and d.reason == "train":
             try:
-                n = self.lifecycle.train(self.config.rounds_per_tick)
+                began = self._clock()
+                n = self.lifecycle.train(self.config.rounds_per_tick, self.config.train_for_s)
             except Exception as exc:
                 self._log("train_failed", incarnation=self.incarnation, error=str(exc))
                 return
-            self.more_ready = n >= self.config.rounds_per_tick
+            for_s = self.config.train_for_s
+            self.more_ready = n >= self.config.rounds_per_tick or (
+                n > 0 and for_s is not None and self._clock() - began >= for_s
+            )
             if n:
                 self.rounds_this_incarnation += n
                 self.failures = 0

@@ -73,7 +73,7 @@ BASELINES = {
     "no throttle, backlog cap 64) append while the torch trainer island trains rounds of 16 "
     "groups under S1 (policy-age gate 3), with durability (fsynced buffer, ledger, "
     "consumed.json), a release per round (export, fingerprint, manifest) that the samplers "
-    "fetch, verify and load; head tick 0.1 s, up to rounds_per_tick rounds per train command (the JSON's `rounds_per_tick`); every wait wakes on the store's "
+    "fetch, verify and load; head tick 0.1 s, up to rounds_per_tick rounds per train command (the JSON's `rounds_per_tick`), a command ending after the round that passes 2 s (train_for_s); every wait wakes on the store's "
     "watch (inotify on the dir store) or its poll interval",
     "sync": "the same run with samplers[].sync_rounds (each island waits, woken by its follower's "
     "load, until it serves the policy trained on its previous call; 2 x 8 groups = one round), "
@@ -97,7 +97,7 @@ def e2e_config(
     samplers: int = 2,
     async_min_round_s: float = 0.0,
     store: str = "",
-    rounds_per_tick: int = 2,
+    rounds_per_tick: int = 32,
 ) -> str:
     """The TOML of one e2e run (``mode``: ``async`` or ``sync``; ``store``: its URL, empty:
     the run dir's ``store/``)."""
@@ -228,7 +228,7 @@ def run_mode(
     async_min_round_s: float = 0.0,
     store_latency_ms: Optional[float] = None,
     remote_store: bool = False,
-    rounds_per_tick: int = 2,
+    rounds_per_tick: int = 32,
     store_base: str = "",
 ) -> dict[str, Any]:
     """One run of ``mode`` until the target (or the timeout); its figures."""
@@ -718,10 +718,11 @@ def combine(reports: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
 @click.option(
     "--rounds-per-tick",
     type=click.IntRange(min=1),
-    default=2,
+    default=32,
     show_default=True,
     help="scheduler.options.rounds_per_tick of both yeto modes: the most rounds one train "
-    "command trains (the trainer answers early when no full round waits).",
+    "command trains (the trainer answers early when no full round waits, and after the "
+    "round that passes train_for_s, the run's default 2 s).",
 )
 def command(seaweedfs: bool, **options: Any) -> None:
     """Asynchronous vs synchronous GRPO: time to a target reward (prints JSON)."""

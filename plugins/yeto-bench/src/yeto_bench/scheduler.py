@@ -133,9 +133,12 @@ class SimLifecycle(TrainerLifecycle):
         )
         self.starts += 1
 
-    def train(self, rounds: int) -> int:
+    def train(self, rounds: int, for_s: Optional[float] = None) -> int:
         done = 0
+        began = self.sim.t
         for _ in range(rounds):
+            if done and for_s is not None and self.sim.t - began >= for_s:
+                break
             if not self.driver.train(1):
                 break
             # Samplers reload the release of the round being trained while it trains.

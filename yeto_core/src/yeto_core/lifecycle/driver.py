@@ -284,8 +284,9 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
             raise YetoError(f"cut {cut_id} fails its digest check: {'; '.join(problems)}")
         return rec, dest / cut_id
 
-    def train(self, rounds: int) -> int:
-        """Train up to ``rounds`` whole rounds; stop early (holding) when no full round waits.
+    def train(self, rounds: int, for_s: Optional[float] = None) -> int:
+        """Train up to ``rounds`` whole rounds; stop early (holding) when no full round waits
+        and, with ``for_s``, after the round that ends ``for_s`` seconds after the call.
 
         With ``overlap_uploads`` the last round's upload goes on after this returns (over
         the head's turn); the next publish, ``train`` or ``drain`` waits for it and fails
@@ -298,10 +299,13 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
             if pending is not None and pending.done():
                 self._wait_upload()  # the previous command's last upload failed: fail now
             try:
+                began = time.monotonic()
                 for _ in range(rounds):
                     if not self._train_one():
                         break
                     done += 1
+                    if for_s is not None and time.monotonic() - began >= for_s:
+                        break
             except BaseException:
                 self._wait_upload()
                 raise

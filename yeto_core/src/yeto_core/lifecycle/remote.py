@@ -229,11 +229,14 @@ class RemoteTrainerLifecycle(TrainerLifecycle):
             self._pause()
         return self.sm.state
 
-    def train(self, rounds: int) -> int:
+    def train(self, rounds: int, for_s: Optional[float] = None) -> int:
         self.sm.go(S.TRAINING, "train")
         assert self._commands is not None
+        command: dict[str, Any] = {"op": "train", "rounds": rounds}
+        if for_s is not None:
+            command["for_s"] = float(for_s)
         with stage("head.train_command"):
-            seq = self._commands.send({"op": "train", "rounds": rounds})
+            seq = self._commands.send(command)
             answer = self._wait_answer(seq, f"train({rounds})")
         if answer.get("kind") == "failed":
             self.sm.state = S.FAILED
@@ -337,7 +340,10 @@ class IslandTrainerAgent:
                 try:
                     if op == "train":
                         with stage("agent.train"):
-                            done = self.driver.train(int(cmd["rounds"]))
+                            for_s = cmd.get("for_s")
+                            done = self.driver.train(
+                                int(cmd["rounds"]), None if for_s is None else float(for_s)
+                            )
                         self.events.send(
                             {
                                 "kind": "trained",

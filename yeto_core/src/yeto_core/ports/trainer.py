@@ -58,7 +58,7 @@ class TrainerLifecycle(Port):
             def state(self):
                 return self._state
 
-            def train(self, rounds):
+            def train(self, rounds, for_s=None):
                 self._go({S.READY}, S.READY)
                 return 0
 
@@ -92,8 +92,12 @@ class TrainerLifecycle(Port):
         """The current state (never blocks for long)."""
 
     @abc.abstractmethod
-    def train(self, rounds: int) -> int:
-        """Train up to ``rounds`` rounds, holding at a round boundary; return how many."""
+    def train(self, rounds: int, for_s: Optional[float] = None) -> int:
+        """Train up to ``rounds`` rounds, holding at a round boundary; return how many.
+
+        Stop early when no full round waits and, with ``for_s``, after the round that
+        ends ``for_s`` seconds or more after the call (None: no time limit).
+        """
 
     @abc.abstractmethod
     def drain(self, reason: StopReason) -> ConsistentCut:
