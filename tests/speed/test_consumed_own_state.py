@@ -50,16 +50,30 @@ def setup(tmp_path, n=8):
     return store, buf, reader
 
 
-def test_after_its_own_commit_a_round_reads_consumed_json_only_in_its_select(tmp_path):
+def test_after_its_own_commit_a_round_already_read_reads_nothing(tmp_path):
     store, buf, reader = setup(tmp_path)
     reader.commit(reader.try_take(0))  # the first round reads it: nothing is known yet
+    store.consumed_reads = 0
+    batch = reader.try_take(1)  # its records were read with the first round's
+    assert batch is not None and batch.watermark_before == 2
+    assert store.consumed_reads == 0  # the select found a whole round it had read
+    assert reader.commit(batch) == 4
+    assert store.consumed_reads == 0  # the commit: the compare-and-swap only
+    assert FileSampleBuffer(store, layout="objects").watermark == 4
+
+
+def test_a_round_not_read_yet_reads_consumed_json_once_in_its_select(tmp_path):
+    store, buf, reader = setup(tmp_path, n=2)
+    reader.commit(reader.try_take(0))
+    late = FileSampleBuffer(store, layout="objects", host="late")
+    for i in range(2, 4):
+        late.append(group(i))
     store.consumed_reads = 0
     batch = reader.try_take(1)
     assert batch is not None and batch.watermark_before == 2
     assert store.consumed_reads == 1  # the select's (overlapped with the index listing)
     assert reader.commit(batch) == 4
-    assert store.consumed_reads == 1  # the commit: the compare-and-swap only
-    assert FileSampleBuffer(store, layout="objects").watermark == 4
+    assert store.consumed_reads == 1
 
 
 def test_a_state_written_by_another_after_the_select_is_refused_by_the_commit(tmp_path):

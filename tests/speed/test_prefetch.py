@@ -179,3 +179,60 @@ def test_the_trainer_reads_each_next_round_ahead_and_trains_the_same(tmp_path):
     assert hits == 16 and local_hits == 0
     assert remote.params.tobytes() == local.params.tobytes()
     assert remote.trained_groups == local.trained_groups
+
+
+def test_index_records_appended_while_a_round_trains_are_read_ahead(tmp_path):
+    """The read-ahead first reads the index records appended since the last read; the
+    next select finds its whole round there and reads nothing from the store."""
+    store = Remote(tmp_path / "s")
+    writer = FileSampleBuffer(store, layout="objects", host="w")
+    writer.append_many([build_group(f"g{i}", n=G, host="h", prompt_id=f"p{i}") for i in range(8)])
+    buf = FileSampleBuffer(store, layout="objects", host="trainer")
+    clock = Clock()
+    reader = BatchReader(
+        buf, group_size=G, groups_per_round=8, max_policy_age=4, clock=clock, sleep=clock.sleep
+    )
+    first = reader.try_take(0)
+    assert first is not None
+    reader.commit(first)  # this object's own state from here on
+    # a sampler appends the next round after the select read the index
+    writer.append_many(
+        [build_group(f"g{i}", n=G, host="h", prompt_id=f"p{i}") for i in range(8, 16)]
+    )
+    buf.prefetch(first.watermark, 8)
+    _join(buf)
+    assert sorted(store.payload_gets()[-8:]) == sorted(
+        buf.payload_key(f"g{i}") for i in range(8, 16)
+    )
+    store.got.clear()
+    before = PROFILE.snapshot()["counters"].get("buffer.select_read_ahead", 0)
+    second = reader.try_take(1)
+    assert second is not None and [g.group_id for g in second.groups] == [
+        f"g{i}" for i in range(8, 16)
+    ]
+    assert store.got == []  # no listing, no consumed.json, no index object, no payload
+    assert PROFILE.snapshot()["counters"].get("buffer.select_read_ahead", 0) == before + 1
+    assert reader.commit(second) == 16
+
+
+def test_a_round_the_read_ahead_did_not_fill_is_read_from_the_store(tmp_path):
+    store = Remote(tmp_path / "s")
+    writer = FileSampleBuffer(store, layout="objects", host="w")
+    writer.append_many([build_group(f"g{i}", n=G, host="h", prompt_id=f"p{i}") for i in range(8)])
+    buf = FileSampleBuffer(store, layout="objects", host="trainer")
+    clock = Clock()
+    reader = BatchReader(
+        buf, group_size=G, groups_per_round=8, max_policy_age=4, clock=clock, sleep=clock.sleep
+    )
+    first = reader.try_take(0)
+    assert first is not None
+    reader.commit(first)
+    buf.prefetch(first.watermark, 8)  # nothing appended yet: no round read ahead
+    _join(buf)
+    writer.append_many(
+        [build_group(f"g{i}", n=G, host="h", prompt_id=f"p{i}") for i in range(8, 16)]
+    )
+    store.got.clear()
+    second = reader.try_take(1)
+    assert second is not None and len(second.groups) == 8
+    assert "buffer/index/000000000008.json" in store.got  # the select read the index

@@ -43,7 +43,7 @@ from yeto_core.island_env import (  # noqa: F401 (ENV_* re-exported: the old imp
 )
 from yeto_core.ports import TrainerBackend, names
 from yeto_core.records import Batch, Event, ReleaseInfo, Trigger
-from yeto_core.stage_profile import emit_snapshot
+from yeto_core.stage_profile import emit_snapshot, stage
 
 #: seconds between two ``stage_profile`` snapshots in an island's event stream
 PROFILE_EVERY_S = 10.0
@@ -190,15 +190,18 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
     from yeto_core.run_store import head_started_at
 
     island, incarnation = ident.island, ident.incarnation
-    backend_cls = plugins.trainer_backend(config.trainer.backend)
-    buffer = open_run_buffer(plugins, config, store, island)
+    with stage("trainer.setup.backend_import"):
+        backend_cls = plugins.trainer_backend(config.trainer.backend)
+    with stage("trainer.setup.buffer"):
+        buffer = open_run_buffer(plugins, config, store, island)
     # every event is written at once, off the round's path (the final flush below waits)
     stream = EventStream(
         store, config.trainer.name, flush_s=0.0, observer=plugins.emit, background=True
     )
     stream.observer = store_outage_reporter(stream, store, plugins.emit)
     recorder: dict[str, RecordingBackend] = {}
-    model_dir = base_model(store, config, ident)
+    with stage("trainer.setup.base_model"):
+        model_dir = base_model(store, config, ident)
     work = scratch_dir(ident)
 
     def factory(_incarnation: int) -> TrainerBackend:

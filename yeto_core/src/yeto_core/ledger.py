@@ -28,6 +28,8 @@ or skipped with a reason in exactly one record.
 from __future__ import annotations
 
 import datetime as _dt
+import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Optional
@@ -37,6 +39,7 @@ import attrs
 from yeto_core import serde
 from yeto_core.errors import YetoError
 from yeto_core.stores.log import StoreLog
+from yeto_core.stores.parallel import is_remote, map_all
 
 PREFIX = "ledger"
 
@@ -83,6 +86,15 @@ def _skips_key(prefix: str, seq: int, k: int) -> str:
     return f"{prefix}/rounds/{seq:012d}.skips{k:03d}.json"
 
 
+_RECORD_NAME = re.compile(r"(\d{12})(\.skips\d{3})?\.json")
+
+
+def _seq_of_key(key: str) -> Optional[tuple[int, bool]]:
+    """(seq, skip-only) that a record's key names; None for a name no writer makes."""
+    m = _RECORD_NAME.fullmatch(key.rsplit("/", 1)[-1])
+    return (int(m.group(1)), m.group(2) is not None) if m else None
+
+
 def _stamp(t: float) -> str:
     return _dt.datetime.fromtimestamp(t, tz=_dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
 
@@ -104,6 +116,8 @@ class BatchLedger:
         #: the newest record key this object has seen (listed or written) and its record:
         #: a writer lists only after it (O(new keys) per round, not O(history))
         self._tail: Optional[tuple[str, LedgerRound]] = None
+        #: a listing after the tail started by :meth:`look_ahead`: (thread, result)
+        self._ahead: Optional[tuple[threading.Thread, dict[str, Any]]] = None
 
     # -- reading --------------------------------------------------------------------------
 
@@ -129,10 +143,48 @@ class BatchLedger:
         keys = self._keys()
         return self._read(keys[-1]) if keys else None
 
+    def look_ahead(self) -> None:
+        """On a remote store, start listing the records after the newest one this object
+        saw, on a thread, and return at once (the trainer calls it before a round trains);
+        the next :meth:`record` uses that listing instead of a round trip of its own.
+
+        A record another trainer writes after the listing is still refused: it takes the
+        same ``seq`` (records are dense), so this one's create-if-absent fails, and the
+        buffer's compare-and-swap commit refuses the other's watermark.
+        """
+        if self._ahead is not None or not is_remote(self.store):
+            return
+        after = self._tail[0] if self._tail is not None else None
+        result: dict[str, Any] = {"after": after}
+
+        def run() -> None:
+            try:
+                result["keys"] = self._keys(after=after)
+            except Exception as exc:  # listed again by record itself
+                result["error"] = exc
+
+        thread = threading.Thread(target=run, name="yeto-ledger-look-ahead", daemon=True)
+        self._ahead = (thread, result)
+        thread.start()
+
+    def _listed_ahead(self) -> Optional[list[str]]:
+        """The keys :meth:`look_ahead` listed after the current tail (None: none usable)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        thread, result = ahead
+        thread.join()
+        tail = self._tail[0] if self._tail is not None else None
+        if "keys" not in result or result["after"] != tail:
+            return None
+        return result["keys"]
+
     def _last_seen(self) -> Optional[LedgerRound]:
         """:meth:`last`, listing after the newest key this object saw (records are only
         ever added after it; this object's own moves forget it)."""
-        new = self._keys(after=self._tail[0] if self._tail is not None else None)
+        new = self._listed_ahead()
+        if new is None:
+            new = self._keys(after=self._tail[0] if self._tail is not None else None)
         if new:
             self._tail = (new[-1], self._read(new[-1]))
         return self._tail[1] if self._tail is not None else None
@@ -243,6 +295,7 @@ class BatchLedger:
 
     def _move(self, keys: list[str], dest_prefix: str) -> list[str]:
         self._tail = None  # the newest record may be among those moved
+        self._listed_ahead()  # a listing from before the move is of no use
         moved = []
         for key in keys:
             name = key.rsplit("/", 1)[1]
@@ -272,19 +325,42 @@ class BatchLedger:
         they were moved to.
         """
         keys = self._keys()
-        # a skip-only record at seq == trained_rounds is after the cut when it ends past
-        # the cut's watermark (the dead incarnation committed those skips after the cut)
+        # The key names a record's seq and whether it is skip-only, so only the records
+        # whose side of the cut needs their content are read (at once on a remote store),
+        # not the whole history: a skip-only record at seq == trained_rounds (after the
+        # cut when it ends past the cut's watermark: the dead incarnation committed those
+        # skips after the cut), the records after the cut, a name no writer makes, and
+        # the last record kept.
+        named = {k: _seq_of_key(k) for k in keys}
+        read: dict[str, LedgerRound] = {}
+
+        def read_all(wanted: list[str]) -> None:
+            todo = [k for k in wanted if k not in read]
+            read.update(zip(todo, map_all(self.store, self._read, todo), strict=True))
+
+        def seq_skips(k: str) -> tuple[int, bool]:
+            n = named[k]
+            return n if n is not None else (read[k].seq, read[k].skips_only)
+
+        read_all(
+            [
+                k
+                for k, n in named.items()
+                if n is None or n[0] > trained_rounds or (n[1] and n[0] == trained_rounds)
+            ]
+        )
         after = [
             k
             for k in keys
-            for r in [self._read(k)]
-            if r.seq > trained_rounds or (r.skips_only and r.watermark > watermark)
+            for seq, skips in [seq_skips(k)]
+            if seq > trained_rounds or (skips and read[k].watermark > watermark)
         ]
         kept = [k for k in keys if k not in after]
         if kept:
-            last = self._read(kept[-1])
+            read_all([kept[-1]])
+            last = read[kept[-1]]
             if (
-                sum(1 for k in kept if not self._read(k).skips_only) != trained_rounds
+                sum(1 for k in kept if not seq_skips(k)[1]) != trained_rounds
                 or last.watermark != watermark
             ):
                 raise LedgerError(
@@ -298,7 +374,7 @@ class BatchLedger:
                 f"up to it in {self.prefix}/rounds; the ledger was removed or belongs to another run"
             )
         for k in after:
-            r = self._read(k)
+            r = read[k]
             if r.incarnation == incarnation:
                 raise LedgerError(
                     f"ledger round {r.seq} after cut {cut_id} was recorded by incarnation "

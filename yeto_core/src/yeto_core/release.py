@@ -43,6 +43,7 @@ from yeto_core.release_delta import (
     build_delta,
 )
 from yeto_core.release_parent import DeltaParentKeeping
+from yeto_core.stores.parallel import map_all
 
 _RELEASE_ID = re.compile(r"^(\d+)(?:-r(\d+))?$")
 
@@ -171,7 +172,12 @@ class ReleaseStore(DeltaParentKeeping):
 
     def list(self) -> list[Release]:
         """Every committed release, in publication order (``seq``)."""
-        out = [r for r in (self._read(i) for i in self._ids()) if r is not None]
+        return self._read_all(self._ids())
+
+    def _read_all(self, ids: list[str]) -> list[Release]:
+        """The committed releases of ``ids`` (manifests read at once on a remote store),
+        in publication order."""
+        out = [r for r in map_all(self.store, self._read, ids) if r is not None]
         return sorted(out, key=lambda r: r.seq)
 
     def get(self, ref: Union[Release, str, int]) -> Release:
@@ -420,7 +426,7 @@ class ReleaseStore(DeltaParentKeeping):
         ):
             return list(view[0]), view[1]
         ids = self._ids()
-        max_seq = max([r.seq for r in self.list()] or [0])
+        max_seq = max([r.seq for r in self._read_all(ids)] or [0])
         self._view = (list(ids), max_seq)
         return ids, max_seq
 

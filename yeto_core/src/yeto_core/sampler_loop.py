@@ -17,7 +17,12 @@ backlog is at ``backlog_cap`` groups the loop waits on the buffer's watch (woken
 by the trainer's commit; a plain wait on its stop event when the buffer has
 none), re-reading the backlog at least every ``backlog_poll_s``. A call's groups
 are appended with one ``append_many`` (a group commit: one index sync for all of
-them).
+them). On a remote store (round trips) the backlog that the cap and ``fresh_only``
+check is read while the previous call generates and appends, on a thread through a
+read-only copy of the buffer, and that call's groups are added to it: the read is off
+the call's path, and the cap can be passed only as when islands decide at once (by the
+calls in flight); when a decision finds no room the loop reads the backlog itself
+before each next one, as on a local store.
 
 With ``fresh_only`` (``(max_policy_age, groups_per_round)``, the trainer's gate) the
 loop also samples no group the gate would age out before the trainer reaches it: a
@@ -144,6 +149,10 @@ class SamplerLoop:
         self.call_size = self.prompts_per_call
         #: fresh room the last backlog read left after the calls made since (a bound)
         self._spare = 0
+        #: a backlog read started with the last call (remote stores): (thread, result,
+        #: groups that call appends)
+        self._backlog_ahead: Optional[tuple[threading.Thread, dict[str, Any], int]] = None
+        self._ahead_buffer: Any = None  # the read-only copy those reads go through
         self.next_index = 0
         self.rounds = 0
         self.groups_appended = 0
@@ -240,21 +249,81 @@ class SamplerLoop:
                 self._spare = left - self.call_size - others
         return room, why
 
-    def _room(self) -> tuple[int, dict[str, Any]]:
-        """(groups the next call may add, the inputs of that decision)."""
-        if self.fresh_only is None:
-            groups = self.buffer.backlog().groups
-            room = self.prompts_per_call if groups < self.backlog_cap else 0
-            return room, {"backlog_groups": groups}
-        age, per_round = self.fresh_only
+    def _reads_backlog_ahead(self) -> bool:
+        store = getattr(self.buffer, "store", None)
+        return (
+            (self.fresh_only is not None or self.backlog_cap is not None)
+            and store is not None
+            and store.local_root() is None
+            and hasattr(self.buffer, "reader_copy")
+        )
+
+    def _newest(self) -> tuple[int, int, Optional[tuple[int, Optional[int]]]]:
+        """(served version, newest release seen or served, that release's record)."""
         served = int(self.follower.version)
         seen = self.latest_release()
-        newest = served if seen is None else max(served, int(seen[0]))
-        # the groups still fresh at the newest release are the ones ahead of a new group
-        backlog = self.buffer.backlog(
-            current_version=newest, max_policy_age=age, fenced=self.fenced
+        return served, (served if seen is None else max(served, int(seen[0]))), seen
+
+    def _read_backlog(self, buffer: Any, newest: Optional[int]) -> Any:
+        if self.fresh_only is None:
+            return buffer.backlog()
+        return buffer.backlog(
+            current_version=newest, max_policy_age=self.fresh_only[0], fenced=self.fenced
         )
-        groups = backlog.groups
+
+    def _read_backlog_ahead(self, appending: int) -> None:
+        """Start reading the backlog on a thread, through a read-only copy of the buffer
+        (this call's append holds the buffer's own lock); the call about to run appends
+        ``appending`` groups, which the next decision adds."""
+        newest = self._newest()[1] if self.fresh_only is not None else None
+        result: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                if self._ahead_buffer is None:
+                    self._ahead_buffer = self.buffer.reader_copy()
+                result["backlog"] = self._read_backlog(self._ahead_buffer, newest)
+            except Exception:  # the decision reads the backlog itself
+                pass
+
+        thread = threading.Thread(target=run, name="yeto-sampler-backlog", daemon=True)
+        self._backlog_ahead = (thread, result, appending)
+        thread.start()
+
+    def _backlog_read_ahead(self) -> Optional[tuple[Any, int]]:
+        """(the backlog read with the last call, the groups that call appended), or None."""
+        ahead, self._backlog_ahead = self._backlog_ahead, None
+        if ahead is None:
+            return None
+        thread, result, appended = ahead
+        with stage("sampler.backlog_ahead_wait"):
+            thread.join()
+        if "backlog" not in result:
+            return None
+        PROFILE.count("sampler.backlog_read_ahead")
+        return result["backlog"], appended
+
+    def _room(self) -> tuple[int, dict[str, Any]]:
+        """(groups the next call may add, the inputs of that decision)."""
+        ahead = self._backlog_read_ahead()
+        if self.fresh_only is None:
+            if ahead is not None:
+                groups = int(ahead[0].groups) + ahead[1]
+            else:
+                groups = self.buffer.backlog().groups
+            room = self.prompts_per_call if groups < self.backlog_cap else 0
+            return room, {"backlog_groups": groups, **({"read_ahead": True} if ahead else {})}
+        age, per_round = self.fresh_only
+        served, newest, seen = self._newest()
+        # the groups still fresh at the newest release are the ones ahead of a new group
+        # (read with the last call: at the release newest then, counting as fresh some
+        # that are stale now, so the room is never overstated)
+        if ahead is not None:
+            backlog = ahead[0]
+            groups = int(backlog.groups) + ahead[1]
+        else:
+            backlog = self._read_backlog(self.buffer, newest)
+            groups = backlog.groups
         if seen is not None and seen[1] is not None and backlog.watermark > int(seen[1]):
             # rounds committed since that release (their releases are not out yet): each
             # moved the watermark by at least a round
@@ -270,6 +339,7 @@ class SamplerLoop:
             "trainer_version": newest,
             "fresh_room": fresh_room,
             "reason": "policy_age" if fresh_room <= 0 else "cap",
+            **({"read_ahead": True} if ahead else {}),
         }
         return room, why
 
@@ -284,6 +354,8 @@ class SamplerLoop:
         else:
             indices = [self.offset + self.next_index + k for k in range(size)]
         prompts = [self.task.prompt(i) for i in indices]
+        if self._reads_backlog_ahead():
+            self._read_backlog_ahead(size)
         guard = self.follower.round() if self.follower is not None else _no_lock()
         asked = time.perf_counter()
         with guard:

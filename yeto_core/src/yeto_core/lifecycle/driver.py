@@ -184,8 +184,10 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         self.incarnation = incarnation
         self._event("trainer_join", incarnation=incarnation)
         try:
-            self.backend = self.backend_factory(incarnation)
-            found = self._find_cut(cut)
+            with stage("trainer.start.backend"):
+                self.backend = self.backend_factory(incarnation)
+            with stage("trainer.start.find_cut"):
+                found = self._find_cut(cut)
             if found is None:
                 self.backend.restore(None)
                 self.counters = TrainerCounters()
@@ -193,7 +195,8 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
                 self.restored_cut = None
             else:
                 rec, path = found
-                self.backend.restore(path)
+                with stage("trainer.start.restore"):
+                    self.backend.restore(path)
                 self.counters = TrainerCounters(
                     policy_version=rec.policy_version,
                     trained_rounds=rec.trained_rounds,
@@ -206,14 +209,17 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
                     r: int(rec.counters.get(f"skipped_{r}", 0)) for r in SKIP_REASONS
                 }
                 self.restored_cut = rec
-            self.buffer.reset_to(self.counters.buffer_watermark)
-            self._rebase_ledger(incarnation)
+            with stage("trainer.start.buffer_reset"):
+                self.buffer.reset_to(self.counters.buffer_watermark)
+            with stage("trainer.start.ledger"):
+                self._rebase_ledger(incarnation)
             self.reader = None
             self._make_reader()
             # The samplers need the policy the trainer now holds: after a fresh start that
             # is the base (the first release), after a restore a republish is a no-op, and
             # after a rewind it is a new release.
-            self._publish()
+            with stage("trainer.start.publish"):
+                self._publish()
         except Exception as exc:
             self._fail(exc, "start")
             raise TrainerFailedError(
@@ -338,8 +344,10 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         if len(batch.groups) < self.groups_per_round and not self.partial_last_round:
             reader.reset()  # a short round at the data end: hold; the buffer re-offers it
             return False
-        # the next round's payloads are read while this one trains (remote stores)
+        # while this round trains (remote stores): the index records appended since and
+        # the next round's payloads are read, and the ledger's tail listed
         self.buffer.prefetch(batch.watermark, self.groups_per_round)
+        self.ledger.look_ahead()
         with stage("trainer.train"):
             metrics = self.backend.train_round(batch)
         if float(metrics.get("nonfinite", 0.0)) > 0:

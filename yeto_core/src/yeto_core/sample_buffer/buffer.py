@@ -28,7 +28,7 @@ from yeto_core.sample_buffer.jsonl_index import JsonlIndex
 from yeto_core.sample_buffer.loads import BufferLoads
 from yeto_core.sample_buffer.objects_index import ObjectsIndex
 from yeto_core.sample_buffer.shards import merge_shards
-from yeto_core.stage_profile import stage
+from yeto_core.stage_profile import PROFILE, stage
 from yeto_core.stores.parallel import is_remote, map_all
 
 LAYOUTS = ("auto", "jsonl", "objects", "shards")
@@ -280,9 +280,37 @@ class FileSampleBuffer(BufferAppends, BufferLoads, DurableSampleBuffer):
             reader.close()
         return [e for e in out if e.position >= start]
 
+    def reader_copy(self) -> FileSampleBuffer:
+        """A read-only buffer on the same store and prefix with its own reader state and
+        lock (a sampler reads the backlog through it while it appends through this one)."""
+        return FileSampleBuffer(
+            self.store,
+            prefix=self.prefix,
+            layout=self.layout,
+            host=self.host,
+            clock=self.clock,
+            read_only=True,
+        )
+
+    def _reads_ahead(self) -> bool:
+        """The index is read ahead (:meth:`prefetch`): the ``objects`` layout, remote."""
+        return self._objects is not None and self.layout == "objects" and is_remote(self.store)
+
+    def _index_ahead(self) -> None:
+        if self._reads_ahead():
+            self._catch_up()
+
     @_serialized
     def select(self, spec: RoundSpec) -> BufferRound:
         with stage("buffer.select"):
+            if self._own_state and self._reads_ahead():
+                # the index records read ahead hold a whole round: the same round a read
+                # now would give (it takes positions in order from the watermark, which
+                # is this object's own last commit; the commit's swap checks it still is)
+                rnd = plan_round(self._pending, self._state.watermark, spec)
+                if len(rnd.entries) >= spec.max_groups:
+                    PROFILE.count("buffer.select_read_ahead")
+                    return rnd
             self._update()
             return plan_round(self._pending, self._state.watermark, spec)
 

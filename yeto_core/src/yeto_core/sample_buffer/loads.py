@@ -3,8 +3,10 @@
 
 ``load`` and ``load_many`` read a group's payload object (a pack: the group's slice),
 check it against the digest its index record took at append and decode it.
-``prefetch`` reads the next round's payload objects ahead, on a thread, on a remote
-store: a later load takes those bytes instead of a round trip, and checks them alike.
+``prefetch`` reads ahead, on a thread, on a remote store: the index records appended
+since the last read, then the next round's payload objects. A later select finds a
+full round in those records without a round trip, and a later load takes those bytes
+instead of one (and checks them alike).
 """
 
 from __future__ import annotations
@@ -26,41 +28,58 @@ class BufferLoads:
 
     _ahead: Optional[dict[str, bytes]] = None  # payload key -> bytes read ahead
     _ahead_thread: Optional[threading.Thread] = None
-    _ahead_keys: frozenset[str] = frozenset()  # the keys the running thread reads
+    #: the keys the running thread reads (None: not chosen yet)
+    _ahead_keys: Optional[frozenset[str]] = frozenset()
     #: guards ``_ahead`` (not the buffer's lock: loads run on worker threads, and the
     #: buffer's lock may be held by the thread waiting for them)
     _ahead_lock = threading.Lock()
 
+    def _index_ahead(self) -> None:
+        """Read the index records appended since the last read (the host's; called by the
+        read-ahead thread with the buffer's lock held). Default: nothing."""
+
     def prefetch(self, start: int, n: int) -> None:
-        """Read ahead the payloads of the first ``n`` waiting groups from ``start`` on
-        (the index records already read; a remote store only), on one thread; returns
-        at once. A read-ahead still running makes this a no-op; else what the last one
-        read and no load took is dropped (so at most one round's payloads are kept)."""
+        """Read ahead on one thread (a remote store only) and return at once: the index
+        records appended since the last read, then the payloads of the first ``n``
+        waiting groups from ``start`` on. A read-ahead still running makes this a no-op;
+        else what the last one read and no load took is dropped (so at most one round's
+        payloads are kept)."""
         if n <= 0 or not is_remote(self.store):
             return
         running = self._ahead_thread
         if running is not None and running.is_alive():
             return
-        with self._lock, self._ahead_lock:
+        with self._ahead_lock:
             self._ahead = {}
-            keys: list[str] = []
-            for entry, dup in self._pending:
-                if len(keys) >= n:
-                    break
-                if entry.position < start or dup or entry.host == CORRUPT_INDEX_HOST:
-                    continue
-                if entry.payload and entry.payload not in keys:
-                    keys.append(entry.payload)
-        if not keys:
-            return
-        self._ahead_keys = frozenset(keys)
+            self._ahead_keys = None
         thread = threading.Thread(
-            target=self._read_ahead, args=(keys,), name="yeto-buffer-prefetch", daemon=True
+            target=self._read_ahead, args=(start, n), name="yeto-buffer-prefetch", daemon=True
         )
         self._ahead_thread = thread
         thread.start()
 
-    def _read_ahead(self, keys: list[str]) -> None:
+    def _read_ahead(self, start: int, n: int) -> None:
+        keys: list[str] = []
+        # not blocking: a caller holding the lock may be waiting for this thread
+        if self._lock.acquire(timeout=1.0):
+            try:
+                try:
+                    self._index_ahead()
+                except Exception:  # the next select reads the index itself, and says why
+                    pass
+                for entry, dup in self._pending:
+                    if len(keys) >= n:
+                        break
+                    if entry.position < start or dup or entry.host == CORRUPT_INDEX_HOST:
+                        continue
+                    if entry.payload and entry.payload not in keys:
+                        keys.append(entry.payload)
+            finally:
+                self._lock.release()
+        with self._ahead_lock:
+            self._ahead_keys = frozenset(keys)
+        if not keys:
+            return
         got = overlapped(self.store, self.store.get, keys)
         with self._ahead_lock:
             ahead = self._ahead if self._ahead is not None else {}
@@ -73,7 +92,12 @@ class BufferLoads:
         """Wait for a running read-ahead that reads any of ``keys`` (it started before:
         it answers sooner than a new round trip would)."""
         thread = self._ahead_thread
-        if thread is not None and thread.is_alive() and not self._ahead_keys.isdisjoint(keys):
+        chosen = self._ahead_keys
+        if (
+            thread is not None
+            and thread.is_alive()
+            and (chosen is None or not chosen.isdisjoint(keys))
+        ):
             with stage("buffer.prefetch_wait"):
                 thread.join()
 

@@ -1,0 +1,125 @@
+"""On a remote store a sampler reads the backlog for its next decision while a call runs
+(a thread, through a read-only copy of the buffer), so the decision itself makes no
+round trip; the backlog is never understated and the cap still holds (counts only)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Optional
+
+from yeto_core.records import RoundSpec, SamplingParams
+from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.sampler_loop import SamplerLoop
+from yeto_core.stores.dir_store import DirStore
+from yeto_core.testing.fakes import DigitsTask, WeightFileEngine
+
+
+class Remote(DirStore):
+    def __init__(self, root, *, remote: bool = True):
+        super().__init__(root, fsync=False)
+        self.remote = remote
+
+    def local_root(self):
+        return None if self.remote else super().local_root()
+
+    def watch(self, prefix: str) -> Any:
+        from yeto_core.ports.store import SleepWatch
+
+        return SleepWatch()
+
+
+class Follower:
+    def __init__(self, engine):
+        self.engine = engine
+        self.last_round_straddled = False
+
+    @property
+    def version(self):
+        return self.engine.version
+
+    @contextlib.contextmanager
+    def round(self):
+        yield self.engine.version
+
+
+class CountingBuffer(FileSampleBuffer):
+    """Counts the backlog reads made through this object (not through its copies)."""
+
+    reads = 0
+
+    def backlog(self, *args: Any, **kw: Any) -> Any:
+        type(self).reads += 1
+        return super().backlog(*args, **kw)
+
+    def reader_copy(self) -> FileSampleBuffer:
+        return FileSampleBuffer(self.store, prefix=self.prefix, layout=self.layout, read_only=True)
+
+
+def loop_on(tmp_path, *, remote: bool = True, cap: int = 64, fresh: Optional[tuple] = None):
+    store = Remote(tmp_path / "s", remote=remote)
+    CountingBuffer.reads = 0
+    buf = CountingBuffer(store, layout="objects", host="h")
+    engine = WeightFileEngine()
+    loop = SamplerLoop(
+        buf,
+        engine,
+        DigitsTask(),
+        Follower(engine),
+        host="h",
+        incarnation=0,
+        group_size=2,
+        prompts_per_call=4,
+        sampling=SamplingParams(),
+        backlog_cap=cap,
+        fresh_only=fresh,
+        share_of=1,
+    )
+    return store, buf, loop
+
+
+def test_the_next_decision_uses_the_backlog_read_during_the_call(tmp_path):
+    store, buf, loop = loop_on(tmp_path)
+    room, why = loop.claim_room()  # the first decision reads the backlog itself
+    assert room == 4 and why == {"backlog_groups": 0} and CountingBuffer.reads == 1
+    assert len(loop.run_round()) == 4
+    room, why = loop.claim_room()
+    assert CountingBuffer.reads == 1  # no read of its own
+    assert why["read_ahead"] is True
+    # read before or after this call's append, plus this call's 4: never less than there
+    assert why["backlog_groups"] in (4, 8) and room == 4
+
+
+def test_at_the_cap_the_loop_reads_the_backlog_itself_and_waits(tmp_path):
+    store, buf, loop = loop_on(tmp_path, cap=8)
+    loop.claim_room()
+    loop.run_round()
+    assert loop.claim_room()[0] == 4
+    loop.run_round()  # 8 groups wait: the cap
+    room, why = loop.claim_room()
+    assert room == 0 and why["read_ahead"] is True and why["backlog_groups"] >= 8
+    reads = CountingBuffer.reads
+    room, why = loop.claim_room()  # waiting: each next decision reads the store
+    assert room == 0 and CountingBuffer.reads == reads + 1 and "read_ahead" not in why
+    trainer = FileSampleBuffer(store, layout="objects", host="trainer")
+    trainer.commit(trainer.select(RoundSpec(max_groups=8, current_version=0, max_policy_age=9)))
+    room, why = loop.claim_room()
+    assert room == 4 and why == {"backlog_groups": 0}
+
+
+def test_fresh_only_decisions_use_the_read_ahead_too(tmp_path):
+    # gate 0, rounds of 6: the first read leaves room for one call only (no skipped read)
+    store, buf, loop = loop_on(tmp_path, fresh=(0, 6))
+    assert loop.claim_room()[0] == 6 and loop.call_size == 4
+    loop.run_round()
+    room, why = loop.claim_room()
+    assert why.get("read_ahead") is True and why["backlog_groups"] >= 4
+    assert room == (2 if why["backlog_groups"] == 4 else 0)
+
+
+def test_on_a_local_store_every_decision_reads_the_backlog(tmp_path):
+    store, buf, loop = loop_on(tmp_path, remote=False)
+    loop.claim_room()
+    loop.run_round()
+    assert loop._backlog_ahead is None
+    room, why = loop.claim_room()
+    assert CountingBuffer.reads == 2 and "read_ahead" not in why
