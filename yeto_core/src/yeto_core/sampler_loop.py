@@ -317,10 +317,12 @@ class SamplerLoop:
         served, newest, seen = self._newest()
         # the groups still fresh at the newest release are the ones ahead of a new group
         # (read with the last call: at the release newest then, counting as fresh some
-        # that are stale now, so the room is never overstated)
+        # that are stale now; plus this island's last call and one call of each other
+        # island since, so the room is not overstated by the appends the read missed)
         if ahead is not None:
             backlog = ahead[0]
-            groups = int(backlog.groups) + ahead[1]
+            others = (self.share_of - 1) * self.prompts_per_call
+            groups = int(backlog.groups) + ahead[1] + others
         else:
             backlog = self._read_backlog(self.buffer, newest)
             groups = backlog.groups
