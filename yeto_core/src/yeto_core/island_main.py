@@ -438,11 +438,19 @@ def _index(island: str) -> int:
     return int(tail) if tail.isdigit() else 0
 
 
+#: the island's exit code once its work is done (its cut committed, its events flushed):
+#: a SIGTERM then (the head releasing it) exits with it at once instead of raising into
+#: the interpreter's shutdown (a traceback in the island's log)
+_exit_code: list[int] = []
+
+
 def _install_sigterm() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
 
     def handler(signum: int, frame: Any) -> None:
+        if _exit_code:
+            os._exit(_exit_code[0])
         raise Terminated(0)
 
     signal.signal(signal.SIGTERM, handler)
@@ -491,10 +499,14 @@ def main(argv: Optional[list[str]] = None, *, plugins: Any = None) -> int:
 
     _install_sigterm()
     try:
-        return run_island(os.environ, plugins)
+        code = run_island(os.environ, plugins)
     except YetoError as exc:  # the environment itself is wrong
         print(f"yeto island: error: {exc}", file=sys.stderr)
-        return 2
+        code = 2
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _exit_code.append(code)
+    return code
 
 
 if __name__ == "__main__":
