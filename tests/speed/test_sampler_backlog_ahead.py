@@ -51,7 +51,9 @@ class CountingBuffer(FileSampleBuffer):
         type(self).reads += 1
         return super().backlog(*args, **kw)
 
-    def reader_copy(self) -> FileSampleBuffer:
+    def reader_copy(self) -> Optional[FileSampleBuffer]:
+        if self.store.local_root() is not None:
+            return None
         return FileSampleBuffer(self.store, prefix=self.prefix, layout=self.layout, read_only=True)
 
 
@@ -118,8 +120,12 @@ def test_fresh_only_decisions_use_the_read_ahead_too(tmp_path):
 
 def test_on_a_local_store_every_decision_reads_the_backlog(tmp_path):
     store, buf, loop = loop_on(tmp_path, remote=False)
+    assert FileSampleBuffer(store, layout="objects").reader_copy() is None
     loop.claim_room()
-    loop.run_round()
-    assert loop._backlog_ahead is None
+    loop.run_round()  # its thread finds the buffer offers no copy
     room, why = loop.claim_room()
     assert CountingBuffer.reads == 2 and "read_ahead" not in why
+    loop.run_round()
+    assert loop._backlog_ahead is None  # no thread again
+    loop.claim_room()
+    assert CountingBuffer.reads == 3

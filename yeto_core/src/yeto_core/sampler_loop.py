@@ -153,6 +153,7 @@ class SamplerLoop:
         #: groups that call appends)
         self._backlog_ahead: Optional[tuple[threading.Thread, dict[str, Any], int]] = None
         self._ahead_buffer: Any = None  # the read-only copy those reads go through
+        self._no_reader_copy = False  # the buffer offers none (a local store)
         self.next_index = 0
         self.rounds = 0
         self.groups_appended = 0
@@ -250,12 +251,8 @@ class SamplerLoop:
         return room, why
 
     def _reads_backlog_ahead(self) -> bool:
-        store = getattr(self.buffer, "store", None)
-        return (
-            (self.fresh_only is not None or self.backlog_cap is not None)
-            and store is not None
-            and store.local_root() is None
-            and hasattr(self.buffer, "reader_copy")
+        return (self.fresh_only is not None or self.backlog_cap is not None) and (
+            not self._no_reader_copy
         )
 
     def _newest(self) -> tuple[int, int, Optional[tuple[int, Optional[int]]]]:
@@ -281,7 +278,11 @@ class SamplerLoop:
         def run() -> None:
             try:
                 if self._ahead_buffer is None:
-                    self._ahead_buffer = self.buffer.reader_copy()
+                    copy = self.buffer.reader_copy()
+                    if copy is None:  # reads through the buffer itself are cheap: no thread
+                        self._no_reader_copy = True
+                        return
+                    self._ahead_buffer = copy
                 result["backlog"] = self._read_backlog(self._ahead_buffer, newest)
             except Exception:  # the decision reads the backlog itself
                 pass

@@ -167,6 +167,14 @@ class DurableSampleBuffer(Port):
         """
         return None
 
+    def reader_copy(self) -> Optional[DurableSampleBuffer]:
+        """A read-only buffer on the same data with its own reader state, to read (the
+        backlog) on another thread while this object appends; None when reads through
+        this object are cheap enough (the default). The ``file`` buffer makes one on a
+        remote store only.
+        """
+        return None
+
     def prefetch(self, start: int, n: int) -> None:
         """A hint, in the background: the next reads will load up to ``n`` groups from
         position ``start`` on (the trainer gives it the next round's positions while it

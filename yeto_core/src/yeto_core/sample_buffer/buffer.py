@@ -280,9 +280,12 @@ class FileSampleBuffer(BufferAppends, BufferLoads, DurableSampleBuffer):
             reader.close()
         return [e for e in out if e.position >= start]
 
-    def reader_copy(self) -> FileSampleBuffer:
-        """A read-only buffer on the same store and prefix with its own reader state and
-        lock (a sampler reads the backlog through it while it appends through this one)."""
+    def reader_copy(self) -> Optional[FileSampleBuffer]:
+        """On a remote store, a read-only buffer on the same store and prefix with its own
+        reader state and lock (a sampler reads the backlog through it while it appends
+        through this one); None on a local store."""
+        if not is_remote(self.store):
+            return None
         return FileSampleBuffer(
             self.store,
             prefix=self.prefix,
