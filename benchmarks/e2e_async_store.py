@@ -68,6 +68,11 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     profile = r.pop("profile", {}) or {}
     print(json.dumps({k: r.get(k) for k in FIGURES}))
+    print_profile(profile, args.stages)
+
+
+def print_profile(profile: dict[str, Any], n: int) -> None:
+    """Each process's ``n`` slowest stages (ms per trained round) and store requests."""
     for proc, st in sorted(profile.items()):
         if not isinstance(st, dict):
             continue
@@ -75,7 +80,7 @@ def main() -> None:
         rows = sorted(
             ((k, v) for k, v in stages.items() if isinstance(v, dict)),
             key=lambda kv: -kv[1].get("s", 0),
-        )[: args.stages]
+        )[:n]
         print(proc, "  ".join(f"{k}={v.get('ms_per_round')}" for k, v in rows))
         counters = st.get("counters_per_round")
         if isinstance(counters, dict):

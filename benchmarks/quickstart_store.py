@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from e2e_async_store import print_profile  # benchmarks/, this script's folder
+
 from yeto_bench.e2e import (
     YETO,
     _first_appended,
@@ -142,19 +144,7 @@ def run(args: argparse.Namespace, work: Path, base: str) -> None:
             if r["kind"] != "trained":
                 print(r["kind"], round(r["time"] - t0, 1), r.get("reason") or "")
     if args.stages:
-        for proc, st in sorted(stage_profiles(store, rounds=len(trained)).items()):
-            if not isinstance(st, dict):
-                continue
-            stages = st.get("stages", st)
-            rows = sorted(
-                ((k, v) for k, v in stages.items() if isinstance(v, dict)),
-                key=lambda kv: -kv[1].get("s", 0),
-            )[: args.stages]
-            print(proc, "  ".join(f"{k}={v.get('ms_per_round')}" for k, v in rows))
-            counters = st.get("counters_per_round")
-            if isinstance(counters, dict):
-                req = {k: v for k, v in counters.items() if k.startswith("store.")}
-                print(f"   store requests per trained round {sum(req.values()):.1f}", req)
+        print_profile(stage_profiles(store, rounds=len(trained)), args.stages)
 
 
 if __name__ == "__main__":
