@@ -113,7 +113,7 @@ def test_a_round_another_trainer_recorded_after_the_look_ahead_is_still_refused(
     ledger = BatchLedger(store)
     batch = reader.take(0)
     ledger.look_ahead()
-    ledger._ahead[0].join()  # listed: nothing there yet
+    ledger._ahead[0].result()  # listed: nothing there yet
     BatchLedger(store).record(batch, seq=1, incarnation=7, parent_cut=None)  # the other one
     with pytest.raises(LedgerError, match="another trainer recorded round 1"):
         ledger.record(batch, seq=1, incarnation=0, parent_cut=None)

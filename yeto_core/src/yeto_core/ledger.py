@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
-import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from typing import Any, Optional
 
 import attrs
@@ -39,7 +39,7 @@ import attrs
 from yeto_core import serde
 from yeto_core.errors import YetoError
 from yeto_core.stores.log import StoreLog
-from yeto_core.stores.parallel import is_remote, map_all
+from yeto_core.stores.parallel import in_background, is_remote, map_all
 
 PREFIX = "ledger"
 
@@ -116,8 +116,8 @@ class BatchLedger:
         #: the newest record key this object has seen (listed or written) and its record:
         #: a writer lists only after it (O(new keys) per round, not O(history))
         self._tail: Optional[tuple[str, LedgerRound]] = None
-        #: a listing after the tail started by :meth:`look_ahead`: (thread, result)
-        self._ahead: Optional[tuple[threading.Thread, dict[str, Any]]] = None
+        #: a listing started by :meth:`look_ahead`: (its keys, the tail it lists after)
+        self._ahead: Optional[tuple[Future[list[str]], Optional[str]]] = None
 
     # -- reading --------------------------------------------------------------------------
 
@@ -155,29 +155,20 @@ class BatchLedger:
         if self._ahead is not None or not is_remote(self.store):
             return
         after = self._tail[0] if self._tail is not None else None
-        result: dict[str, Any] = {"after": after}
-
-        def run() -> None:
-            try:
-                result["keys"] = self._keys(after=after)
-            except Exception as exc:  # listed again by record itself
-                result["error"] = exc
-
-        thread = threading.Thread(target=run, name="yeto-ledger-look-ahead", daemon=True)
-        self._ahead = (thread, result)
-        thread.start()
+        listing = in_background(lambda: self._keys(after=after), "yeto-ledger-look-ahead")
+        self._ahead = (listing, after)
 
     def _listed_ahead(self) -> Optional[list[str]]:
         """The keys :meth:`look_ahead` listed after the current tail (None: none usable)."""
         ahead, self._ahead = self._ahead, None
         if ahead is None:
             return None
-        thread, result = ahead
-        thread.join()
-        tail = self._tail[0] if self._tail is not None else None
-        if "keys" not in result or result["after"] != tail:
+        listing, after = ahead
+        try:
+            keys = listing.result()
+        except Exception:  # listed again by the caller
             return None
-        return result["keys"]
+        return keys if after == (self._tail[0] if self._tail is not None else None) else None
 
     def _last_seen(self) -> Optional[LedgerRound]:
         """:meth:`last`, listing after the newest key this object saw (records are only

@@ -45,12 +45,14 @@ import hashlib
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any, Optional
 
 import numpy as np
 
 from yeto_core.records import Event, Sample, SampleGroup, SampleStatus, SamplingParams
 from yeto_core.stage_profile import PROFILE, stage
+from yeto_core.stores.parallel import in_background
 
 #: Dispense indices of different (seed, host, incarnation) start this far apart.
 STRIDE = 1 << 32
@@ -149,9 +151,9 @@ class SamplerLoop:
         self.call_size = self.prompts_per_call
         #: fresh room the last backlog read left after the calls made since (a bound)
         self._spare = 0
-        #: a backlog read started with the last call (remote stores): (thread, result,
-        #: groups that call appends)
-        self._backlog_ahead: Optional[tuple[threading.Thread, dict[str, Any], int]] = None
+        #: a backlog read started with the last call (remote stores): (the backlog, None
+        #: when the buffer offers no copy; groups that call appends)
+        self._backlog_ahead: Optional[tuple[Future[Any], int]] = None
         self._ahead_buffer: Any = None  # the read-only copy those reads go through
         self._no_reader_copy = False  # the buffer offers none (a local store)
         self.next_index = 0
@@ -273,36 +275,33 @@ class SamplerLoop:
         (this call's append holds the buffer's own lock); the call about to run appends
         ``appending`` groups, which the next decision adds."""
         newest = self._newest()[1] if self.fresh_only is not None else None
-        result: dict[str, Any] = {}
 
-        def run() -> None:
-            try:
-                if self._ahead_buffer is None:
-                    copy = self.buffer.reader_copy()
-                    if copy is None:  # reads through the buffer itself are cheap: no thread
-                        self._no_reader_copy = True
-                        return
-                    self._ahead_buffer = copy
-                result["backlog"] = self._read_backlog(self._ahead_buffer, newest)
-            except Exception:  # the decision reads the backlog itself
-                pass
+        def read() -> Any:
+            if self._ahead_buffer is None:
+                copy = self.buffer.reader_copy()
+                if copy is None:  # reads through the buffer itself are cheap: no thread
+                    self._no_reader_copy = True
+                    return None
+                self._ahead_buffer = copy
+            return self._read_backlog(self._ahead_buffer, newest)
 
-        thread = threading.Thread(target=run, name="yeto-sampler-backlog", daemon=True)
-        self._backlog_ahead = (thread, result, appending)
-        thread.start()
+        self._backlog_ahead = (in_background(read, "yeto-sampler-backlog"), appending)
 
     def _backlog_read_ahead(self) -> Optional[tuple[Any, int]]:
         """(the backlog read with the last call, the groups that call appended), or None."""
         ahead, self._backlog_ahead = self._backlog_ahead, None
         if ahead is None:
             return None
-        thread, result, appended = ahead
-        with stage("sampler.backlog_ahead_wait"):
-            thread.join()
-        if "backlog" not in result:
+        read, appended = ahead
+        try:
+            with stage("sampler.backlog_ahead_wait"):
+                backlog = read.result()
+        except Exception:  # the decision reads the backlog itself
+            return None
+        if backlog is None:
             return None
         PROFILE.count("sampler.backlog_read_ahead")
-        return result["backlog"], appended
+        return backlog, appended
 
     def _room(self) -> tuple[int, dict[str, Any]]:
         """(groups the next call may add, the inputs of that decision)."""

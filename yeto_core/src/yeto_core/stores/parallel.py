@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Optional, TypeVar, Union
 
 from yeto_core.ports.store import ObjectStore
@@ -50,6 +50,22 @@ def _executor() -> ThreadPoolExecutor:
 def _in_pool() -> bool:
     """Whether this thread is one of the pool's (a nested call runs inline: no deadlock)."""
     return threading.current_thread().name.startswith("store-io")
+
+
+def in_background(fn: Callable[[], R], name: str) -> Future[R]:
+    """``fn()`` on a daemon thread of its own (not the pool: ``fn`` may overlap requests
+    itself), started now; its future holds the result or the error."""
+    future: Future[R] = Future()
+
+    def run() -> None:
+        future.set_running_or_notify_cancel()
+        try:
+            future.set_result(fn())
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
 
 
 def is_remote(store: ObjectStore) -> bool:
