@@ -108,6 +108,9 @@ def test_pause_throttle_pauses_after_each_window() -> None:
     rounds, events, waits = [], [], []
 
     class Loop:
+        def flush(self):
+            return []
+
         def run(self, max_rounds=None):
             rounds.append(t[0])
             t[0] += 1.0

@@ -42,6 +42,7 @@ from yeto_core.errors import YetoError
 from yeto_core.event_stream import read_events
 from yeto_core.ports import TrainerLifecycle, TrainerScheduler
 from yeto_core.records import Action, ConsistentCut, Decision, LifecycleState, SchedulerInputs
+from yeto_core.stores.parallel import is_remote
 from yeto_core.trainer_loop import Journal
 
 
@@ -292,11 +293,13 @@ class HeadSlotOps(SlotOps):
                 report["before_loop"] = True  # stopped while it was still starting
         else:  # gone before it could report (killed, or stopped before its loop began)
             group = dict(h.config.sampler_islands())[node]
+            # on a remote store a call commits while the next one generates: two in flight
+            calls = 2 if is_remote(h.store) else 1
             report.update(
                 finished=0,
                 abandoned=0,
                 unreported=True,
-                abandoned_at_most=int(group.prompts_per_call),
+                abandoned_at_most=calls * int(group.prompts_per_call),
             )
         return report
 

@@ -44,6 +44,7 @@ from yeto_core.island_env import (  # noqa: F401 (ENV_* re-exported: the old imp
 from yeto_core.ports import TrainerBackend, names
 from yeto_core.records import Batch, Event, ReleaseInfo, Trigger
 from yeto_core.stage_profile import emit_snapshot, stage
+from yeto_core.stores.parallel import is_remote
 
 #: seconds between two ``stage_profile`` snapshots in an island's event stream
 PROFILE_EVERY_S = 10.0
@@ -368,6 +369,8 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         latest_release=releases.seen,
         share_of=sum(s.count for s in config.samplers),
         fenced=StoreFences(store),  # read only with fresh_only (no request before)
+        # a remote store's commit (round trips) lands while the next call generates
+        overlap_append=is_remote(store),
     )
     from yeto_core.sampler_drain import DEFAULT_DRAIN_BOUND_S, DrainGuard
 
@@ -389,6 +392,7 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         follower.poll()  # serve the newest release (if any) before the first round
         follower.start(poll_s=0.05 if scfg.sync_rounds else 0.2)
         run_with_pauses(loop, stop, scfg.pause_every_s, scfg.pause_s, on_event)
+        loop.flush()
         guard.finished()
     finally:
         if dispenser is not None:
@@ -415,6 +419,7 @@ def run_with_pauses(
     window = clock()
     while not stop.is_set():
         if clock() - window >= every_s:
+            loop.flush()  # the last call's groups land before the pause
             on_event(Event(kind="sampler_pause", time=time.time(), source="", data={"s": pause_s}))
             if stop.wait(pause_s):
                 return

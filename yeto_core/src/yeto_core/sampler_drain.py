@@ -8,7 +8,10 @@ many in-flight groups it abandoned, flushes its event stream and exits at once.
 A call's groups go to the buffer as one group commit (``append_many``: the payloads,
 then their index records), counted per group; a commit in progress when the bound
 passes lands whole, and an abandoned group is never half-appended: it is absent
-from the buffer. Every
+from the buffer. A loop that commits a call while the next one generates
+(``overlap_append``, on a remote store) has both in flight: the guard counts the groups
+of every call begun that neither landed nor was thrown away, and waits for all of them.
+Every
 stop ends with one ``sampler_drained`` event on the island's stream::
 
     {"incarnation": k, "finished": groups of the in-flight round appended after
@@ -105,13 +108,19 @@ class DrainGuard:
         self.loop, self.stop, self.bound_s = loop, stop, float(bound_s)
         self._emit, self._flush, self._exit, self._clock = emit, flush, exit, clock
         self.incarnation = int(incarnation)
+        #: held by each append (an abandoning exit waits for the one in progress)
+        self._commit_lock = threading.Lock()
+        #: the rounds begun and the report (never held across an append: a round may
+        #: begin while the last call's commit lands)
         self._lock = threading.Lock()
-        self.buffer = _CountingBuffer(loop.buffer, self._lock)
+        self.buffer = _CountingBuffer(loop.buffer, self._commit_lock)
         loop.buffer = self.buffer
         self._run_round = loop.run_round
         loop.run_round = self._guarded_round
-        self.in_round: Optional[int] = None  # appends counted when the round began
         self.round_groups = int(getattr(loop, "prompts_per_call", 0))
+        #: groups of the rounds begun (each round's call size, when it began)
+        self.begun = 0
+        self._discarded_at_start = int(getattr(loop, "groups_discarded", 0))
         self._stopped_at: Optional[float] = None
         self._appended_at_stop = 0
         self._reported = False
@@ -121,13 +130,14 @@ class DrainGuard:
         with self._lock:
             if self._reported:  # abandoned: never start another round
                 return []
-            self.in_round = self.buffer.appended
-        try:
-            return self._run_round()
-        finally:
-            with self._lock:
-                if not self.buffer.closed:  # once closed, the watchdog reports this round
-                    self.in_round = None
+            self.begun += int(getattr(self.loop, "call_size", self.round_groups))
+        return self._run_round()
+
+    def in_flight(self) -> int:
+        """Groups of the rounds begun that have neither landed nor been thrown away (a
+        call generating, a commit landing)."""
+        discarded = int(getattr(self.loop, "groups_discarded", 0)) - self._discarded_at_start
+        return max(0, self.begun - self.buffer.appended - discarded)
 
     def request_stop(self) -> None:
         """Stop the loop and start the bound (a SIGTERM handler calls this)."""
@@ -143,18 +153,17 @@ class DrainGuard:
         deadline = (self._stopped_at or 0.0) + self.bound_s
         while self._clock() < deadline:
             # read without the lock: an append in progress must not hold up the deadline
-            if self.in_round is None or self._reported:
+            if self.in_flight() == 0 or self._reported:
                 return
             time.sleep(0.02)
         # the bound passed: no new append may start (one in progress lands whole)
         self.buffer.closed = True
-        with self._lock:
-            if self.in_round is None or self._reported:
+        with self._commit_lock, self._lock:
+            abandoned = self.in_flight()
+            if abandoned == 0 or self._reported:
                 return
-            done = self.buffer.appended - self.in_round
             self._report(
-                finished=self.buffer.appended - self._appended_at_stop,
-                abandoned=max(0, self.round_groups - done),
+                finished=self.buffer.appended - self._appended_at_stop, abandoned=abandoned
             )
         self._flush()
         self._exit(0)

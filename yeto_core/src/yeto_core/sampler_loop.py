@@ -17,7 +17,9 @@ backlog is at ``backlog_cap`` groups the loop waits on the buffer's watch (woken
 by the trainer's commit; a plain wait on its stop event when the buffer has
 none), re-reading the backlog at least every ``backlog_poll_s``. A call's groups
 are appended with one ``append_many`` (a group commit: one index sync for all of
-them). On a remote store (round trips) the backlog that the cap and ``fresh_only``
+them). With ``overlap_append`` (the island sets it on a remote store) that commit runs
+on a thread while the next call generates: one commit in flight at a time, in call
+order, its error raised by the next call or by :meth:`flush`. On a remote store (round trips) the backlog that the cap and ``fresh_only``
 check is read while the previous call generates and appends, on a thread through a
 read-only copy of the buffer, and that call's groups are added to it: the read is off
 the call's path, and the cap can be passed only as when islands decide at once (by the
@@ -84,6 +86,10 @@ class SamplerLoop:
         follower saw (None: none yet, the served version is assumed).
     :param share_of: the sampler islands that share the fresh room (each call takes at
         most its share, at least one group).
+    :param overlap_append: a call's group commit runs on a thread while the next call
+        generates (a remote store's round trips off the call's path); :meth:`run_round`
+        then returns before its groups land (``[]``), and :meth:`flush` waits for them.
+        Ignored with ``sync_rounds`` (each call waits for the policy anyway).
     """
 
     def __init__(
@@ -114,6 +120,7 @@ class SamplerLoop:
         latest_release: Optional[Callable[[], Optional[tuple[int, Optional[int]]]]] = None,
         share_of: int = 1,
         fenced: Optional[Callable[[str, int], bool]] = None,
+        overlap_append: bool = False,
     ) -> None:
         if prompts_per_round is not None:  # the old name of prompts_per_call
             prompts_per_call = prompts_per_round
@@ -156,6 +163,9 @@ class SamplerLoop:
         self._backlog_ahead: Optional[tuple[Future[Any], int]] = None
         self._ahead_buffer: Any = None  # the read-only copy those reads go through
         self._no_reader_copy = False  # the buffer offers none (a local store)
+        self.overlap_append = bool(overlap_append) and not self.sync_rounds
+        #: the last call's group commit still landing (``overlap_append``): its future, groups
+        self._landing: Optional[tuple[Future[list[int]], int]] = None
         self.next_index = 0
         self.rounds = 0
         self.groups_appended = 0
@@ -357,7 +367,8 @@ class SamplerLoop:
             indices = [self.offset + self.next_index + k for k in range(size)]
         prompts = [self.task.prompt(i) for i in indices]
         if self._reads_backlog_ahead():
-            self._read_backlog_ahead(size)
+            # the read may miss this call's groups and a commit still landing
+            self._read_backlog_ahead(size + self._landing_groups())
         guard = self.follower.round() if self.follower is not None else _no_lock()
         asked = time.perf_counter()
         with guard:
@@ -427,16 +438,37 @@ class SamplerLoop:
             )
             groups.append(group)
         PROFILE.add("sampler.score", time.perf_counter() - scoring)
+        self.next_index += size
+        self.rounds += 1
+        record = (groups, slots, indices, rewards, versions, started, self.rounds)
+        if self.overlap_append:
+            self.flush()  # one commit in flight at a time, in call order
+            self._landing = (
+                in_background(lambda: self._land(*record), "yeto-sampler-append"),
+                len(groups),
+            )
+            return []
+        return self._land(*record)
+
+    def _land(
+        self,
+        groups: list[SampleGroup],
+        slots: Any,
+        indices: list[int],
+        rewards: list[float],
+        versions: list[int],
+        started: float,
+        round_no: int,
+    ) -> list[int]:
+        """Append a call's groups, ack its dispensed slots, report the call."""
         with stage("sampler.append"):
             positions = self._append(groups)
         if slots is not None:
             self.dispenser.done(slots)
-        self.next_index += size
-        self.rounds += 1
         self.groups_appended += len(positions)
         self._event(
             "sampler_round",
-            round=self.rounds,
+            round=round_no,
             groups=len(positions),
             first_index=indices[0],
             reward_mean=float(np.mean(rewards)) if rewards else 0.0,
@@ -450,6 +482,22 @@ class SamplerLoop:
             seconds=self.clock() - started,
         )
         return positions
+
+    def _landing_groups(self) -> int:
+        """Groups of a commit still landing (``overlap_append``; 0: none)."""
+        landing = self._landing
+        return landing[1] if landing is not None and not landing[0].done() else 0
+
+    def flush(self) -> list[int]:
+        """Wait for the group commit still landing (``overlap_append``) and raise its error.
+
+        :returns: its positions (``[]`` when none was landing).
+        """
+        landing, self._landing = self._landing, None
+        if landing is None:
+            return []
+        with stage("sampler.append_wait"):
+            return landing[0].result()
 
     def _append(self, groups: list[SampleGroup]) -> list[int]:
         """Append one call's groups as one group commit (the port's ``append_many``)."""
@@ -473,6 +521,8 @@ class SamplerLoop:
                         break
             if self.stop.is_set():
                 break
+        if self.stop.is_set() or max_rounds is None:
+            self.flush()  # the last call's groups land before the loop ends
         return done
 
 
