@@ -205,3 +205,34 @@ def test_a_forced_load_mid_generation_throws_that_round_away(tmp_path):
     assert len(loop.run_round()) == 3
     assert all(s.weight_version == 1 for g in buf.groups for s in g.samples)
     assert follower.last_round_straddled is False
+
+
+def test_a_release_is_fetched_while_a_round_runs_and_loaded_after_it(setup):
+    # the fetch (the store's round trips) needs no update lock: a round waits only for
+    # the load, and a release with a bad digest is refused without waiting for the round
+    releases, engine, follower, events, tmp = setup
+    fetched_during_round = []
+    real_fetch = releases.fetch
+
+    def fetch(rel, dest, **kw):
+        fetched_during_round.append(follower._update_lock.locked())
+        return real_fetch(rel, dest, **kw)
+
+    releases.fetch = fetch
+    publish(releases, tmp, 1, b"one")
+    with follower.round():
+        polled = threading.Thread(target=follower.poll)
+        polled.start()
+        deadline = time.monotonic() + 10
+        while not fetched_during_round and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert fetched_during_round == [True] and engine.version == 0  # fetched, not loaded
+    polled.join(10)
+    assert engine.version == follower.version == 1
+    [loaded] = [e for e in events if e.kind == "release_loaded"]
+    assert loaded.data["forced"] is False
+    bad = publish(releases, tmp, 2, b"two")
+    (tmp / "store" / "releases" / bad.release_id / "w.bin").write_bytes(b"evil")
+    with follower.round():
+        assert follower.poll() == "refused"  # at once, the round still holding the lock
+    assert engine.version == 1 and follower.counters.forced_loads == 0

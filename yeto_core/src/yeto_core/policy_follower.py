@@ -20,7 +20,9 @@ A delta that fails is refused like a bad digest (reason ``parent_mismatch``,
 full release it was rebuilt from, ``chain[0]``), ``fetched_bytes`` and ``fetch_s``.
 
 The sampler holds the update lock for the length of a round
-(``with follower.round(): ...``). A load that finds a round in progress waits
+(``with follower.round(): ...``). A release is fetched and checked before the lock is
+asked for, so a round waits only for the engine's load and its checks, never for the
+store. A load that finds a round in progress waits
 for it (a **deferral**), but never longer than ``reload_max_defer_s`` from the
 moment the release was first seen; then the load is **forced** while the round
 runs, and the event says so. Counters: ``loads``, ``deferrals``,
@@ -175,41 +177,45 @@ class PolicyFollower:
             if self._pending is None or self._pending[0] != rel.release_id:
                 self._pending = (rel.release_id, now)
             first_seen = self._pending[1]
+            # fetched and checked before the update lock: a round waits only for the load
+            dest = self.work_dir / rel.release_id
+            if dest.exists():
+                shutil.rmtree(dest)
+            try:
+                with stage("follower.fetch_verify"):
+                    fetched = self._fetch(rel, dest)
+            except ReleaseError as exc:
+                self._pending = None
+                shutil.rmtree(dest, ignore_errors=True)
+                return self._refuse(rel, getattr(exc, "reason", "digest_mismatch"), str(exc))
             if self._update_lock.acquire(blocking=False):
                 try:
-                    return self._load(rel, forced=False, waited=now - first_seen)
+                    return self._load(rel, fetched, forced=False, waited=self.clock() - first_seen)
                 finally:
                     self._update_lock.release()
             if rel.release_id not in self._deferred_ids:
                 self._deferred_ids.add(rel.release_id)
                 self.counters.deferrals += 1
                 self._event("release_deferred", rel, reason="round in progress")
-            budget = max(0.0, self.reload_max_defer_s - (now - first_seen))
+            budget = max(0.0, self.reload_max_defer_s - (self.clock() - first_seen))
             if self._update_lock.acquire(timeout=budget):
                 try:
-                    return self._load(rel, forced=False, waited=self.clock() - first_seen)
+                    return self._load(rel, fetched, forced=False, waited=self.clock() - first_seen)
                 finally:
                     self._update_lock.release()
             self.counters.forced_loads += 1
             straddled = self._active_round
-            result = self._load(rel, forced=True, waited=self.clock() - first_seen)
+            result = self._load(rel, fetched, forced=True, waited=self.clock() - first_seen)
             if result == "forced" and straddled is not None:
                 self._straddled.add(straddled)
                 self.counters.straddled_rounds += 1
             return result
 
-    def _load(self, rel: Any, *, forced: bool, waited: float) -> str:
+    def _load(self, rel: Any, fetched: dict[str, Any], *, forced: bool, waited: float) -> str:
+        """Load ``rel`` (fetched and checked into the work dir) under the update lock."""
         self._pending = None
         self._deferred_ids.discard(rel.release_id)
         dest = self.work_dir / rel.release_id
-        if dest.exists():
-            shutil.rmtree(dest)
-        try:
-            with stage("follower.fetch_verify"):
-                fetched = self._fetch(rel, dest)
-        except ReleaseError as exc:
-            shutil.rmtree(dest, ignore_errors=True)
-            return self._refuse(rel, getattr(exc, "reason", "digest_mismatch"), str(exc))
         local = LocalRelease(
             version=int(rel.version),
             release_id=rel.release_id,
