@@ -394,3 +394,33 @@ def test_a_restore_seen_by_an_overlapped_update_re_reads_the_index_once(tmp_path
     b = head.backlog()
     assert (b.groups, b.watermark, b.head_position) == (6, 1, 7)
     assert head.head_position == 7 and head.backlog().groups == 6
+
+
+def test_a_release_s_files_are_fetched_with_overlapping_gets_and_still_checked(tmp_path):
+    # the follower's fetch (and a cut's restore: the same download) on a remote store
+    import hashlib
+
+    from yeto_core.errors import ReleaseError
+    from yeto_core.release import ReleaseStore
+
+    store = RemoteDir(tmp_path / "s")
+    releases = ReleaseStore(store)
+    out = tmp_path / "export"
+    out.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "extra.bin"):
+        (out / name).write_bytes(name.encode() * 50)
+    weights = (out / "model.safetensors").read_bytes()
+    rel = releases.publish(
+        out,
+        {"version": 1, "kind": "full", "weight_checksum": hashlib.sha256(weights).hexdigest()},
+    )
+    names = ("config.json", "model.safetensors", "tokenizer.json", "extra.bin")
+    store.gate(4, *(f"releases/{rel.release_id}/{n}" for n in names))
+    releases.fetch(rel, tmp_path / "a")  # 4 files: all 4 gets in flight at once
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == weights
+    store._barrier = None
+    (tmp_path / "s" / "releases" / rel.release_id / "tokenizer.json").write_bytes(b"evil" * 50)
+    (tmp_path / "s" / "releases" / rel.release_id / "extra.bin").unlink()
+    with pytest.raises(ReleaseError) as exc:
+        releases.fetch(rel, tmp_path / "b")
+    assert "tokenizer.json: sha256" in str(exc.value) and "extra.bin: missing" in str(exc.value)

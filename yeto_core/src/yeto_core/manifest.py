@@ -19,13 +19,18 @@ import hashlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Optional
 
 from yeto_core.errors import NotFoundError
 from yeto_core.ports import ObjectStore
 from yeto_core.records import ShardDigest
+from yeto_core.stores.parallel import is_remote, overlapped
 
 MANIFEST_NAME = "manifest.json"
 _CHUNK = 1 << 20
+#: the smallest files of a manifest, up to this many bytes in all, are downloaded at once
+#: from a remote store (their bytes held together); the others one at a time
+OVERLAP_MAX_BYTES = 256 << 20
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -91,12 +96,36 @@ def download_verified(
         what was expected and what was found.
     """
     dest = Path(dest_dir)
+    files = list(files)
     problems = []
+
+    def get(f: ShardDigest) -> Optional[bytes]:
+        try:
+            return store.get(f"{key_prefix}/{f.name}")
+        except NotFoundError:
+            return None
+
+    # on a remote store, files of up to OVERLAP_MAX_BYTES in all are requested at once
+    # (their bytes held together); the rest one at a time, as on a local store
+    early: dict[str, tuple[Optional[bytes], Optional[BaseException]]] = {}
+    if len(files) > 1 and is_remote(store):
+        wave, total = [], 0
+        for f in sorted(files, key=lambda f: f.size):
+            if total + f.size > OVERLAP_MAX_BYTES:
+                break
+            wave.append(f)
+            total += f.size
+        if len(wave) > 1:
+            early = {f.name: r for f, r in zip(wave, overlapped(store, get, wave), strict=True)}
     for f in files:
         key = f"{key_prefix}/{f.name}"
-        try:
-            data = store.get(key)
-        except NotFoundError:
+        if f.name in early:
+            data, exc = early.pop(f.name)
+            if exc is not None:
+                raise exc
+        else:
+            data = get(f)
+        if data is None:
             problems.append(f"{key}: missing (the manifest lists it)")
             continue
         digest = sha256_bytes(data)
