@@ -12,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import attrs
 import pytest
 from click.testing import CliRunner
 
@@ -153,7 +154,15 @@ def test_run_down_from_another_process_and_status_cli(tmp_path: Path) -> None:
 
 
 def test_a_killed_head_is_continued_by_the_next_one(tmp_path: Path) -> None:
+    # one round per train command (a command waits for groups up to train_for_s, and the
+    # fake trainer is fast: one command could train all 10): the head is killed mid-run
     config = _config(tmp_path, total_rounds=10)
+    config = attrs.evolve(
+        config,
+        scheduler=attrs.evolve(
+            config.scheduler, options={**config.scheduler.options, "rounds_per_tick": 1}
+        ),
+    )
     first = _start_head(config, tmp_path)
     try:
         _wait(lambda: (_status(config).get("trained_rounds") or 0) >= 3, "three trained rounds")

@@ -42,8 +42,43 @@ def test_the_driver_stops_after_the_round_that_passes_for_s(tmp_path):
     driver = _driver(tmp_path, 12)  # 6 full rounds wait
     assert driver.train(100, 1e-9) == 1  # any round takes longer than a nanosecond
     assert driver.train(2, 1e-9) == 1
-    assert driver.train(100, 3600.0) == 4  # the limit not reached: all that wait
+    assert driver.train(4, 3600.0) == 4  # the limit not reached: all that were asked for
     assert driver.train(100, 1e-9) == 0  # none waits: nothing, whatever the limit
+
+
+def test_a_command_waits_for_groups_while_its_for_s_lasts(tmp_path):
+    import threading
+    import time
+
+    driver = _driver(tmp_path, 4)  # 2 full rounds wait
+    sampler = FileSampleBuffer(DirStore(tmp_path / "store", fsync=False), host="late")
+    appended = threading.Event()
+
+    def late() -> None:  # a round's groups arrive while the command waits
+        time.sleep(0.3)
+        for i in range(2):
+            sampler.append(make_group(100 + i, 0, g=4))
+        appended.set()
+
+    threading.Thread(target=late, daemon=True).start()
+    began = time.monotonic()
+    # the 2 rounds that wait, then the late one (appended 0.3 s in), in the same command,
+    # which then waits for more until its 3 s are over
+    assert driver.train(100, 3.0) == 3 and appended.is_set()
+    assert time.monotonic() - began >= 3.0
+    # at the data end it does not wait
+    sampler.mark_data_end()
+    began = time.monotonic()
+    assert driver.train(100, 60.0) == 0 and time.monotonic() - began < 30
+
+
+def test_a_command_without_for_s_never_waits(tmp_path):
+    import time
+
+    driver = _driver(tmp_path, 4)
+    began = time.monotonic()
+    assert driver.train(100) == 2 and driver.train(100, None) == 0
+    assert time.monotonic() - began < 30
 
 
 def test_without_for_s_the_driver_trains_every_round_asked_for(tmp_path):

@@ -30,6 +30,7 @@ from yeto_core.ports import (
     TrainerBackend,
     TrainerLifecycle,
 )
+from yeto_core.ports.store import SleepWatch
 from yeto_core.records import (
     ConsistentCut,
     Event,
@@ -41,6 +42,10 @@ from yeto_core.release import ReleaseStore
 from yeto_core.stage_profile import PROFILE, stage
 
 S = LifecycleState
+
+#: how often a train command that waits for a round's groups looks again, at most (the
+#: buffer's watch wakes it sooner where the store notifies)
+ROUND_POLL_S = 0.05
 
 
 class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
@@ -135,6 +140,9 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         self._upload_pending: Any = None
         #: rounds the backend refused for a non-finite loss or gradient norm, in a row
         self.nonfinite_in_a_row = 0
+        #: the last ``_train_one`` found too few groups (a command with ``for_s`` waits)
+        self._waiting_for_groups = False
+        self._arrivals: Any = None  # the buffer's watch while a command waits for groups
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -294,6 +302,12 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         """Train up to ``rounds`` whole rounds; stop early (holding) when no full round waits
         and, with ``for_s``, after the round that ends ``for_s`` seconds after the call.
 
+        With ``for_s``, a command that finds no full round (the samplers have not appended
+        it yet) waits for one while its ``for_s`` lasts, woken by the buffer's watch (or
+        polling every :data:`ROUND_POLL_S`), instead of handing the turn back to the head:
+        the head's turn costs its tick and the command's round trips; a wait costs one
+        select per wake-up. It does not wait at the data end.
+
         With ``overlap_uploads`` the last round's upload goes on after this returns (over
         the head's turn); the next publish, ``train`` or ``drain`` waits for it and fails
         if it failed (``train`` before it trains anything).
@@ -306,9 +320,15 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
                 self._wait_upload()  # the previous command's last upload failed: fail now
             try:
                 began = time.monotonic()
-                for _ in range(rounds):
+                while done < rounds:
                     if not self._train_one():
-                        break
+                        left = None if for_s is None else for_s - (time.monotonic() - began)
+                        if not self._waiting_for_groups or left is None or left <= 0:
+                            break
+                        if self.buffer.data_ended():  # no round is coming
+                            break
+                        self._wait_for_groups(min(left, ROUND_POLL_S))
+                        continue
                     done += 1
                     if for_s is not None and time.monotonic() - began >= for_s:
                         break
@@ -323,10 +343,27 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         self.sm.go(S.READY, "hold")
         return done
 
+    def _wait_for_groups(self, seconds: float) -> None:
+        """At most ``seconds``, less when the buffer's watch sees a change."""
+        if self._arrivals is None:
+            self._arrivals = self.buffer.watch() or SleepWatch()
+        with stage("trainer.wait_round"):
+            self._arrivals.wait(seconds)
+
+    def _close_arrivals(self) -> None:
+        watch, self._arrivals = self._arrivals, None
+        close = getattr(watch, "close", None)
+        if close is not None:
+            close()
+
     def _train_one(self) -> bool:
+        """Train one round. False: none was trained (``_waiting_for_groups`` says whether
+        because too few groups wait yet, as opposed to the data end or a held round)."""
         assert self.backend is not None and self.incarnation is not None
+        self._waiting_for_groups = False
         reader = self._make_reader()
         if reader is None:
+            self._waiting_for_groups = True  # nothing appended yet
             return False
         c = self.counters
         # the data end only matters for a short last round (one store request less a round)
@@ -340,6 +377,7 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
             self._commit_skips_at_data_end(reader)
             return False
         if batch is None:
+            self._waiting_for_groups = True
             return False
         if len(batch.groups) < self.groups_per_round and not self.partial_last_round:
             reader.reset()  # a short round at the data end: hold; the buffer re-offers it
@@ -435,6 +473,7 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
     def release(self) -> None:
         """Drop the backend (LEFT or FAILED → STOPPED)."""
         self.sm.go(S.STOPPED, "release")
+        self._close_arrivals()
         if self._uploader is not None:
             self._uploader.shutdown(wait=True)
             self._uploader, self._upload_pending = None, None
