@@ -54,6 +54,9 @@ def main() -> None:
     ap.add_argument("--stages", type=int, default=0, help="stages printed per process")
     ap.add_argument("--journal", action="store_true", help="print the head's journal")
     ap.add_argument("--keep", action="store_true", help="keep the run directory")
+    ap.add_argument(
+        "--events-out", default=None, help="write every stream's events here (JSON lines)"
+    )
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="yeto-qs-store-"))
     try:
@@ -145,6 +148,15 @@ def run(args: argparse.Namespace, work: Path, base: str) -> None:
                 print(r["kind"], round(r["time"] - t0, 1), r.get("reason") or "")
     if args.stages:
         print_profile(stage_profiles(store, rounds=len(trained)), args.stages)
+    if args.events_out:  # the store may be gone after this run (SeaweedFS): keep its events
+        from yeto_core.event_stream import read_all
+
+        with open(args.events_out, "w") as out:
+            for island, events in sorted(read_all(store).items()):
+                for e in events:
+                    line = {"island": island, "kind": e.kind, "t": round(e.time - t0, 3)}
+                    out.write(json.dumps({**line, **dict(e.data)}, default=str) + "\n")
+        print(f"events: {args.events_out}")
 
 
 if __name__ == "__main__":
