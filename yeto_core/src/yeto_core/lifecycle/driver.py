@@ -352,9 +352,8 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
 
     def _close_arrivals(self) -> None:
         watch, self._arrivals = self._arrivals, None
-        close = getattr(watch, "close", None)
-        if close is not None:
-            close()
+        if watch is not None:
+            watch.close()
 
     def _train_one(self) -> bool:
         """Train one round. False: none was trained (``_waiting_for_groups`` says whether
