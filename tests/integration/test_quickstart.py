@@ -79,6 +79,12 @@ def test_quickstart_learns_with_s1_stopping_and_starting_the_trainer(tmp_path: P
     assert st.returncode == 0 and json.loads(st.stdout)["state"] == "finished"
 
 
+@pytest.mark.skipif(
+    os.environ.get("YETO_SOAK") != "1",
+    reason="the real quickstart's head SIGKILLed and run up again (about 45 s on 2 cores; "
+    "tests/core/test_run_head.py kills a head of the fake run in make test): "
+    "YETO_SOAK=1 (make examples) runs it",
+)
 def test_killing_the_head_and_running_up_again_continues(tmp_path: Path) -> None:
     run_dir = tmp_path / "qs-kill"
     text = QUICKSTART.read_text()
