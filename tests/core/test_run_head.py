@@ -189,13 +189,32 @@ def test_a_killed_head_is_continued_by_the_next_one(tmp_path: Path) -> None:
     assert os.path.exists(Path(config.run_dir) / "FINISHED")
 
 
-def test_a_tripped_breaker_stops_the_run_cleanly_with_its_exit_code(tmp_path: Path) -> None:
+def test_a_tripped_breaker_stops_the_run_cleanly_with_its_exit_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The fake groups' rewards are random: any drop of the rolling mean below its best
-    trips a reward_drop of 1e-9; the head stops with a cut and exit code 8."""
+    trips a reward_drop of 1e-9; the head stops with a cut and exit code 8.
+
+    The head reads the streams as on a remote store here: on a thread while the trainer's
+    command runs, acted on after it (on ``dir`` it calls the same ``observe_streams``
+    inline, as every other head test does)."""
+    import threading
+
     import attrs
 
+    from yeto_core import run as run_module
     from yeto_core.breakers import BreakersConfig
     from yeto_core.run import EXIT_BREAKER
+
+    threads: list[str] = []
+    monkeypatch.setattr(run_module, "is_remote", lambda store: True)
+    read_streams = Head.read_streams
+
+    def on_a_thread(self):
+        threads.append(threading.current_thread().name)
+        return read_streams(self)
+
+    monkeypatch.setattr(Head, "read_streams", on_a_thread)
 
     config = attrs.evolve(
         _config(tmp_path, total_rounds=0),
@@ -218,6 +237,7 @@ def test_a_tripped_breaker_stops_the_run_cleanly_with_its_exit_code(tmp_path: Pa
     ]
     trips = [e for e in head_events if e["kind"] == "breaker"]
     assert len(trips) == 1
+    assert threads and set(threads) == {"head-streams"}
     assert trips[0]["data"]["breaker"] == "reward_collapse"
     assert trips[0]["data"]["threshold"] == 1e-9
     assert (

@@ -26,6 +26,7 @@ from typing import Any, Optional
 from yeto_core.errors import NotFoundError
 from yeto_core.records import Event
 from yeto_core.stage_profile import stage
+from yeto_core.stores.parallel import map_all
 
 PREFIX = "events/"
 
@@ -72,8 +73,50 @@ def islands(store: Any) -> list[str]:
 
 
 def read_all(store: Any) -> dict[str, list[Event]]:
-    """Every stream, by island."""
-    return {name: read_events(store, name) for name in islands(store)}
+    """Every stream, by island (on a remote store the streams are read at once)."""
+    names = islands(store)
+    return dict(
+        zip(names, map_all(store, lambda name: read_events(store, name), names), strict=True)
+    )
+
+
+class StreamsReader:
+    """:func:`read_all` again and again (the head, every poll): each stream's bytes are
+    read whole, but only what was added since the last read is parsed.
+
+    Streams only grow (a writer appends lines, or puts its whole stream again with new
+    lines at the end): when a stream's bytes start with those parsed last time, up to
+    their last complete line, the events of that part are kept and the rest parsed;
+    anything else (a stream rewritten shorter or changed) is parsed whole. The result
+    equals :func:`read_all`'s. Safe to call from one thread at a time or several."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self._parsed: dict[str, tuple[bytes, list[Event]]] = {}  # island -> (lines, events)
+        self._lock = threading.Lock()
+
+    def read_all(self) -> dict[str, list[Event]]:
+        names = islands(self.store)
+        raws = map_all(self.store, self._raw, names)
+        with self._lock:
+            return {name: self._events(name, raw) for name, raw in zip(names, raws, strict=True)}
+
+    def _raw(self, island: str) -> bytes:
+        try:
+            return bytes(self.store.get(stream_key(island)))
+        except NotFoundError:
+            return b""
+
+    def _events(self, island: str, raw: bytes) -> list[Event]:
+        done, events = self._parsed.get(island, (b"", []))
+        if not raw.startswith(done):
+            done, events = b"", []
+        cut = raw.rfind(b"\n") + 1  # the lines known whole (a last one may be torn)
+        if cut > len(done):
+            events = events + _parse(raw[len(done) : cut].decode(errors="replace"), island)
+            done = raw[:cut]
+        self._parsed[island] = (done, events)
+        return events + _parse(raw[cut:].decode(errors="replace"), island)
 
 
 class EventStream:

@@ -41,6 +41,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Optional
 
@@ -52,7 +53,7 @@ from yeto_core.config import RunConfig
 from yeto_core.cost import CostLedger
 from yeto_core.cost_guard import HeadCostGuard
 from yeto_core.errors import StoreError, YetoError
-from yeto_core.event_stream import EventStream, read_all
+from yeto_core.event_stream import EventStream, StreamsReader
 from yeto_core.head_islands import (  # noqa: F401 (re-exported)
     MAX_SAMPLER_RESTARTS,
     HeadIslands,
@@ -93,6 +94,7 @@ from yeto_core.run_dir import (  # noqa: F401 (the run-dir protocol, re-exported
     write_json_atomic,
 )
 from yeto_core.stage_profile import emit_snapshot, stage
+from yeto_core.stores.parallel import in_background, is_remote
 from yeto_core.stores.retrying import RetryingStore
 
 #: The head rides out a store that fails (a 503 storm past the store's own retries, a
@@ -190,6 +192,7 @@ class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands):
         self.trainer_loop: Any = None
         self.lifecycle: Optional[TrainerLifecycle] = None
         self._tick_watch: Any = None
+        self._streams: Optional[StreamsReader] = None  # the streams, parsed as they grow
         self.exit_code: Optional[int] = None  # set by shutdown
         self.final_cut_problem: Optional[str] = None
 
@@ -228,13 +231,23 @@ class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands):
         self.display(status)
         return status
 
-    def observe_streams(self) -> None:
-        """Read the islands' event streams once: the recent reward and the breakers."""
-        streams = read_all(self.store)
+    def observe_streams(self, read: Optional[tuple[dict[str, list[Any]], float]] = None) -> None:
+        """Read the islands' event streams once: the recent reward and the breakers.
+
+        :param read: the streams and when they were read (:meth:`read_streams`, on a
+            thread while the trainer's command runs); default: read them now."""
+        streams, read_at = self.read_streams() if read is None else read
         self.update_rewards(streams.get(self.config.trainer.name, []))
         self.check_breakers(streams)
-        for kind, data in self.clock_skew.poll(streams, self.clock(), skip=("head",)):
+        for kind, data in self.clock_skew.poll(streams, read_at, skip=("head",)):
             self.events.emit(kind, **data)
+
+    def read_streams(self) -> tuple[dict[str, list[Any]], float]:
+        """Every island's event stream, and the clock when the read ended."""
+        if self._streams is None:
+            self._streams = StreamsReader(self.store)
+        streams = self._streams.read_all()
+        return streams, self.clock()
 
     def check_breakers(self, streams: dict[str, list[Any]]) -> None:
         """Stop the run cleanly when a run health breaker tripped (an event with its inputs)."""
@@ -308,14 +321,22 @@ class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands):
             woken, last_house = False, -math.inf
             busy = False  # the last trainer tick left more full rounds
             outage: Optional[tuple[float, int, str]] = None  # (since, ticks, last error)
+            # On a remote store the streams are read on a thread while the trainer's
+            # command runs (several round trips off the path between two commands); they
+            # are acted on after it, in this thread, as if read then.
+            overlap_streams = is_remote(self.store)
             while self._stop_requested is None and self.trainer_loop.finished is None:
                 if self.lease is not None:
                     self.lease.check()  # fenced (the renewal thread found out): stop here
+                streams_ahead: Optional[Future[tuple[dict[str, list[Any]], float]]] = None
                 try:
                     if self.clock() - last_rewards >= 2.0:
-                        with stage("head.observe_streams"):
-                            self.observe_streams()
-                        last_rewards = self.clock()
+                        if overlap_streams:
+                            streams_ahead = in_background(self.read_streams, "head-streams")
+                        else:
+                            with stage("head.observe_streams"):
+                                self.observe_streams()
+                            last_rewards = self.clock()
                         emit_snapshot(self.events.emit, every_s=10.0)
                     every = max(tick_s, BUSY_HOUSEKEEPING_S) if busy else tick_s
                     if not woken or time.monotonic() - last_house >= every:
@@ -326,6 +347,10 @@ class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands):
                         break
                     with stage("head.trainer_tick"):
                         self.trainer_loop.tick()
+                    if streams_ahead is not None:
+                        with stage("head.observe_streams"):
+                            self.observe_streams(streams_ahead.result())
+                        last_rewards = self.clock()
                 except (StoreError, OSError) as exc:
                     # Every tick observes before it acts, and its decisions are journaled:
                     # a tick that failed on the store is simply taken again.
