@@ -1,7 +1,7 @@
-"""The sample buffer on S3 (moto, and a real SeaweedFS server, on 127.0.0.1): concurrent appenders.
+"""The sample buffer on S3 (a real SeaweedFS server on 127.0.0.1): concurrent appenders.
 
-8 processes x 20 groups by default (10 on moto; ``YETO_BUFFER_S3_GROUPS=200`` runs the full
-8 x 200 of the issue, about 4 minutes on 2 cores) append through
+8 processes x 20 groups by default (``YETO_BUFFER_S3_GROUPS=200`` runs the full 8 x 200 of
+the issue, about 4 minutes on 2 cores) append through
 the ``s3`` store, layout ``objects``: every group gets a distinct position, the
 positions are dense, nothing is lost, and every payload loads.
 """
@@ -45,25 +45,20 @@ with open(side, "w") as out:
 """
 
 
-@pytest.fixture(scope="module", params=["moto", "seaweedfs"])
-def server(request):
-    if request.param == "moto":
-        endpoint, stop = testing.start_moto_server()
-        testing.create_bucket(endpoint, "buffer-tests")
-    else:
-        endpoint, stop = testing.start_seaweedfs_server()
-        testing.create_bucket_when_ready(endpoint, "buffer-tests")
+@pytest.fixture(scope="module")
+def server():
+    # the real server only: moto (in the test's process, one request at a time) is the
+    # S3 store contract's second server (tests/s3), where its conditional writes are checked
+    endpoint, stop = testing.start_seaweedfs_server()
+    testing.create_bucket_when_ready(endpoint, "buffer-tests")
     try:
         yield endpoint
     finally:
         stop()
 
 
-def test_eight_appender_processes_get_distinct_dense_positions(server, tmp_path, request):
-    # moto (in the test's process, one request at a time, a listing scans the whole bucket)
-    # gets fewer groups than the real server: 8 appenders still race for every position.
-    default = "10" if request.node.callspec.params["server"] == "moto" else "20"
-    procs_n, per = 8, int(os.environ.get("YETO_BUFFER_S3_GROUPS", default))
+def test_eight_appender_processes_get_distinct_dense_positions(server, tmp_path):
+    procs_n, per = 8, int(os.environ.get("YETO_BUFFER_S3_GROUPS", "20"))
     url = "s3://buffer-tests/concurrent"
     script = tmp_path / "child.py"
     script.write_text(CHILD)
