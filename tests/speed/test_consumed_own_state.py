@@ -9,22 +9,18 @@ import pytest
 from yeto_core.batch_reader import BatchReader
 from yeto_core.errors import SampleBufferError
 from yeto_core.sample_buffer import FileSampleBuffer
-from yeto_core.stores.dir_store import DirStore
-from yeto_core.testing.fakes import Clock
+from yeto_core.testing.fakes import Clock, RemoteLookingDirStore
 from yeto_core.testing.groups import build_group
 
 G = 4
 
 
-class RemoteDir(DirStore):
+class RemoteDir(RemoteLookingDirStore):
     """A dir store seen as remote that counts reads of consumed.json."""
 
     def __init__(self, root):
-        super().__init__(root, fsync=False)
+        super().__init__(root)
         self.consumed_reads = 0
-
-    def local_root(self):
-        return None
 
     def get(self, key):
         if key.endswith("consumed.json"):

@@ -7,20 +7,17 @@ import threading
 
 from yeto_core.errors import StoreError
 from yeto_core.event_stream import EventStream, read_events
-from yeto_core.stores.dir_store import DirStore
+from yeto_core.testing.fakes import RemoteLookingDirStore
 
 
-class RemoteDir(DirStore):
+class RemoteDir(RemoteLookingDirStore):
     """A dir store seen as remote (whole-stream puts), recording the putting thread."""
 
     def __init__(self, root):
-        super().__init__(root, fsync=False)
+        super().__init__(root)
         self.put_threads = []
         self.fail = 0
         self.put_done = threading.Condition()
-
-    def local_root(self):
-        return None
 
     def put(self, key, data):
         with self.put_done:

@@ -14,9 +14,9 @@ from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.sampler_drain import DrainGuard
 from yeto_core.sampler_loop import SamplerLoop
 from yeto_core.testing.fake_backend import MemoryBuffer
-from yeto_core.testing.fakes import DigitsTask, WeightFileEngine
+from yeto_core.testing.fakes import DigitsTask, RemoteLookingDirStore, WeightFileEngine
 
-from .test_sampler_backlog_ahead import Follower, Remote
+from .test_sampler_backlog_ahead import Follower
 
 WAIT = 10.0
 
@@ -250,7 +250,7 @@ def test_past_the_bound_the_commit_in_progress_lands_and_the_next_call_is_abando
 
 
 def test_the_backlog_read_ahead_counts_a_commit_still_landing(tmp_path) -> None:
-    buffer = GatedFile(Remote(tmp_path / "s"), gate=0)
+    buffer = GatedFile(RemoteLookingDirStore(tmp_path / "s"), gate=0)
     engine = RecordingEngine(buffer)
     loop = SamplerLoop(
         buffer,

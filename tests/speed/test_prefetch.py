@@ -10,34 +10,23 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any, Optional
 
 from yeto_core.batch_reader import BatchReader
 from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.stage_profile import PROFILE
-from yeto_core.stores.dir_store import DirStore
-from yeto_core.testing.fakes import Clock
+from yeto_core.testing.fakes import Clock, RemoteLookingDirStore
 from yeto_core.testing.groups import build_group
 
 G = 4
 
 
-class Remote(DirStore):
+class Remote(RemoteLookingDirStore):
     """A dir store seen as remote (no local files), recording the keys it reads."""
 
     def __init__(self, root: Path, *, remote: bool = True) -> None:
-        super().__init__(root, fsync=False)
-        self.remote = remote
+        super().__init__(root, remote=remote)
         self.got: list[str] = []
         self._lock = threading.Lock()
-
-    def local_root(self) -> Optional[Path]:
-        return None if self.remote else super().local_root()
-
-    def watch(self, prefix: str) -> Any:
-        from yeto_core.ports.store import SleepWatch
-
-        return SleepWatch()
 
     def get(self, key: str) -> bytes:
         with self._lock:

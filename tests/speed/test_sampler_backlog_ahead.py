@@ -10,22 +10,7 @@ from typing import Any, Optional
 from yeto_core.records import RoundSpec, SamplingParams
 from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.sampler_loop import SamplerLoop
-from yeto_core.stores.dir_store import DirStore
-from yeto_core.testing.fakes import DigitsTask, WeightFileEngine
-
-
-class Remote(DirStore):
-    def __init__(self, root, *, remote: bool = True):
-        super().__init__(root, fsync=False)
-        self.remote = remote
-
-    def local_root(self):
-        return None if self.remote else super().local_root()
-
-    def watch(self, prefix: str) -> Any:
-        from yeto_core.ports.store import SleepWatch
-
-        return SleepWatch()
+from yeto_core.testing.fakes import DigitsTask, RemoteLookingDirStore, WeightFileEngine
 
 
 class Follower:
@@ -58,7 +43,7 @@ class CountingBuffer(FileSampleBuffer):
 
 
 def loop_on(tmp_path, *, remote: bool = True, cap: int = 64, fresh: Optional[tuple] = None):
-    store = Remote(tmp_path / "s", remote=remote)
+    store = RemoteLookingDirStore(tmp_path / "s", remote=remote)
     CountingBuffer.reads = 0
     buf = CountingBuffer(store, layout="objects", host="h")
     engine = WeightFileEngine()

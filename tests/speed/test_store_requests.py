@@ -19,17 +19,17 @@ import pytest
 from yeto_core.batch_reader import BatchReader
 from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
-from yeto_core.testing.fakes import Clock
+from yeto_core.testing.fakes import Clock, RemoteLookingDirStore
 from yeto_core.testing.groups import build_group
 
 G = 4
 
 
-class RemoteDir(DirStore):
+class RemoteDir(RemoteLookingDirStore):
     """A dir store seen as remote, counting requests; :meth:`gate` makes some wait for others."""
 
     def __init__(self, root: Path) -> None:
-        super().__init__(root, fsync=False)
+        super().__init__(root)
         self.calls: collections.Counter[str] = collections.Counter()
         self._count_lock = threading.Lock()
         self._barrier: Optional[threading.Barrier] = None
@@ -48,14 +48,6 @@ class RemoteDir(DirStore):
         gated = any(op == o and key.startswith(u) for o, u in self._gated)
         if self._barrier is not None and gated:
             self._barrier.wait()  # BrokenBarrierError when the requests do not overlap
-
-    def local_root(self) -> Optional[Path]:
-        return None
-
-    def watch(self, prefix: str) -> Any:
-        from yeto_core.ports.store import SleepWatch
-
-        return SleepWatch()
 
     def get(self, key: str) -> bytes:
         self._enter("get", key)

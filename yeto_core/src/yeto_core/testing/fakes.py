@@ -1,4 +1,5 @@
-"""Shared test doubles: a clock, an engine, a task, island processes, launch records.
+"""Shared test doubles: a clock, an engine, a task, island processes, launch records, a
+directory store that looks remote.
 
 Each double implements its port (``yeto_core.ports``) and nothing more, so the
 core calls it exactly as it calls a real plugin. The in-memory buffer and the
@@ -19,6 +20,7 @@ import numpy as np
 
 from yeto_core.island_env import island_launch
 from yeto_core.ports import IslandProvider, ObjectStore, SamplerEngine, Task
+from yeto_core.ports.store import SleepWatch, Watch
 from yeto_core.records import (
     Completion,
     Event,
@@ -27,6 +29,7 @@ from yeto_core.records import (
     LocalRelease,
     SamplingParams,
 )
+from yeto_core.stores.dir_store import DirStore
 
 
 class Clock:
@@ -177,3 +180,22 @@ def launch_for(
 ) -> IslandLaunch:
     """A launch record for ``island`` of a test run (``run_id`` ``"test"``)."""
     return island_launch(store, run_id="test", role=role, island=island, incarnation=incarnation)
+
+
+class RemoteLookingDirStore(DirStore):
+    """A ``dir`` store that looks remote, as an S3-compatible one does to the core: no
+    local files (``local_root()`` is None, so the buffer takes its ``objects`` layout
+    and the read-aheads and overlaps of remote stores run) and no notifications (its
+    watch sleeps, as the port's default). ``remote=False`` gives back the local files
+    (the same test on a local store). Not fsynced by default. Subclass it to record or
+    fail requests."""
+
+    def __init__(self, root: Any, *, remote: bool = True, fsync: bool = False) -> None:
+        super().__init__(root, fsync=fsync)
+        self.remote = remote
+
+    def local_root(self) -> Optional[Path]:
+        return None if self.remote else super().local_root()
+
+    def watch(self, prefix: str) -> Watch:
+        return SleepWatch()
