@@ -53,13 +53,17 @@ def _parse(text: str, island: str) -> list[Event]:
     return out
 
 
+def _stream_bytes(store: Any, island: str) -> bytes:
+    """``island``'s stream as stored (missing: empty)."""
+    try:
+        return bytes(store.get(stream_key(island)))
+    except NotFoundError:
+        return b""
+
+
 def read_events(store: Any, island: str) -> list[Event]:
     """Every event of ``island``'s stream (missing: empty; a bad line is skipped)."""
-    try:
-        data = store.get(stream_key(island))
-    except NotFoundError:
-        return []
-    return _parse(data.decode(errors="replace"), island)
+    return _parse(_stream_bytes(store, island).decode(errors="replace"), island)
 
 
 def islands(store: Any) -> list[str]:
@@ -74,10 +78,7 @@ def islands(store: Any) -> list[str]:
 
 def read_all(store: Any) -> dict[str, list[Event]]:
     """Every stream, by island (on a remote store the streams are read at once)."""
-    names = islands(store)
-    return dict(
-        zip(names, map_all(store, lambda name: read_events(store, name), names), strict=True)
-    )
+    return StreamsReader(store).read_all()
 
 
 class StreamsReader:
@@ -97,15 +98,9 @@ class StreamsReader:
 
     def read_all(self) -> dict[str, list[Event]]:
         names = islands(self.store)
-        raws = map_all(self.store, self._raw, names)
+        raws = map_all(self.store, lambda name: _stream_bytes(self.store, name), names)
         with self._lock:
             return {name: self._events(name, raw) for name, raw in zip(names, raws, strict=True)}
-
-    def _raw(self, island: str) -> bytes:
-        try:
-            return bytes(self.store.get(stream_key(island)))
-        except NotFoundError:
-            return b""
 
     def _events(self, island: str, raw: bytes) -> list[Event]:
         done, events = self._parsed.get(island, (b"", []))
