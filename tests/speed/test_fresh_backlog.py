@@ -3,28 +3,10 @@ age out before the trainer reaches it (a single-threaded simulation: counts, no 
 
 from __future__ import annotations
 
-import contextlib
-
 from yeto_core.records import RoundSpec, SamplingParams
 from yeto_core.sampler_loop import SamplerLoop, SeenReleases
 from yeto_core.testing.fake_backend import MemoryBuffer
-from yeto_core.testing.fakes import DigitsTask, WeightFileEngine
-
-
-class LaggingFollower:
-    """Serves ``engine.version``; the test loads versions (by hand) behind the trainer."""
-
-    def __init__(self, engine):
-        self.engine = engine
-        self.last_round_straddled = False
-
-    @property
-    def version(self):
-        return self.engine.version
-
-    @contextlib.contextmanager
-    def round(self):
-        yield self.engine.version
+from yeto_core.testing.fakes import DigitsTask, EngineFollower, WeightFileEngine
 
 
 def fresh_loop(buf, **options):
@@ -42,7 +24,7 @@ def fresh_loop(buf, **options):
         share_of=2,
     )
     kw.update(options)
-    return SamplerLoop(buf, engine, DigitsTask(), LaggingFollower(engine), **kw)
+    return SamplerLoop(buf, engine, DigitsTask(), EngineFollower(engine), **kw)
 
 
 def simulate(fresh_only, *, rounds=60, age=1, per_round=4, per_call=3, load_every=3):
@@ -60,7 +42,7 @@ def simulate(fresh_only, *, rounds=60, age=1, per_round=4, per_call=3, load_ever
                 buf,
                 engine,
                 DigitsTask(),
-                LaggingFollower(engine),
+                EngineFollower(engine),
                 host=f"h{h}",
                 incarnation=0,
                 group_size=2,

@@ -14,9 +14,12 @@ from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.sampler_drain import DrainGuard
 from yeto_core.sampler_loop import SamplerLoop
 from yeto_core.testing.fake_backend import MemoryBuffer
-from yeto_core.testing.fakes import DigitsTask, RemoteLookingDirStore, WeightFileEngine
-
-from .test_sampler_backlog_ahead import Follower
+from yeto_core.testing.fakes import (
+    DigitsTask,
+    EngineFollower,
+    RemoteLookingDirStore,
+    WeightFileEngine,
+)
 
 WAIT = 10.0
 
@@ -178,7 +181,7 @@ def test_between_windows_a_call_may_stay_in_flight_and_sync_rounds_never_overlap
         MemoryBuffer(),
         engine,
         DigitsTask(),
-        Follower(engine),
+        EngineFollower(engine),
         host="h",
         incarnation=0,
         sync_rounds=True,
@@ -256,7 +259,7 @@ def test_the_backlog_read_ahead_counts_a_commit_still_landing(tmp_path) -> None:
         buffer,
         engine,
         DigitsTask(),
-        Follower(engine),
+        EngineFollower(engine),
         host="h",
         incarnation=0,
         group_size=2,

@@ -4,27 +4,17 @@ round trip; the backlog is never understated and the cap still holds (counts onl
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Optional
 
 from yeto_core.records import RoundSpec, SamplingParams
 from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.sampler_loop import SamplerLoop
-from yeto_core.testing.fakes import DigitsTask, RemoteLookingDirStore, WeightFileEngine
-
-
-class Follower:
-    def __init__(self, engine):
-        self.engine = engine
-        self.last_round_straddled = False
-
-    @property
-    def version(self):
-        return self.engine.version
-
-    @contextlib.contextmanager
-    def round(self):
-        yield self.engine.version
+from yeto_core.testing.fakes import (
+    DigitsTask,
+    EngineFollower,
+    RemoteLookingDirStore,
+    WeightFileEngine,
+)
 
 
 class CountingBuffer(FileSampleBuffer):
@@ -51,7 +41,7 @@ def loop_on(tmp_path, *, remote: bool = True, cap: int = 64, fresh: Optional[tup
         buf,
         engine,
         DigitsTask(),
-        Follower(engine),
+        EngineFollower(engine),
         host="h",
         incarnation=0,
         group_size=2,

@@ -1,5 +1,5 @@
 """Shared test doubles: a clock, an engine, a task, island processes, launch records, a
-directory store that looks remote.
+follower of an engine's version, a directory store that looks remote.
 
 Each double implements its port (``yeto_core.ports``) and nothing more, so the
 core calls it exactly as it calls a real plugin. The in-memory buffer and the
@@ -8,6 +8,7 @@ fake trainer backend are in :mod:`yeto_core.testing.fake_backend`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
@@ -199,3 +200,21 @@ class RemoteLookingDirStore(DirStore):
 
     def watch(self, prefix: str) -> Watch:
         return SleepWatch()
+
+
+class EngineFollower:
+    """The policy follower a :class:`~yeto_core.sampler_loop.SamplerLoop` reads, serving
+    ``engine.version`` (a test loads versions into the engine by hand, e.g. behind the
+    trainer); no release is ever fetched."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.last_round_straddled = False
+
+    @property
+    def version(self) -> Any:
+        return self.engine.version
+
+    @contextlib.contextmanager
+    def round(self) -> Iterator[int]:
+        yield self.engine.version
