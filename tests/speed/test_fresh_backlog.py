@@ -170,3 +170,45 @@ def test_groups_of_a_fenced_incarnation_do_not_fill_the_fresh_room():
     assert loop(None).claim_room()[0] == 0  # the evicted incarnation's groups count
     fresh = loop(lambda host, inc: (host, inc) == ("h0", 2))
     assert fresh.claim_room()[0] == 12  # none of them counts: the whole room
+
+
+def test_groups_of_a_fenced_incarnation_do_not_fill_the_backlog_cap():
+    """The same without ``fresh_only``: a few lost nodes' groups filled a small
+    ``backlog_cap`` (they wait until the trainer commits past them, and it commits only
+    with a round of trainable groups), the islands waited on the cap and the trainer on
+    trainable groups until the silence backstop stopped the run (docs/nc.md)."""
+    buf = MemoryBuffer()
+    evicted = SamplerLoop(
+        buf,
+        WeightFileEngine(),
+        DigitsTask(),
+        None,
+        host="h0",
+        incarnation=2,
+        group_size=2,
+        prompts_per_call=4,
+        sampling=SamplingParams(),
+    )
+    for _ in range(4):
+        evicted.run_round()
+    assert buf.backlog().groups == 16
+
+    def loop(fenced):
+        engine = WeightFileEngine()
+        return SamplerLoop(
+            buf,
+            engine,
+            DigitsTask(),
+            EngineFollower(engine),
+            host="h0",
+            incarnation=4,
+            group_size=2,
+            prompts_per_call=4,
+            sampling=SamplingParams(),
+            backlog_cap=16,
+            fenced=fenced,
+        )
+
+    assert loop(None).claim_room() == (0, {"backlog_groups": 16})  # at the cap
+    room, why = loop(lambda host, inc: (host, inc) == ("h0", 2)).claim_room()
+    assert room == 4 and why["backlog_groups"] == 0

@@ -55,10 +55,14 @@ class StoreFences:
         self._known: set[tuple[str, int]] = set()
         self._at = float("-inf")
 
+    def add(self, island: str, incarnation: int) -> None:
+        """Note a fence this process wrote (known at once, before the next listing)."""
+        self._known.add((island, int(incarnation)))
+
     def __call__(self, host: str, incarnation: int) -> bool:
         if (host, incarnation) in self._known:
             return True
         if self.clock() - self._at >= self.refresh_s:
-            self._known = fenced(self.store)
+            self._known = self._known | fenced(self.store)  # fences are never removed
             self._at = self.clock()
         return (host, incarnation) in self._known

@@ -200,6 +200,7 @@ class HeadIslands:
 
         incarnation = self.sampler_incarnations.get(handle, self._incarnation_of(island) - 1)
         write_fence(self.store, island, incarnation, at=self.clock(), handle=handle)
+        self.fences.add(island, incarnation)
         self.events.emit("sampler_fenced", island=island, incarnation=incarnation, handle=handle)
         self.release_island(island, handle)
         standby = self.sampler_standby.pop(island, None)
@@ -224,6 +225,7 @@ class HeadIslands:
 
                 inc = self.sampler_incarnations.get(handle, -1)
                 write_fence(self.store, island, inc, at=self.clock(), handle=handle)
+                self.fences.add(island, inc)
                 self.events.emit("sampler_fenced", island=island, incarnation=inc, handle=handle)
             self.release_island(island, handle)
             self.events.emit("sampler_standby_dropped", island=island, handle=handle)

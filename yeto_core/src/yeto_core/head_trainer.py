@@ -21,7 +21,7 @@ from yeto_core.records import StopReason
 
 class HeadTrainer:
     """Building and stopping the trainer loop (the host holds the config, plugins,
-    store, providers, cost guard, events, ``launch_record`` and ``build_driver``)."""
+    store, providers, cost guard, events, fences, ``launch_record`` and ``build_driver``)."""
 
     def build_trainer_loop(self) -> None:
         """The scheduler, the ``[trainer] lifecycle`` and the TrainerLoop."""
@@ -76,11 +76,17 @@ class HeadTrainer:
         )
 
     def backlog_for_scheduler(self) -> Any:
-        """The backlog; after the data end a short last round counts as a whole round.
+        """The backlog the scheduler decides on: without the groups of fenced sampler
+        incarnations, which the trainer skips (a start for them would train nothing);
+        after the data end every group, and a short last round counts as a whole round.
 
         The trainer takes a short last round once the data ended (the driver's
-        ``partial_last_round``), so that every appended group is trained or skipped.
+        ``partial_last_round``), so that every appended group is trained or skipped:
+        fenced groups left then are skipped by that drain.
         """
+        b = self.buffer.backlog(fenced=self.fences)
+        if not b.data_ended:
+            return b
         b = self.buffer.backlog()
         gpr = self.config.trainer.groups_per_round
         if b.data_ended and 0 < b.groups % gpr:

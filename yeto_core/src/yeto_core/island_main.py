@@ -368,7 +368,7 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         else None,
         latest_release=releases.seen,
         share_of=sum(s.count for s in config.samplers),
-        fenced=StoreFences(store),  # read only with fresh_only (no request before)
+        fenced=StoreFences(store),  # listed with a backlog read, at most once a second
         # a remote store's commit (round trips) lands while the next call generates
         overlap_append=is_remote(store),
     )

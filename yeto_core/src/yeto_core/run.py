@@ -54,6 +54,7 @@ from yeto_core.cost import CostLedger
 from yeto_core.cost_guard import HeadCostGuard
 from yeto_core.errors import StoreError, YetoError
 from yeto_core.event_stream import EventStream, StreamsReader
+from yeto_core.fences import StoreFences
 from yeto_core.head_islands import (  # noqa: F401 (re-exported)
     MAX_SAMPLER_RESTARTS,
     HeadIslands,
@@ -105,6 +106,9 @@ STORE_OUTAGE_LIMIT_S = 120.0
 #: backstops, samplers) at most this often, not every ``tick_s``: on a remote store a
 #: housekeeping tick is several round trips between two train commands.
 BUSY_HOUSEKEEPING_S = 1.0
+#: The head writes every fence itself (and knows it at once); the listing finds those of
+#: a previous head, so it is repeated rarely: it would be a request on each trainer tick.
+HEAD_FENCES_REFRESH_S = 30.0
 
 
 class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands):
@@ -181,6 +185,9 @@ class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands):
         self.state = HeadState(started_at=clock())
         self.breakers = BreakerWatch(Breakers(config.breakers))
         self.clock_skew = ClockSkewWatch()
+        #: fenced sampler incarnations: the ones this head fences at once, a previous
+        #: head's from a listing (re-listed at most every HEAD_FENCES_REFRESH_S)
+        self.fences = StoreFences(self.store, refresh_s=HEAD_FENCES_REFRESH_S)
         self.sampler_handles: dict[str, str] = {}
         #: replacements launched before their island was lost (island -> handle)
         self.sampler_standby: dict[str, str] = {}

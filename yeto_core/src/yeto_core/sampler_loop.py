@@ -152,7 +152,8 @@ class SamplerLoop:
         self.latest_release = latest_release or (lambda: None)
         self.share_of = max(1, int(share_of))
         #: fenced sampler incarnations (their waiting groups are skipped by the trainer, so
-        #: ``fresh_only`` does not count them: counted, they could fill the room for good)
+        #: neither the cap nor ``fresh_only`` counts them: counted, they could fill the
+        #: room for good)
         self.fenced = fenced
         #: groups the next call generates (cut by ``fresh_only``; reset after each call)
         self.call_size = self.prompts_per_call
@@ -274,8 +275,11 @@ class SamplerLoop:
         return served, (served if seen is None else max(served, int(seen[0]))), seen
 
     def _read_backlog(self, buffer: Any, newest: Optional[int]) -> Any:
+        """The backlog the cap and ``fresh_only`` count: without fenced incarnations'
+        groups (the trainer skips them; counted, a few lost nodes' groups would hold the
+        cap full while the trainer waits for trainable ones)."""
         if self.fresh_only is None:
-            return buffer.backlog()
+            return buffer.backlog(fenced=self.fenced)
         return buffer.backlog(
             current_version=newest, max_policy_age=self.fresh_only[0], fenced=self.fenced
         )
@@ -320,7 +324,7 @@ class SamplerLoop:
             if ahead is not None:
                 groups = int(ahead[0].groups) + ahead[1]
             else:
-                groups = self.buffer.backlog().groups
+                groups = self._read_backlog(self.buffer, None).groups
             room = self.prompts_per_call if groups < self.backlog_cap else 0
             return room, {"backlog_groups": groups, **({"read_ahead": True} if ahead else {})}
         age, per_round = self.fresh_only
