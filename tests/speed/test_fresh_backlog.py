@@ -141,11 +141,8 @@ def test_ample_room_spares_the_next_backlog_read_and_a_tight_one_does_not():
     assert loop.claim_room()[0] == 0  # at the bound it reads again (and finds no room)
 
 
-def test_groups_of_a_fenced_incarnation_do_not_fill_the_fresh_room():
-    """An evicted sampler's groups wait in the buffer until the trainer skips them (its
-    incarnation is fenced); counted as fresh, they filled the room, the islands stopped
-    sampling and the trainer never got a full round (a run stopped by the silence
-    backstop, twice, in the eviction campaign)."""
+def evicted_groups(calls: int) -> MemoryBuffer:
+    """A buffer holding ``calls`` calls (4 groups each) of an evicted incarnation (h0, 2)."""
     buf = MemoryBuffer()
     evicted = SamplerLoop(
         buf,
@@ -158,9 +155,22 @@ def test_groups_of_a_fenced_incarnation_do_not_fill_the_fresh_room():
         prompts_per_call=4,
         sampling=SamplingParams(),
     )
-    for _ in range(3):
+    for _ in range(calls):
         evicted.run_round()
-    assert buf.backlog().groups == 12
+    assert buf.backlog().groups == 4 * calls
+    return buf
+
+
+def _is_evicted(host: str, incarnation: int) -> bool:
+    return (host, incarnation) == ("h0", 2)
+
+
+def test_groups_of_a_fenced_incarnation_do_not_fill_the_fresh_room():
+    """An evicted sampler's groups wait in the buffer until the trainer skips them (its
+    incarnation is fenced); counted as fresh, they filled the room, the islands stopped
+    sampling and the trainer never got a full round (a run stopped by the silence
+    backstop, twice, in the eviction campaign)."""
+    buf = evicted_groups(3)
 
     def loop(fenced):  # (age + 1) x 4 = 12 groups of room
         return fresh_loop(
@@ -168,8 +178,7 @@ def test_groups_of_a_fenced_incarnation_do_not_fill_the_fresh_room():
         )
 
     assert loop(None).claim_room()[0] == 0  # the evicted incarnation's groups count
-    fresh = loop(lambda host, inc: (host, inc) == ("h0", 2))
-    assert fresh.claim_room()[0] == 12  # none of them counts: the whole room
+    assert loop(_is_evicted).claim_room()[0] == 12  # none of them counts: the whole room
 
 
 def test_groups_of_a_fenced_incarnation_do_not_fill_the_backlog_cap():
@@ -177,38 +186,13 @@ def test_groups_of_a_fenced_incarnation_do_not_fill_the_backlog_cap():
     ``backlog_cap`` (they wait until the trainer commits past them, and it commits only
     with a round of trainable groups), the islands waited on the cap and the trainer on
     trainable groups until the silence backstop stopped the run (docs/nc.md)."""
-    buf = MemoryBuffer()
-    evicted = SamplerLoop(
-        buf,
-        WeightFileEngine(),
-        DigitsTask(),
-        None,
-        host="h0",
-        incarnation=2,
-        group_size=2,
-        prompts_per_call=4,
-        sampling=SamplingParams(),
-    )
-    for _ in range(4):
-        evicted.run_round()
-    assert buf.backlog().groups == 16
+    buf = evicted_groups(4)
 
     def loop(fenced):
-        engine = WeightFileEngine()
-        return SamplerLoop(
-            buf,
-            engine,
-            DigitsTask(),
-            EngineFollower(engine),
-            host="h0",
-            incarnation=4,
-            group_size=2,
-            prompts_per_call=4,
-            sampling=SamplingParams(),
-            backlog_cap=16,
-            fenced=fenced,
+        return fresh_loop(
+            buf, host="h0", incarnation=4, fresh_only=None, backlog_cap=16, fenced=fenced
         )
 
     assert loop(None).claim_room() == (0, {"backlog_groups": 16})  # at the cap
-    room, why = loop(lambda host, inc: (host, inc) == ("h0", 2)).claim_room()
+    room, why = loop(_is_evicted).claim_room()
     assert room == 4 and why["backlog_groups"] == 0
