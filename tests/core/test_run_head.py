@@ -279,3 +279,27 @@ def test_the_head_rides_out_a_store_that_fails_for_a_while(tmp_path: Path, monke
     assert s["groups_trained"] + sum(s["groups_skipped"].values()) == s["groups_appended"]
     events = (Path(config.run_dir) / "store" / "events" / "head.jsonl").read_text()
     assert '"kind":"store_outage_survived"' in events
+
+
+def test_a_head_that_gave_up_leaves_the_run_resumable_not_finished(tmp_path: Path) -> None:
+    """Regression (found by `make chaos`: three trainer kills in a row): a head whose
+    trainer loop gave up wrote FINISHED, so the next `yeto run up` said the run had
+    finished (exit 0) with 3 of 20 rounds trained and no cut."""
+    trainer = {
+        "backend": "fake",
+        "groups_per_round": 2,
+        "max_policy_age": 100,
+        "total_rounds": 6,
+        "price_per_hour": 72.0,
+        "backend_options": {"no_such_option": 1},  # every trainer incarnation fails to start
+    }
+    config = _config(tmp_path, trainer=trainer)
+    assert _head(config).run(lambda m: None) == 1  # EXIT_FAILED
+    run_dir = Path(config.run_dir)
+    assert not (run_dir / "FINISHED").exists()
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "stopped" and status["exit_code"] == 1
+    assert "gave" in status["stop_reason"] or "GaveUp" in status["stop_reason"]
+    # the next head tries again (and gives up again), rather than reporting a finished run
+    assert _head(config).run(lambda m: None) == 1
+    _no_islands_left(config)

@@ -451,7 +451,12 @@ class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands):
             self.stop_trainer()
         except Exception as exc:
             errors.append(f"trainer: {exc}")
-        finished = self.trainer_loop is not None and self.trainer_loop.finished is not None
+        # a loop that gave up (max_failures incarnations in a row trained nothing) did not
+        # finish the run: it stays resumable, and the next `yeto run up` tries again
+        finished = self.trainer_loop is not None and self.trainer_loop.finished not in (
+            None,
+            "gave_up",
+        )
         if finished:
             bad = self.check_final_cut()
             if bad is not None:  # not finished: the next `yeto run up` trains the rest again
