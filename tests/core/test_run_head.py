@@ -285,15 +285,10 @@ def test_a_head_that_gave_up_leaves_the_run_resumable_not_finished(tmp_path: Pat
     """Regression (found by `make chaos`: three trainer kills in a row): a head whose
     trainer loop gave up wrote FINISHED, so the next `yeto run up` said the run had
     finished (exit 0) with 3 of 20 rounds trained and no cut."""
-    trainer = {
-        "backend": "fake",
-        "groups_per_round": 2,
-        "max_policy_age": 100,
-        "total_rounds": 6,
-        "price_per_hour": 72.0,
-        "backend_options": {"no_such_option": 1},  # every trainer incarnation fails to start
-    }
-    config = _config(tmp_path, trainer=trainer)
+    config = _config(tmp_path)
+    # every trainer incarnation fails to start
+    trainer = attrs.evolve(config.trainer, backend_options={"no_such_option": 1})
+    config = attrs.evolve(config, trainer=trainer)
     assert _head(config).run(lambda m: None) == 1  # EXIT_FAILED
     run_dir = Path(config.run_dir)
     assert not (run_dir / "FINISHED").exists()

@@ -196,12 +196,8 @@ class HeadIslands:
         skipped as ``fenced_incarnation``. A loss is not a failure of the island, so
         it does not count against ``MAX_SAMPLER_RESTARTS``.
         """
-        from yeto_core.fences import write_fence
-
         incarnation = self.sampler_incarnations.get(handle, self._incarnation_of(island) - 1)
-        write_fence(self.store, island, incarnation, at=self.clock(), handle=handle)
-        self.fences.add(island, incarnation)
-        self.events.emit("sampler_fenced", island=island, incarnation=incarnation, handle=handle)
+        self.fence(island, incarnation, handle)
         self.release_island(island, handle)
         standby = self.sampler_standby.pop(island, None)
         if standby is None:
@@ -209,6 +205,14 @@ class HeadIslands:
             return
         self.sampler_handles[island] = standby  # launched before the loss: it takes over
         self.events.emit("sampler_promoted", island=island, handle=standby, replaced=handle)
+
+    def fence(self, island: str, incarnation: int, handle: str) -> None:
+        """Fence ``island``'s ``incarnation`` in the store; this head knows it at once."""
+        from yeto_core.fences import write_fence
+
+        write_fence(self.store, island, incarnation, at=self.clock(), handle=handle)
+        self.fences.add(island, incarnation)
+        self.events.emit("sampler_fenced", island=island, incarnation=incarnation, handle=handle)
 
     def check_standby(self) -> None:
         """A replacement launched early that is lost or exited before it took over: dropped."""
@@ -221,12 +225,7 @@ class HeadIslands:
                 continue
             del self.sampler_standby[island]
             if status == IslandStatus.LOST:
-                from yeto_core.fences import write_fence
-
-                inc = self.sampler_incarnations.get(handle, -1)
-                write_fence(self.store, island, inc, at=self.clock(), handle=handle)
-                self.fences.add(island, inc)
-                self.events.emit("sampler_fenced", island=island, incarnation=inc, handle=handle)
+                self.fence(island, self.sampler_incarnations.get(handle, -1), handle)
             self.release_island(island, handle)
             self.events.emit("sampler_standby_dropped", island=island, handle=handle)
 

@@ -84,10 +84,12 @@ class HeadTrainer:
         ``partial_last_round``), so that every appended group is trained or skipped:
         fenced groups left then are skipped by that drain.
         """
-        b = self.buffer.backlog(fenced=self.fences)
+        ended = self.trainer_loop is not None and self.trainer_loop.data_end_at is not None
+        b = self.buffer.backlog(fenced=None if ended else self.fences)
         if not b.data_ended:
             return b
-        b = self.buffer.backlog()
+        if not ended:  # the data end is new: read once more, every group counted
+            b = self.buffer.backlog()
         gpr = self.config.trainer.groups_per_round
         if b.data_ended and 0 < b.groups % gpr:
             b = attrs.evolve(b, groups=b.groups + gpr - b.groups % gpr)
