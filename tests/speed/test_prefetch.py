@@ -170,9 +170,9 @@ def test_the_trainer_reads_each_next_round_ahead_and_trains_the_same(tmp_path):
     assert remote.trained_groups == local.trained_groups
 
 
-def test_index_records_appended_while_a_round_trains_are_read_ahead(tmp_path):
-    """The read-ahead first reads the index records appended since the last read; the
-    next select finds its whole round there and reads nothing from the store."""
+def _first_round_taken(tmp_path):
+    """A remote-looking store holding one round (g0-g7) appended by a writer, and a
+    trainer's reader that took and committed it (its own state from here on)."""
     store = Remote(tmp_path / "s")
     writer = FileSampleBuffer(store, layout="objects", host="w")
     writer.append_many([build_group(f"g{i}", n=G, host="h", prompt_id=f"p{i}") for i in range(8)])
@@ -183,7 +183,14 @@ def test_index_records_appended_while_a_round_trains_are_read_ahead(tmp_path):
     )
     first = reader.try_take(0)
     assert first is not None
-    reader.commit(first)  # this object's own state from here on
+    reader.commit(first)
+    return store, writer, buf, reader, first
+
+
+def test_index_records_appended_while_a_round_trains_are_read_ahead(tmp_path):
+    """The read-ahead first reads the index records appended since the last read; the
+    next select finds its whole round there and reads nothing from the store."""
+    store, writer, buf, reader, first = _first_round_taken(tmp_path)
     # a sampler appends the next round after the select read the index
     writer.append_many(
         [build_group(f"g{i}", n=G, host="h", prompt_id=f"p{i}") for i in range(8, 16)]
@@ -205,17 +212,7 @@ def test_index_records_appended_while_a_round_trains_are_read_ahead(tmp_path):
 
 
 def test_a_round_the_read_ahead_did_not_fill_is_read_from_the_store(tmp_path):
-    store = Remote(tmp_path / "s")
-    writer = FileSampleBuffer(store, layout="objects", host="w")
-    writer.append_many([build_group(f"g{i}", n=G, host="h", prompt_id=f"p{i}") for i in range(8)])
-    buf = FileSampleBuffer(store, layout="objects", host="trainer")
-    clock = Clock()
-    reader = BatchReader(
-        buf, group_size=G, groups_per_round=8, max_policy_age=4, clock=clock, sleep=clock.sleep
-    )
-    first = reader.try_take(0)
-    assert first is not None
-    reader.commit(first)
+    store, writer, buf, reader, first = _first_round_taken(tmp_path)
     buf.prefetch(first.watermark, 8)  # nothing appended yet: no round read ahead
     _join(buf)
     writer.append_many(
