@@ -295,6 +295,24 @@ def test_a_head_that_gave_up_leaves_the_run_resumable_not_finished(tmp_path: Pat
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "stopped" and status["exit_code"] == 1
     assert "gave" in status["stop_reason"] or "GaveUp" in status["stop_reason"]
-    # the next head tries again (and gives up again), rather than reporting a finished run
+    starts = lambda: len([r for r in _journal(config) if r["kind"] == "start"])  # noqa: E731
+    first_starts = starts()
+    assert first_starts == 3  # max_failures
+    # the next head tries again with its own max_failures starts (and gives up again),
+    # rather than reporting a finished run or giving up at once on the journal's count
     assert _head(config).run(lambda m: None) == 1
+    assert starts() == 2 * first_starts
     _no_islands_left(config)
+    # once what failed the starts is fixed, the next head trains the run to its end
+    fixed = attrs.evolve(config, trainer=attrs.evolve(trainer, backend_options={}))
+    assert _head(fixed).run(lambda m: None) == 0
+    assert (run_dir / "FINISHED").exists()
+    s = _summary(fixed)
+    assert s["exit_code"] == EXIT_OK and s["groups_untrained"] == 0
+    assert s["groups_trained"] >= 2 * fixed.trainer.total_rounds
+    _no_islands_left(config)
+
+
+def _journal(config) -> list[dict]:
+    root = Path(config.run_dir) / "store" / "head" / "journal"
+    return [json.loads(p.read_text()) for p in sorted(root.glob("*.json"))]

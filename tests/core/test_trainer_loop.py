@@ -181,6 +181,40 @@ def test_gives_up_after_max_failures_without_a_trained_round(tmp_path):
     assert journal[-1]["kind"] == "gave_up"
 
 
+def test_a_head_after_one_that_gave_up_tries_again_and_can_finish(tmp_path):
+    """Regression (found by `make chaos`): a head resumed from a journal that ended in
+    ``gave_up`` took the count (and the finish) from it and gave up without a start."""
+    broken = {"on": True}
+
+    def factory(inc):
+        if broken["on"]:
+            raise RuntimeError(f"incarnation {inc}: CUDA unavailable")
+        return FakeBackend(seed=3)
+
+    run = Run(tmp_path, factory=factory)
+    run.head()
+    with pytest.raises(TrainerLoopGaveUp):
+        run.run()
+    loop = run.head()  # a new head: three new tries, not none
+    assert loop.finished is None and loop.failures == 0
+    assert Journal(run.store).read()[-1]["kind"] == "retry"
+    while loop.failures < 1:  # one start fails
+        run.run(until=run.clock.t + 1)
+    assert loop.failures == 1 and loop.finished is None
+    # this head dies before giving up: the next one keeps its count, not the old finish
+    loop = run.head()
+    assert loop.finished is None and loop.failures == 1
+    broken["on"] = False
+    run.run()
+    assert loop.finished == "data_end"
+    journal = Journal(run.store).read()
+    assert [r["kind"] for r in journal].count("retry") == 1
+    _, path = CutStore(run.store).latest_valid(tmp_path / "dl")
+    final = FakeBackend(seed=3)
+    final.restore(path)
+    assert final.trained_groups == [f"g{i:06d}" for i in range(N)]
+
+
 def test_drain_limit_finishes_after_data_end(tmp_path):
     class Stuck(TrainerLifecycle):
         PLUGIN_NAME = "stuck"

@@ -188,6 +188,8 @@ class TrainerLoop:
                 self.data_end_at = rec["data_end_at"]
             if kind in ("finish", "gave_up"):
                 self.finished = rec.get("reason", kind)
+            if kind == "retry":  # a head after one that gave up tried again
+                self.finished = None
         if open_start is not None:
             handle = open_start.get("handle")
             released = True
@@ -201,6 +203,13 @@ class TrainerLoop:
             )
             self.idle_since = None
             self.rounds_this_incarnation = 0
+        if self.finished == "gave_up":
+            # A previous head gave up (max_failures incarnations in a row without a
+            # trained round) and left the run resumable: this head is a new try, with
+            # its own max_failures starts, not a head that has given up already.
+            self.finished = None
+            self.failures = 0
+            self._log("retry", after="gave_up", failures=0)
 
     # -- tick ---------------------------------------------------------------------------
 
