@@ -294,6 +294,32 @@ def test_lost_answer_then_412_is_recognised_as_our_own_write(s3_store):
     assert store.put_if_absent("lost2", b"mine") is False
 
 
+def test_put_if_match_resolves_a_lost_answer_and_a_conflict_like_put_if_absent(s3_store):
+    """put_if_match and put_if_absent share one conditional write: a lost answer then
+    a 412 is our own write (its ETag) or another writer's (None); a create whose 409s
+    never end is settled by reading the object back."""
+    assert s3_store.put_if_absent("m", b"1")
+    _, v1 = s3_store.get_versioned("m")
+    store, fake, _ = _scripted_store(s3_store, ["after"])
+    v2 = store.put_if_match("m", b"2", v1)
+    assert v2 is not None and fake.calls == ["put_object", "put_object", "head_object"]
+    assert s3_store.get_versioned("m") == (b"2", v2)
+    store, _, _ = _scripted_store(
+        s3_store, [botocore.exceptions.EndpointConnectionError(endpoint_url="http://x")]
+    )
+    s3_store.put("m", b"theirs")
+    assert store.put_if_match("m", b"3", v2) is None  # their write came between
+    assert store.put_if_match("gone", b"x", v2) is None  # IfMatch on no object
+    conflict = _client_error("ConditionalRequestConflict", 409)
+    s3_store.put("m409", b"theirs")
+    store, _, _ = _scripted_store(s3_store, [conflict] * 4)
+    assert store.put_if_match("m409", b"mine", None) is None
+    store, _, _ = _scripted_store(s3_store, [conflict] * 4)
+    with pytest.raises(StoreError, match="ConditionalRequestConflict"):
+        store.put_if_match("m409b", b"mine", None)
+    assert not s3_store.exists("m409b")
+
+
 def test_get_missing_and_transient_classification(s3_store):
     with pytest.raises(NotFoundError):
         s3_store.get("absent")

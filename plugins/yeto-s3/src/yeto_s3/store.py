@@ -411,48 +411,18 @@ class S3Store(ObjectStore):
         self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
-        full = self._key(key)
-        body = bytes(data)
-        token = os.urandom(16).hex()
-        ambiguous = False  # an earlier attempt may have landed without us seeing the answer
-        transient = conflicts = 0
-        while True:
-            try:
-                self._client.put_object(
-                    Bucket=self.bucket,
-                    Key=full,
-                    Body=body,
-                    IfNoneMatch="*",
-                    Metadata={TOKEN_META: token},
-                )
-                return True
-            except Exception as exc:
-                code, status = _error_code(exc)
-                if code == "PreconditionFailed" or status == 412:
-                    return ambiguous and self._has_token(key, full, token)
-                if code == "ConditionalRequestConflict" or status == 409:
-                    conflicts += 1
-                    if conflicts < self.max_attempts:
-                        self._sleep(self._backoff(conflicts - 1))
-                        continue
-                    # Still conflicting: whoever won has written by now, or nobody did.
-                    if self._exists_full(key, full):
-                        return self._has_token(key, full, token)
-                    raise self._fail("put_if_absent", key, exc) from None
-                if is_transient(exc):
-                    ambiguous = True
-                    transient += 1
-                    if transient >= self.max_attempts:
-                        raise self._fail("put_if_absent", key, exc) from None
-                    self._sleep(self._backoff(transient - 1))
-                    continue
-                if code == "NotImplemented" or status == 501:
-                    raise StoreError(
-                        f"s3 put_if_absent {self._where(key)}: the server does not support "
-                        "conditional writes (If-None-Match); yeto's object-per-record buffer "
-                        "index needs them (AWS S3, MinIO, R2 and moto >= 5.2.1 have them)"
-                    ) from None
-                raise self._fail("put_if_absent", key, exc) from None
+        return (
+            self._put_conditional(
+                "put_if_absent",
+                key,
+                data,
+                {"IfNoneMatch": "*"},
+                "If-None-Match",
+                "yeto's object-per-record buffer index needs them (AWS S3, MinIO, R2 and "
+                "moto >= 5.2.1 have them)",
+            )
+            is not None
+        )
 
     ATOMIC_CAS = True
 
@@ -480,11 +450,39 @@ class S3Store(ObjectStore):
         was lost (a timeout, a 5xx) and a later 412 is resolved like
         :meth:`put_if_absent`: by reading this call's token back.
         """
+        cond = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        return self._put_conditional(
+            "put_if_match",
+            key,
+            data,
+            cond,
+            "If-Match / If-None-Match",
+            "the run's consumed state, pointers and head lease need them (AWS S3, MinIO, R2, "
+            "SeaweedFS and moto >= 5.2.1 have them)",
+        )
+
+    def _put_conditional(
+        self,
+        verb: str,
+        key: str,
+        data: bytes,
+        cond: dict[str, str],
+        headers: str,
+        needed_by: str,
+    ) -> Optional[str]:
+        """``put_object`` under ``cond``: the new ETag, or None when the condition failed.
+
+        Every attempt carries one random token in the object's metadata. An attempt
+        whose answer was lost (a timeout, a 5xx: retried) may have landed, so a later
+        412 is resolved by reading the token back: the object holds ours (our write
+        landed: its ETag) or another writer's (None). A 409 (a concurrent conditional
+        write in flight) is retried with backoff; when it persists on a create, the
+        winner has written by now, or nobody did (then it fails).
+        """
         full = self._key(key)
         body = bytes(data)
         token = os.urandom(16).hex()
-        cond = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
-        ambiguous = False
+        ambiguous = False  # an earlier attempt may have landed without us seeing the answer
         transient = conflicts = 0
         while True:
             try:
@@ -495,62 +493,45 @@ class S3Store(ObjectStore):
             except Exception as exc:
                 code, status = _error_code(exc)
                 if code == "PreconditionFailed" or status == 412:
-                    if ambiguous:
-                        return self._etag_if_token(key, full, token)
-                    return None
-                if code in ("NoSuchKey", "404") or status == 404:
+                    return self._token_etag(verb, key, full, token) if ambiguous else None
+                if "IfMatch" in cond and (code in ("NoSuchKey", "404") or status == 404):
                     return None  # IfMatch on an object that is gone
                 if code == "ConditionalRequestConflict" or status == 409:
                     conflicts += 1
                     if conflicts < self.max_attempts:
                         self._sleep(self._backoff(conflicts - 1))
                         continue
-                    raise self._fail("put_if_match", key, exc) from None
+                    if "IfNoneMatch" in cond and self._exists_full(key, full):
+                        return self._token_etag(verb, key, full, token)
+                    raise self._fail(verb, key, exc) from None
                 if is_transient(exc):
                     ambiguous = True
                     transient += 1
                     if transient >= self.max_attempts:
-                        raise self._fail("put_if_match", key, exc) from None
+                        raise self._fail(verb, key, exc) from None
                     self._sleep(self._backoff(transient - 1))
                     continue
                 if code == "NotImplemented" or status == 501:
                     raise StoreError(
-                        f"s3 put_if_match {self._where(key)}: the server does not support "
-                        "conditional writes (If-Match / If-None-Match); the run's consumed state, "
-                        "pointers and head lease need them (AWS S3, MinIO, R2, SeaweedFS and "
-                        "moto >= 5.2.1 have them)"
+                        f"s3 {verb} {self._where(key)}: the server does not support "
+                        f"conditional writes ({headers}); {needed_by}"
                     ) from None
-                raise self._fail("put_if_match", key, exc) from None
+                raise self._fail(verb, key, exc) from None
 
-    def _etag_if_token(self, key: str, full: str, token: str) -> Optional[str]:
+    def _token_etag(self, verb: str, key: str, full: str, token: str) -> Optional[str]:
+        """The object's ETag when it holds ``token`` (our write landed), else None."""
         try:
             head = self._retrying(
-                "put_if_match",
-                key,
-                lambda: self._client.head_object(Bucket=self.bucket, Key=full),
+                verb, key, lambda: self._client.head_object(Bucket=self.bucket, Key=full)
             )
         except botocore.exceptions.ClientError as exc:
             _code, status = _error_code(exc)
             if status == 404:
                 return None
-            raise self._fail("put_if_match", key, exc) from None
+            raise self._fail(verb, key, exc) from None
         if head.get("Metadata", {}).get(TOKEN_META) == token:
             return str(head["ETag"])
         return None
-
-    def _has_token(self, key: str, full: str, token: str) -> bool:
-        try:
-            head = self._retrying(
-                "put_if_absent",
-                key,
-                lambda: self._client.head_object(Bucket=self.bucket, Key=full),
-            )
-        except botocore.exceptions.ClientError as exc:
-            _code, status = _error_code(exc)
-            if status == 404:
-                return False
-            raise self._fail("put_if_absent", key, exc) from None
-        return head.get("Metadata", {}).get(TOKEN_META) == token
 
     def _exists_full(self, key: str, full: str) -> bool:
         try:
