@@ -62,7 +62,7 @@ from typing import Any, Optional
 
 import click
 
-from yeto_bench.chaos import YETO
+from yeto_bench.head_proc import start_head, stop_head
 from yeto_bench.run_toml import bench_run_toml
 
 WINDOW = 64
@@ -236,7 +236,6 @@ def run_mode(
 
     from yeto_core.event_stream import read_events
     from yeto_core.plugins import get_plugins
-    from yeto_core.run import request_down
     from yeto_core.sample_buffer import open_buffer
 
     run_dir = work / mode
@@ -258,14 +257,7 @@ def run_mode(
         )
     )
     launched = time.time()
-    with open(run_dir / "head.log", "wb") as log:
-        head = subprocess.Popen(
-            [*YETO, "run", "up", str(toml), "--run-dir", str(run_dir)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **env},
-        )
+    head = start_head(toml, run_dir, env={**os.environ, **env})
     store_url = store_url or str(run_dir / "store")
     store = None
     hit: Optional[float] = None
@@ -291,13 +283,7 @@ def run_mode(
         hit, _ = time_to_target(rounds, target=target, t0=t0)
         if hit is not None or (deadline is not None and time.time() >= deadline):
             break
-    if head.poll() is None:
-        request_down(run_dir, reason=f"yeto bench e2e: {'target' if hit else 'timeout'}")
-        try:
-            head.wait(timeout=180)
-        except subprocess.TimeoutExpired:
-            head.kill()
-            head.wait()
+    stop_head(head, run_dir, reason=f"yeto bench e2e: {'target' if hit else 'timeout'}")
     store = get_plugins().open_store(store_url)
     buf = open_buffer(store, read_only=True)
     try:

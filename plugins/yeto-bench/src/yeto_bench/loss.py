@@ -43,8 +43,8 @@ from typing import Any, Optional
 
 import click
 
-from yeto_bench.chaos import YETO
 from yeto_bench.e2e import WINDOW, time_to_target
+from yeto_bench.head_proc import start_head, stop_head
 from yeto_bench.run_toml import bench_run_toml
 
 DEFAULT_LOSSES = ("ppo-clip", "decoupled", "tis")
@@ -164,7 +164,6 @@ def run_one(
     ``rounds`` rounds: the trainer may train a few more before the run stops)."""
     from yeto_core.event_stream import read_events
     from yeto_core.plugins import get_plugins
-    from yeto_core.run import request_down
     from yeto_core.sample_buffer import open_buffer
 
     work.mkdir(parents=True, exist_ok=True)
@@ -185,22 +184,11 @@ def run_one(
         )
     )
     launched = time.time()
-    with open(work / "head.log", "wb") as log:
-        head = subprocess.Popen(
-            [*YETO, "run", "up", str(toml), "--run-dir", str(work)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
+    head = start_head(toml, work)
     try:
         head.wait(timeout=timeout_s + 120)
     except subprocess.TimeoutExpired:
-        request_down(work, reason="yeto bench loss: timeout")
-        try:
-            head.wait(timeout=180)
-        except subprocess.TimeoutExpired:
-            head.kill()
-            head.wait()
+        stop_head(head, work, reason="yeto bench loss: timeout")
     store_url = str(work / "store")
     if not (work / "store" / "buffer").exists():
         return {"error": f"the run wrote no buffer; see {work / 'head.log'}"}
