@@ -196,3 +196,35 @@ def test_groups_of_a_fenced_incarnation_do_not_fill_the_backlog_cap():
     assert loop(None).claim_room() == (0, {"backlog_groups": 16})  # at the cap
     room, why = loop(_is_evicted).claim_room()
     assert room == 4 and why["backlog_groups"] == 0
+
+
+def test_a_commit_whose_release_never_comes_stops_holding_the_room_back():
+    """Regression (found by make chaos): a trainer killed between its commit and its
+    publish left the watermark a round past the newest release. The islands counted that
+    release as coming and held the backlog at A_hard rounds; S1 waits for A_hard + 1
+    with the trainer stopped; nothing moved until the silence backstop stopped the run."""
+    from yeto_core.sampler_loop import PENDING_RELEASE_S
+
+    buf = MemoryBuffer()
+    now = {"t": 0.0}
+    loop = fresh_loop(
+        buf,
+        fresh_only=(2, 4),
+        share_of=1,
+        latest_release=lambda: (0, 0),  # release 0, written at watermark 0
+        clock=lambda: now["t"],
+    )
+    while loop.claim_room()[0] > 0:
+        loop.run_round()
+    assert buf.backlog().groups == 12  # (A_hard + 1) rounds: S1's start threshold
+    buf.commit(buf.select(RoundSpec(max_groups=4, current_version=0, max_policy_age=2)))
+    # the trainer died before publishing release 1: the islands wait for it a while...
+    room, why = loop.claim_room()
+    assert room == 0 and why["trainer_version"] == 1
+    now["t"] += PENDING_RELEASE_S - 1
+    assert loop.claim_room()[0] == 0
+    # ...then sample up to S1's threshold again, so S1 starts the next trainer
+    now["t"] += 2
+    while loop.claim_room()[0] > 0:
+        loop.run_round()
+    assert buf.backlog().groups == 12

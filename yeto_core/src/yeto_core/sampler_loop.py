@@ -59,6 +59,11 @@ from yeto_core.stores.parallel import in_background
 #: Dispense indices of different (seed, host, incarnation) start this far apart.
 STRIDE = 1 << 32
 
+#: seconds a commit seen ahead of the newest release counts as a release to come (for
+#: ``fresh_only``): a trainer publishes within a moment of its commit, and one that
+#: died in between publishes nothing until the next incarnation trains
+PENDING_RELEASE_S = 30.0
+
 
 def dispense_offset(seed: int, host: str, incarnation: int) -> int:
     """The first prompt index of ``host``'s incarnation ``incarnation`` (pure)."""
@@ -143,6 +148,9 @@ class SamplerLoop:
         self.sync_poll_s = float(sync_poll_s)
         self.stop = stop or threading.Event()
         self.clock = clock
+        #: ((watermark, release version), since when) of commits seen ahead of the newest
+        #: release, counted as releases to come for PENDING_RELEASE_S
+        self._pending_since: Optional[tuple[tuple[int, int], float]] = None
         self._emit = emit or (lambda e: None)
         self.offset = dispense_offset(self.seed, host, self.incarnation)
         self.dispenser = dispenser
@@ -342,8 +350,18 @@ class SamplerLoop:
             groups = backlog.groups
         if seen is not None and seen[1] is not None and backlog.watermark > int(seen[1]):
             # rounds committed since that release (their releases are not out yet): each
-            # moved the watermark by at least a round
-            newest += -(-(int(backlog.watermark) - int(seen[1])) // per_round)
+            # moved the watermark by at least a round. Only for a while: a trainer that
+            # died between its commit and its publish releases nothing until S1 starts
+            # another, and S1 waits for the (A_hard + 1) rounds this count would keep
+            # out (found by make chaos: both stalled until the silence backstop).
+            pending = (int(backlog.watermark), int(seen[0]))
+            now = self.clock()
+            if self._pending_since is None or self._pending_since[0] != pending:
+                self._pending_since = (pending, now)
+            if now - self._pending_since[1] < PENDING_RELEASE_S:
+                newest += -(-(int(backlog.watermark) - int(seen[1])) // per_round)
+        else:
+            self._pending_since = None
         fresh_room = (age + 1 - (newest - served)) * per_round - groups
         # islands woken by the same commit decide at once: each takes its share
         room = max(1, fresh_room // self.share_of) if fresh_room > 0 else 0
