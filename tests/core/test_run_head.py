@@ -314,5 +314,7 @@ def test_a_head_that_gave_up_leaves_the_run_resumable_not_finished(tmp_path: Pat
 
 
 def _journal(config) -> list[dict]:
-    root = Path(config.run_dir) / "store" / "head" / "journal"
-    return [json.loads(p.read_text()) for p in sorted(root.glob("*.json"))]
+    from yeto_core.stores.dir_store import DirStore
+    from yeto_core.trainer_loop import Journal
+
+    return Journal(DirStore(Path(config.run_dir) / "store")).read()
