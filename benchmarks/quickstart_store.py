@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -31,13 +30,13 @@ from pathlib import Path
 from e2e_async_store import print_profile  # benchmarks/, this script's folder
 
 from yeto_bench.e2e import (
-    YETO,
     _first_appended,
     _seaweedfs,
     measured_store,
     stage_profiles,
     store_may_hold_groups,
 )
+from yeto_bench.head_proc import start_head
 from yeto_core.event_stream import read_events
 from yeto_core.plugins import get_plugins
 from yeto_core.run import request_down
@@ -87,13 +86,7 @@ def run(args: argparse.Namespace, work: Path, base: str) -> None:
             raise SystemExit(f"--set: {old!r} is not in the quickstart's config")
         toml = toml.replace(old, new)
     (run_dir / "run.toml").write_text(toml)
-    with open(run_dir / "head.log", "wb") as log:
-        head = subprocess.Popen(
-            [*YETO, "run", "up", str(run_dir / "run.toml"), "--run-dir", str(run_dir)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **env},
-        )
+    head = start_head(run_dir / "run.toml", run_dir, env={**os.environ, **env})
     url = url or str(run_dir / "store")
     t0 = None
     while head.poll() is None:
