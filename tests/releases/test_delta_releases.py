@@ -26,10 +26,20 @@ def _files(d: Path) -> dict[str, bytes]:
 
 
 class Trainer:
-    """The torch backend (float32 masters, bf16 exports) publishing after every round."""
+    """The torch backend (float32 masters, bf16 exports unless told) publishing after
+    every round (also used by tests/vllm/test_vllm_deltas.py)."""
 
-    def __init__(self, base: Path, store: DirStore, work: Path, *, full_every: int, lr: float):
-        self.backend = TorchBackend(str(base), lr=lr, seed=0, export_dtype="bfloat16")
+    def __init__(
+        self,
+        base: Path,
+        store: DirStore,
+        work: Path,
+        *,
+        full_every: int,
+        lr: float,
+        export_dtype: str = "bfloat16",
+    ):
+        self.backend = TorchBackend(str(base), lr=lr, seed=0, export_dtype=export_dtype)
         self.backend.restore(None)
         self.releases = ReleaseStore(
             store, codec=NumpyZstdCodec(), deltas="on", full_every=full_every
