@@ -14,7 +14,7 @@ from sgl_helpers import hf_model, make_full_release, prompt_scores
 from yeto_core import fingerprint as fp
 from yeto_core.batch_reader import BatchReader
 from yeto_core.policy_follower import PolicyFollower
-from yeto_core.records import SamplingParams
+from yeto_core.records import LocalRelease, SamplingParams
 from yeto_core.release import ReleaseStore
 from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.sampler_loop import SamplerLoop
@@ -218,3 +218,63 @@ def test_the_plugin_registers_the_engine() -> None:
     plugins = Plugins(entry_points=False)
     plugins.add(plugin, "sglang")
     assert plugins.sampler_engine("sglang").__name__ == "SGLangEngine"
+
+
+def test_follower_rebuilds_delta_releases_and_the_server_loads_them(
+    target, engine_for, tmp_path
+) -> None:
+    """A chain of releases published with deltas on (full every 3): the follower rebuilds
+    each delta on its own copy, the server reloads the rebuilt directory, every version's
+    files equal the full export bit for bit, and each load passes its fingerprint. Runs on
+    the protocol server here and on a real SGLang server in scripts/gpu-check-sglang.sh."""
+    from transformers import AutoModelForCausalLM
+
+    from yeto_torch.delta import NumpyZstdCodec
+    from yeto_torch.export import export_full
+
+    tiny_base = target.model
+    eng = engine_for(target.url)
+    store = DirStore(tmp_path / "store", fsync=False)
+    releases = ReleaseStore(store, codec=NumpyZstdCodec(), deltas="on", full_every=3)
+    events: list = []
+    follower = PolicyFollower(
+        ReleaseStore(store, codec=NumpyZstdCodec()),
+        eng,
+        work_dir=tmp_path / "work",
+        emit=events.append,
+        fingerprint_tolerance={"float32": max(target.atol, 1e-3)},
+    )
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_base), dtype=torch.float32)
+    gen = torch.Generator().manual_seed(7)
+    encodings = []
+    for version in range(1, 5):
+        with torch.no_grad():  # a small step: a few percent of the weights move
+            for p in model.parameters():
+                moved = torch.rand(p.shape, generator=gen) < 0.05
+                p.add_(torch.randn(p.shape, generator=gen) * 0.02 * moved)
+        out = tmp_path / f"export-{version}"
+        info = export_full(model, tiny_base, out)
+        local = LocalRelease(
+            version=version,
+            release_id=str(version),
+            path=str(out),
+            kind="full",
+            weight_checksum=info["weight_checksum"],
+        )
+        rel = _publish(releases, local, version, out)
+        encodings.append(rel.encoding)
+        assert follower.poll() == "loaded"
+        loaded = [e for e in events if e.kind == "release_loaded"][-1].data
+        assert loaded["verified"] is True and loaded["encoding"] == rel.encoding
+        served = Path(follower._current.path)
+        want = {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}
+        assert {p.name: p.read_bytes() for p in served.iterdir() if p.is_file()} == want
+        assert eng.version == version
+        if not target.real:  # the server was asked to load the rebuilt directory
+            loads = [b for r, b in target.srv.log if r == "/update_weights_from_disk"]
+            assert loads[-1]["model_path"] == str(served)
+    assert encodings == ["full", "delta", "delta", "full"]
+    deltas = [r for r in releases.list() if r.encoding == "delta"]
+    assert deltas and all(
+        sum(f.size for f in r.files) < 0.5 * sum(f.size for f in r.result_files) for r in deltas
+    )
