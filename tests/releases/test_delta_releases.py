@@ -63,6 +63,21 @@ class Trainer:
         return rel
 
 
+def delta_follower(store: DirStore, engine, work_dir: Path, **options) -> tuple:
+    """A :class:`PolicyFollower` of ``store``'s releases that can apply deltas (the torch
+    plugin's codec) for ``engine``, and the list its events go to (also used by the vllm
+    and sglang delta tests)."""
+    events: list = []
+    follower = PolicyFollower(
+        ReleaseStore(store, codec=NumpyZstdCodec()),
+        engine,
+        work_dir=work_dir,
+        emit=events.append,
+        **options,
+    )
+    return follower, events
+
+
 @pytest.fixture
 def world(tmp_path, sort_base):
     store = DirStore(tmp_path / "store", fsync=False)
@@ -70,13 +85,7 @@ def world(tmp_path, sort_base):
     def make(full_every: int = 3, lr: float = 2e-4):
         trainer = Trainer(sort_base, store, tmp_path / "trainer", full_every=full_every, lr=lr)
         engine = HFEngine(str(sort_base), seed=0, dtype="bfloat16")
-        events: list = []
-        follower = PolicyFollower(
-            ReleaseStore(store, codec=NumpyZstdCodec()),
-            engine,
-            work_dir=tmp_path / "follower",
-            emit=events.append,
-        )
+        follower, events = delta_follower(store, engine, tmp_path / "follower")
         return trainer, follower, engine, events
 
     return make

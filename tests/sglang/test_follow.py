@@ -229,6 +229,7 @@ def test_follower_rebuilds_delta_releases_and_the_server_loads_them(
     the protocol server here and on a real SGLang server in scripts/gpu-check-sglang.sh."""
     from transformers import AutoModelForCausalLM
 
+    from tests.releases.test_delta_releases import delta_follower
     from yeto_torch.delta import NumpyZstdCodec
     from yeto_torch.export import export_full
 
@@ -236,13 +237,8 @@ def test_follower_rebuilds_delta_releases_and_the_server_loads_them(
     eng = engine_for(target.url)
     store = DirStore(tmp_path / "store", fsync=False)
     releases = ReleaseStore(store, codec=NumpyZstdCodec(), deltas="on", full_every=3)
-    events: list = []
-    follower = PolicyFollower(
-        ReleaseStore(store, codec=NumpyZstdCodec()),
-        eng,
-        work_dir=tmp_path / "work",
-        emit=events.append,
-        fingerprint_tolerance={"float32": max(target.atol, 1e-3)},
+    follower, events = delta_follower(
+        store, eng, tmp_path / "work", fingerprint_tolerance={"float32": max(target.atol, 1e-3)}
     )
     model = AutoModelForCausalLM.from_pretrained(str(tiny_base), dtype=torch.float32)
     gen = torch.Generator().manual_seed(7)

@@ -13,12 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.releases.test_delta_releases import Trainer, _files
-from yeto_core.policy_follower import PolicyFollower
+from tests.releases.test_delta_releases import Trainer, _files, delta_follower
 from yeto_core.records import SamplingParams
-from yeto_core.release import ReleaseStore
 from yeto_core.stores.dir_store import DirStore
-from yeto_torch.delta import NumpyZstdCodec
 from yeto_torch.tasks import SortDigits
 
 
@@ -40,13 +37,7 @@ def test_vllm_follows_a_delta_chain_bitwise_and_refuses_a_damaged_delta(
     trainer = Trainer(
         sort_base, store, tmp_path / "trainer", full_every=3, lr=2e-4, export_dtype="float32"
     )
-    events: list = []
-    follower = PolicyFollower(
-        ReleaseStore(store, codec=NumpyZstdCodec()),
-        vllm_engine,
-        work_dir=tmp_path / "follower",
-        emit=events.append,
-    )
+    follower, events = delta_follower(store, vllm_engine, tmp_path / "follower")
     prompts = _prompts(vllm_engine)
     sp = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3)
     encodings = []
