@@ -229,7 +229,7 @@ def test_follower_rebuilds_delta_releases_and_the_server_loads_them(
     the protocol server here and on a real SGLang server in scripts/gpu-check-sglang.sh."""
     from transformers import AutoModelForCausalLM
 
-    from tests.releases.test_delta_releases import delta_follower
+    from tests.releases.test_delta_releases import _files, _loaded, delta_follower
     from yeto_torch.delta import NumpyZstdCodec
     from yeto_torch.export import export_full
 
@@ -260,11 +260,10 @@ def test_follower_rebuilds_delta_releases_and_the_server_loads_them(
         rel = _publish(releases, local, version, out)
         encodings.append(rel.encoding)
         assert follower.poll() == "loaded"
-        loaded = [e for e in events if e.kind == "release_loaded"][-1].data
+        loaded = _loaded(events)
         assert loaded["verified"] is True and loaded["encoding"] == rel.encoding
         served = Path(follower._current.path)
-        want = {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}
-        assert {p.name: p.read_bytes() for p in served.iterdir() if p.is_file()} == want
+        assert _files(served) == _files(out)
         assert eng.version == version
         if not target.real:  # the server was asked to load the rebuilt directory
             loads = [b for r, b in target.srv.log if r == "/update_weights_from_disk"]

@@ -13,19 +13,17 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.releases.test_delta_releases import Trainer, _files, delta_follower
+from tests.releases.test_delta_releases import (
+    Trainer,
+    _files,
+    _flip,
+    _loaded,
+    _refused,
+    delta_follower,
+)
+from tests.vllm.test_vllm_engine import task_prompts
 from yeto_core.records import SamplingParams
 from yeto_core.stores.dir_store import DirStore
-from yeto_torch.tasks import SortDigits
-
-
-def _prompts(engine, n=2):
-    task = SortDigits(seed=0)
-    return [engine.encode(task.prompt(i)[0]) for i in range(n)]
-
-
-def _last(events, kind):
-    return [e.data for e in events if e.kind == kind][-1]
 
 
 def test_vllm_follows_a_delta_chain_bitwise_and_refuses_a_damaged_delta(
@@ -38,14 +36,14 @@ def test_vllm_follows_a_delta_chain_bitwise_and_refuses_a_damaged_delta(
         sort_base, store, tmp_path / "trainer", full_every=3, lr=2e-4, export_dtype="float32"
     )
     follower, events = delta_follower(store, vllm_engine, tmp_path / "follower")
-    prompts = _prompts(vllm_engine)
+    prompts = task_prompts(vllm_engine, 2)
     sp = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3)
     encodings = []
     for _ in range(4):
         rel = trainer.step()
         encodings.append(rel.encoding)
         assert follower.poll() == "loaded"
-        loaded = _last(events, "release_loaded")
+        loaded = _loaded(events)
         assert loaded["verified"] is True and loaded["encoding"] == rel.encoding
         assert loaded["max_abs_dev"] < 1e-4
         # the directory the server reloaded is the full export, bit for bit
@@ -58,11 +56,9 @@ def test_vllm_follows_a_delta_chain_bitwise_and_refuses_a_damaged_delta(
     rel = trainer.step()
     assert rel.encoding == "delta"
     payload = tmp_path / "store" / "releases" / rel.release_id / "model.safetensors.delta"
-    data = bytearray(payload.read_bytes())
-    data[len(data) // 2] ^= 0x10
-    payload.write_bytes(bytes(data))
+    _flip(payload, payload.stat().st_size // 2)
     assert follower.poll() == "refused"
-    refused = _last(events, "release_refused")
+    refused = _refused(events)
     assert refused["kept_version"] == 4
     assert refused["reason"] in ("digest_mismatch", "tensor_checksum_mismatch", "malformed")
     check = follower.verify_served("test")
