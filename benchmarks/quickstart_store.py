@@ -36,10 +36,9 @@ from yeto_bench.e2e import (
     stage_profiles,
     store_may_hold_groups,
 )
-from yeto_bench.head_proc import start_head
+from yeto_bench.head_proc import start_head, stop_head
 from yeto_core.event_stream import read_events
 from yeto_core.plugins import get_plugins
-from yeto_core.run import request_down
 from yeto_core.sample_buffer import open_buffer
 from yeto_core.trainer_loop import Journal
 
@@ -97,8 +96,8 @@ def run(args: argparse.Namespace, work: Path, base: str) -> None:
             continue
         if time.time() >= t0 + args.seconds:
             break
-    request_down(run_dir, reason="window over")
-    rc = head.wait(timeout=300)
+    stop_head(head, run_dir, "window over", wait_s=300)
+    rc = head.returncode
     store = get_plugins().open_store(url)
     buf = open_buffer(store, read_only=True)
     try:
