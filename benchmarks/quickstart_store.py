@@ -55,6 +55,9 @@ def main() -> None:
     ap.add_argument(
         "--events-out", default=None, help="write every stream's events here (JSON lines)"
     )
+    ap.add_argument(
+        "--index-out", default=None, help="write the buffer's index records here (JSON lines)"
+    )
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="yeto-qs-store-"))
     try:
@@ -140,6 +143,19 @@ def run(args: argparse.Namespace, work: Path, base: str) -> None:
                 print(r["kind"], round(r["time"] - t0, 1), r.get("reason") or "")
     if args.stages:
         print_profile(stage_profiles(store, rounds=len(trained)), args.stages)
+    if args.index_out:  # position, host, versions and append time of every group
+        with open(args.index_out, "w") as out:
+            for e in entries:
+                rec = {
+                    "position": int(e.position),
+                    "group_id": e.group_id,
+                    "host": e.host,
+                    "min_version": int(e.min_version),
+                    "max_version": int(e.max_version),
+                    "t": round(float(e.appended_at) - t0, 3),
+                }
+                out.write(json.dumps(rec) + "\n")
+        print(f"index: {args.index_out}")
     if args.events_out:  # the store may be gone after this run (SeaweedFS): keep its events
         from yeto_core.event_stream import read_all
 

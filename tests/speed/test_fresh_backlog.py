@@ -228,3 +228,39 @@ def test_a_commit_whose_release_never_comes_stops_holding_the_room_back():
     while loop.claim_room()[0] > 0:
         loop.run_round()
     assert buf.backlog().groups == 12
+
+
+def test_each_call_reports_the_decision_that_sized_it():
+    _trained, _stale, _waits, _n, events = simulate(True)
+    rounds = [e.data for e in events if e.kind == "sampler_round"]
+    assert rounds and all("room" in r for r in rounds)
+    read = [r["room"] for r in rounds if not r["room"].get("read_skipped")]
+    skipped = [r["room"] for r in rounds if r["room"].get("read_skipped")]
+    assert read and all(
+        {"backlog_groups", "served_version", "trainer_version", "fresh_room"} <= set(r)
+        for r in read
+    )
+    assert all(r["decided_s_ago"] >= 0 for r in read + skipped)
+    # a call is never larger than the room its decision found
+    for r in rounds:
+        if not r["room"].get("read_skipped"):
+            assert r["groups"] <= max(1, r["room"]["fresh_room"])
+    # without a cap or fresh_only there is no decision to report
+    buf = MemoryBuffer()
+    events = []
+    engine = WeightFileEngine()
+    loop = SamplerLoop(
+        buf,
+        engine,
+        DigitsTask(),
+        None,
+        host="h",
+        incarnation=0,
+        group_size=2,
+        prompts_per_call=4,
+        sampling=SamplingParams(),
+        emit=events.append,
+    )
+    assert loop.wait_for_room()
+    loop.run_round()
+    assert "room" not in events[-1].data

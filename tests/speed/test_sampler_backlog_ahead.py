@@ -4,11 +4,13 @@ round trip; the backlog is never understated and the cap still holds (counts onl
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Optional
 
 from yeto_core.records import RoundSpec, SamplingParams
 from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.sampler_loop import SamplerLoop
+from yeto_core.testing.fake_backend import MemoryBuffer
 from yeto_core.testing.fakes import (
     DigitsTask,
     EngineFollower,
@@ -104,3 +106,77 @@ def test_on_a_local_store_every_decision_reads_the_backlog(tmp_path):
     assert loop._backlog_ahead is None  # no thread again
     loop.claim_room()
     assert CountingBuffer.reads == 3
+
+
+class HeldLandings(MemoryBuffer):
+    """A remote-looking in-memory buffer: reads through a copy (itself), and each host's
+    group commits land only when the test lets that host's commit through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gates: dict[str, threading.Event] = {}
+
+    def reader_copy(self) -> HeldLandings:
+        return self
+
+    def append_many(self, groups):
+        host = groups[0].sampler_host
+        assert self.gates.setdefault(host, threading.Event()).wait(10)
+        self.gates[host].clear()
+        return [self.append(g) for g in groups]
+
+
+def test_overlapped_islands_count_the_other_islands_commits_in_flight():
+    """Two islands on a remote store (reads ahead, commits overlapped), each call's commit
+    landing while the other island's next call generates, as on SeaweedFS + 20 ms. The
+    trainer is stopped (R == v), so the fresh bound is S1's start threshold. A read made
+    as a call starts misses the other island's commit in flight and its next call: counted
+    as one call, the islands went past the bound (and on a running trainer those groups
+    age out: stale)."""
+    age, per_round, per_call = 2, 8, 4
+    bound = (age + 1) * per_round
+    buf = HeldLandings()
+    loops = []
+    for h in ("a", "b"):
+        engine = WeightFileEngine()
+        loops.append(
+            SamplerLoop(
+                buf,
+                engine,
+                DigitsTask(),
+                EngineFollower(engine),
+                host=h,
+                incarnation=0,
+                group_size=2,
+                prompts_per_call=per_call,
+                sampling=SamplingParams(),
+                fresh_only=(age, per_round),
+                share_of=2,
+                overlap_append=True,
+            )
+        )
+    buf.gates = {h: threading.Event() for h in ("a", "b")}
+
+    def start_call(loop) -> bool:
+        if loop.claim_room()[0] <= 0:
+            return False
+        loop.run_round()  # its read ahead starts, its commit waits at the gate
+        if loop._backlog_ahead is not None:
+            loop._backlog_ahead[0].result()  # the read is made as the call starts
+        return True
+
+    def land(loop) -> None:
+        if loop._landing is not None:
+            buf.gates[loop.host].set()
+            loop.flush()
+
+    a, b = loops
+    calls = 0
+    for _ in range(12):  # a's commit lands after b's next call started, and b's after a's
+        calls += start_call(a)
+        land(b)
+        calls += start_call(b)
+        land(a)
+    land(b)
+    assert calls >= 4 and len(buf.groups) >= bound - per_call  # sampled up to about the bound
+    assert len(buf.groups) <= bound + 1, f"{len(buf.groups)} groups past the bound {bound}"

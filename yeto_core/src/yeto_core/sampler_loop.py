@@ -59,6 +59,7 @@ from yeto_core.stores.parallel import in_background
 #: Dispense indices of different (seed, host, incarnation) start this far apart.
 STRIDE = 1 << 32
 
+
 #: seconds a commit seen ahead of the newest release counts as a release to come (for
 #: ``fresh_only``): a trainer publishes within a moment of its commit, and one that
 #: died in between publishes nothing until the next incarnation trains
@@ -165,6 +166,9 @@ class SamplerLoop:
         self.fenced = fenced
         #: groups the next call generates (cut by ``fresh_only``; reset after each call)
         self.call_size = self.prompts_per_call
+        #: the inputs of the decision that sized the next call (its ``sampler_round``
+        #: reports them as ``room``; empty without a cap or ``fresh_only``)
+        self.call_room: dict[str, Any] = {}
         #: fresh room the last backlog read left after the calls made since (a bound)
         self._spare = 0
         #: a backlog read started with the last call (remote stores): (the backlog, None
@@ -258,18 +262,34 @@ class SamplerLoop:
             self._spare -= self.prompts_per_call * self.share_of
             self.call_size = self.prompts_per_call
             PROFILE.count("sampler.backlog_read_skipped")
+            self.call_room = {"read_skipped": True, "spare": self._spare, "at": self.clock()}
             return self.prompts_per_call, {}
         room, why = self._room()
         self._spare = 0
+        self.call_room = {**why, "at": self.clock()}
         if room > 0:
             self.call_size = min(self.prompts_per_call, room)
             if self.fresh_only is not None:
-                others = (self.share_of - 1) * self.prompts_per_call
+                others = self._others_since_read()
                 left = int(why["fresh_room"])
                 if self.backlog_cap is not None:
                     left = min(left, self.backlog_cap - int(why["backlog_groups"]))
                 self._spare = left - self.call_size - others
         return room, why
+
+    def _others_since_read(self) -> int:
+        """Groups the other islands may land between a backlog read made as a call starts
+        and the landing of the next call (the one that read sizes).
+
+        A call period passes between the two calls' starts, in which another island of
+        the same pace lands one call. With ``overlap_append`` a call lands while the next
+        one generates: the other island's call whose commit is in flight as the read
+        starts lands unseen too, so two. (Counting one there let groups land a round
+        deeper than decided: on SeaweedFS + 20 ms nearly every stale group was trained
+        one version past its bound; docs/performance.md, Round 11.)
+        """
+        calls = 2 if self.overlap_append else 1
+        return calls * (self.share_of - 1) * self.prompts_per_call
 
     def _reads_backlog_ahead(self) -> bool:
         return (self.fresh_only is not None or self.backlog_cap is not None) and (
@@ -339,12 +359,12 @@ class SamplerLoop:
         served, newest, seen = self._newest()
         # the groups still fresh at the newest release are the ones ahead of a new group
         # (read with the last call: at the release newest then, counting as fresh some
-        # that are stale now; plus this island's last call and one call of each other
-        # island since, so the room is not overstated by the appends the read missed)
+        # that are stale now; plus this island's last call and the calls each other
+        # island may land before this one, so the room is not overstated by the appends
+        # the read missed)
         if ahead is not None:
             backlog = ahead[0]
-            others = (self.share_of - 1) * self.prompts_per_call
-            groups = int(backlog.groups) + ahead[1] + others
+            groups = int(backlog.groups) + ahead[1] + self._others_since_read()
         else:
             backlog = self._read_backlog(self.buffer, newest)
             groups = backlog.groups
@@ -382,6 +402,7 @@ class SamplerLoop:
         started = self.clock()
         slots = None
         size, self.call_size = self.call_size, self.prompts_per_call
+        room, self.call_room = self.call_room, {}
         if self.dispenser is not None:
             slots = self.dispenser.take(size)
             indices = [s.row for s in slots]
@@ -462,7 +483,7 @@ class SamplerLoop:
         PROFILE.add("sampler.score", time.perf_counter() - scoring)
         self.next_index += size
         self.rounds += 1
-        record = (groups, slots, indices, rewards, versions, started, self.rounds)
+        record = (groups, slots, indices, rewards, versions, started, self.rounds, room)
         if self.overlap_append:
             self.flush()  # one commit in flight at a time, in call order
             self._landing = (
@@ -481,6 +502,7 @@ class SamplerLoop:
         versions: list[int],
         started: float,
         round_no: int,
+        room: dict[str, Any],
     ) -> list[int]:
         """Append a call's groups, ack its dispensed slots, report the call."""
         with stage("sampler.append"):
@@ -502,6 +524,7 @@ class SamplerLoop:
             min_version=min(versions) if versions else None,
             max_version=max(versions) if versions else None,
             seconds=self.clock() - started,
+            **({"room": _room_report(room, self.clock())} if room else {}),
         )
         return positions
 
@@ -546,6 +569,14 @@ class SamplerLoop:
         if self.stop.is_set() or max_rounds is None:
             self.flush()  # the last call's groups land before the loop ends
         return done
+
+
+def _room_report(room: dict[str, Any], now: float) -> dict[str, Any]:
+    """A call's sizing decision as its ``sampler_round`` reports it (``decided_s_ago``:
+    seconds between the decision and the report, the call's generation and commit)."""
+    out = {k: v for k, v in room.items() if k != "at"}
+    out["decided_s_ago"] = round(now - float(room["at"]), 3)
+    return out
 
 
 class SeenReleases:
