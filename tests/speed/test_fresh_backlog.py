@@ -246,21 +246,8 @@ def test_each_call_reports_the_decision_that_sized_it():
         if not r["room"].get("read_skipped"):
             assert r["groups"] <= max(1, r["room"]["fresh_room"])
     # without a cap or fresh_only there is no decision to report
-    buf = MemoryBuffer()
     events = []
-    engine = WeightFileEngine()
-    loop = SamplerLoop(
-        buf,
-        engine,
-        DigitsTask(),
-        None,
-        host="h",
-        incarnation=0,
-        group_size=2,
-        prompts_per_call=4,
-        sampling=SamplingParams(),
-        emit=events.append,
-    )
+    loop = fresh_loop(MemoryBuffer(), fresh_only=None, backlog_cap=None, emit=events.append)
     assert loop.wait_for_room()
     loop.run_round()
     assert "room" not in events[-1].data
