@@ -59,7 +59,6 @@ from yeto_core.stores.parallel import in_background
 #: Dispense indices of different (seed, host, incarnation) start this far apart.
 STRIDE = 1 << 32
 
-
 #: seconds a commit seen ahead of the newest release counts as a release to come (for
 #: ``fresh_only``): a trainer publishes within a moment of its commit, and one that
 #: died in between publishes nothing until the next incarnation trains
@@ -257,8 +256,8 @@ class SamplerLoop:
         """
         if self.fresh_only is not None and self._spare >= self.prompts_per_call * self.share_of:
             # the last read left room for every island's next call even after this call
-            # and one of each other island's since: no backlog read (a remote store's
-            # listing), this call is whole
+            # and the other islands' calls since (_others_since_read): no backlog read
+            # (a remote store's listing), this call is whole
             self._spare -= self.prompts_per_call * self.share_of
             self.call_size = self.prompts_per_call
             PROFILE.count("sampler.backlog_read_skipped")
