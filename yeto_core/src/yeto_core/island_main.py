@@ -287,7 +287,8 @@ def open_run_buffer(plugins: Any, config: RunConfig, store: Any, host: str, **kw
 
 def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdentity) -> int:
     from yeto_core.policy_follower import PolicyFollower
-    from yeto_core.sampler_loop import SamplerLoop, SeenReleases
+    from yeto_core.sampler_loop import SamplerLoop
+    from yeto_core.sampler_room import SeenReleases
 
     island, incarnation = ident.island, ident.incarnation
     groups = {name: s for name, s in config.sampler_islands()}
