@@ -416,3 +416,28 @@ def test_a_release_s_files_are_fetched_with_overlapping_gets_and_still_checked(t
     with pytest.raises(ReleaseError) as exc:
         releases.fetch(rel, tmp_path / "b")
     assert "tokenizer.json: sha256" in str(exc.value) and "extra.bin: missing" in str(exc.value)
+
+
+def test_on_pool_keeps_the_order_raises_the_first_error_and_runs_inline_on_the_pool():
+    import threading
+
+    from yeto_core.stores.parallel import _executor, on_pool
+
+    names = on_pool(lambda i: (i, threading.current_thread().name), list(range(5)))
+    assert [i for i, _ in names] == list(range(5))
+    assert all(n.startswith("store-io") for _, n in names)  # on the process's pool
+    assert on_pool(lambda i: threading.current_thread().name, [0]) == [
+        threading.current_thread().name
+    ]  # one item: inline
+
+    def boom(i):
+        if i == 2:
+            raise ValueError(i)
+        return i
+
+    with pytest.raises(ValueError):
+        on_pool(boom, [0, 1, 2, 3])
+    # a pool thread that calls it runs the items itself (no wait on its own pool)
+    inner = _executor().submit(lambda: on_pool(lambda i: threading.current_thread().name, [0, 1]))
+    me = inner.result(timeout=10)
+    assert len(set(me)) == 1 and me[0].startswith("store-io")

@@ -39,7 +39,7 @@ from yeto_core.stores.dir_cas import (  # noqa: F401 - re-exported
 from yeto_core.stores.files import mkstemp as _mkstemp
 from yeto_core.stores.fsync import fsync_dir
 from yeto_core.stores.keys import check_key, check_prefix
-from yeto_core.stores.parallel import _executor, _in_pool
+from yeto_core.stores.parallel import on_pool
 from yeto_core.stores.watch import Watch
 
 
@@ -445,9 +445,4 @@ class DirStore(DirCompareAndSwap, ObjectStore):
 def _fsync_all(fds: list[int]) -> None:
     """fsync every descriptor, concurrently (the calls release the GIL), on the process's
     store-io pool (a pool made per call cost the trainer's publish ~2% of its samples)."""
-    if len(fds) < 2 or _in_pool():  # on a pool thread: inline (waiting on it could deadlock)
-        for fd in fds:
-            os.fsync(fd)
-        return
-    for _ in _executor().map(os.fsync, fds):
-        pass
+    on_pool(os.fsync, fds)

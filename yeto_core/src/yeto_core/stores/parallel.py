@@ -88,6 +88,16 @@ def overlapped(
     return list(_executor().map(run, items))
 
 
+def on_pool(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """``[fn(item) for item in items]`` run at once on the process's pool, whatever the
+    store (for calls that release the GIL, such as ``os.fsync``); inline for fewer than
+    two items or on a pool thread (waiting on the pool there could deadlock). The first
+    failing item's error is raised."""
+    if len(items) < 2 or _in_pool():
+        return [fn(item) for item in items]
+    return list(_executor().map(fn, items))
+
+
 def _attempt(fn: Callable[[T], R], item: T) -> Union[tuple[R, None], tuple[None, BaseException]]:
     try:
         return fn(item), None
