@@ -72,7 +72,8 @@ def main() -> None:
 
 
 def print_profile(profile: dict[str, Any], n: int) -> None:
-    """Each process's ``n`` slowest stages (ms per trained round) and store requests."""
+    """Each process's ``n`` slowest stages (ms per trained round: wall, and the thread's
+    CPU after a slash where measured) and store requests."""
     for proc, st in sorted(profile.items()):
         if not isinstance(st, dict):
             continue
@@ -81,7 +82,14 @@ def print_profile(profile: dict[str, Any], n: int) -> None:
             ((k, v) for k, v in stages.items() if isinstance(v, dict)),
             key=lambda kv: -kv[1].get("s", 0),
         )[:n]
-        print(proc, "  ".join(f"{k}={v.get('ms_per_round')}" for k, v in rows))
+        print(
+            proc,
+            "  ".join(
+                f"{k}={v.get('ms_per_round')}"
+                + (f"/{v['cpu_ms_per_round']}" if "cpu_ms_per_round" in v else "")
+                for k, v in rows
+            ),
+        )
         counters = st.get("counters_per_round")
         if isinstance(counters, dict):
             store = {k: v for k, v in counters.items() if k.startswith("store.")}
