@@ -74,6 +74,55 @@ def test_a_publication_does_not_read_every_earlier_release(tmp_path):
     assert [x.seq for x in ReleaseStore(store).list()] == list(range(1, 32))
 
 
+def test_a_publications_work_does_not_grow_with_the_history(tmp_path, monkeypatch):
+    """The publisher finds the earlier releases of the version it publishes in its view
+    by version, not by parsing every release id it knows (which cost ~2.6 ms more per
+    publication at 3,000 releases, growing without bound)."""
+    from yeto_core import release as release_mod
+
+    store = DirStore(tmp_path / "s", fsync=False)
+    rs = ReleaseStore(store)
+    for v in range(1, 201):
+        rs.publish(
+            _export(tmp_path / f"e{v}", b"w%d" % v),
+            {"version": v, "kind": "full", "weight_checksum": f"c{v}"},
+        )
+    parsed = []
+    real = release_mod._id_key
+    monkeypatch.setattr(release_mod, "_id_key", lambda rid: parsed.append(rid) or real(rid))
+    r = rs.publish(
+        _export(tmp_path / "e201", b"w201"),
+        {"version": 201, "kind": "full", "weight_checksum": "c201"},
+    )
+    assert r.release_id == "201" and r.seq == 201
+    assert len(parsed) <= 2, len(parsed)
+
+
+def test_the_publishers_view_finds_each_versions_earlier_releases(tmp_path):
+    """Republishing: a version's release with the same weights is found again (the
+    pointer goes back to it), other weights get the next ``-rN``; also after a new
+    ReleaseStore rebuilds the view from the store."""
+    store = DirStore(tmp_path / "s", fsync=False)
+    rs = ReleaseStore(store)
+    ids = []
+    for n, checksum in enumerate(["a", "b", "c", "b"]):
+        rel = rs.publish(
+            _export(tmp_path / f"e{n}", checksum.encode()),
+            {"version": 1, "kind": "full", "weight_checksum": checksum},
+        )
+        ids.append(rel.release_id)
+        assert rs.latest().release_id == rel.release_id
+    assert ids == ["1", "1-r1", "1-r2", "1-r1"]
+    fresh = ReleaseStore(store)
+    again = fresh.publish(
+        _export(tmp_path / "f0", b"c"), {"version": 1, "kind": "full", "weight_checksum": "c"}
+    )
+    new = fresh.publish(
+        _export(tmp_path / "f1", b"d"), {"version": 1, "kind": "full", "weight_checksum": "d"}
+    )
+    assert (again.release_id, new.release_id) == ("1-r2", "1-r3")
+
+
 def test_a_foreign_publication_refreshes_the_publishers_view(tmp_path):
     store = DirStore(tmp_path / "s", fsync=False)
     a, b = ReleaseStore(store), ReleaseStore(store)

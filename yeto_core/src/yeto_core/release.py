@@ -77,6 +77,22 @@ def _id_key(release_id: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2) or 0)
 
 
+class _PublisherView:
+    """What a publisher knows of the committed release ids (found once, then its own):
+    the ids, the ids of each version, and the highest seq."""
+
+    def __init__(self, max_seq: int = 0) -> None:
+        self.ids: set[str] = set()
+        self.by_version: dict[int, list[str]] = {}
+        self.max_seq = int(max_seq)
+
+    def add(self, release_id: str, seq: int) -> None:
+        if release_id not in self.ids:
+            self.ids.add(release_id)
+            self.by_version.setdefault(_id_key(release_id)[0], []).append(release_id)
+        self.max_seq = max(self.max_seq, int(seq))
+
+
 class ReleaseStore(DeltaParentKeeping):
     """Publish, find and fetch policy releases.
 
@@ -125,8 +141,8 @@ class ReleaseStore(DeltaParentKeeping):
         self.last_fetch: dict[str, Any] = {}
         #: what the last :meth:`publish` stored (encoding, bytes, why it was full)
         self.last_publish: dict[str, Any] = {}
-        #: this publisher's view of the releases it scanned and wrote: (ids, max seq)
-        self._view: Optional[tuple[list[str], int]] = None
+        #: this publisher's view of the releases it scanned and wrote
+        self._view: Optional[_PublisherView] = None
 
     @property
     def pointer_key(self) -> str:
@@ -321,8 +337,8 @@ class ReleaseStore(DeltaParentKeeping):
         checksum = str(info["weight_checksum"])
         extra = {k: v for k, v in info.items() if k not in ("version", "kind", "weight_checksum")}
         latest, pointer_version = self._latest_versioned()
-        ids, max_seq = self._publisher_view(latest)
-        same_version = [i for i in ids if _id_key(i)[0] == version]
+        view = self._publisher_view(latest)
+        same_version = list(view.by_version.get(version, ()))
         for rid in same_version:
             existing = self._read(rid)
             if existing is not None and existing.weight_checksum == checksum:
@@ -345,7 +361,7 @@ class ReleaseStore(DeltaParentKeeping):
         else:
             release_id = f"{version}-r{max(_id_key(i)[1] for i in committed) + 1}"
         files = digest_dir(local_dir)
-        seq = max(latest.seq if latest else 0, max_seq) + 1
+        seq = max(latest.seq if latest else 0, view.max_seq) + 1
         upload_dir, encoding, delta, why = (
             Path(local_dir),
             "full",
@@ -400,7 +416,7 @@ class ReleaseStore(DeltaParentKeeping):
                 "trainer incarnation may publish per store"
             )
         self._swap_pointer(rel, pointer_version)
-        self._view = (ids + [release_id], seq)
+        view.add(release_id, seq)
         self._keep_parent(local_dir, rel)
         self.last_publish = {
             "encoding": encoding,
@@ -411,24 +427,26 @@ class ReleaseStore(DeltaParentKeeping):
         self._event("release_published", rel, **self.last_publish)
         return rel
 
-    def _publisher_view(self, latest: Optional[Release]) -> tuple[list[str], int]:
-        """(release ids, highest seq) for the next publication.
+    def _publisher_view(self, latest: Optional[Release]) -> _PublisherView:
+        """The release ids and highest seq the next publication builds on.
 
         The first publication of this object lists the prefix and reads every manifest
         (O(releases)); later ones reuse what it saw plus what it wrote since, so a
-        publication costs O(1) requests instead of O(history). The view is thrown away
-        and rebuilt whenever the pointer names a release it does not know or a higher
-        seq (someone else published).
+        publication costs O(1) requests and O(1) work instead of O(history). The view is
+        thrown away and rebuilt whenever the pointer names a release it does not know or
+        a higher seq (someone else published).
         """
         view = self._view
         if view is not None and (
-            latest is None or (latest.release_id in view[0] and latest.seq <= view[1])
+            latest is None or (latest.release_id in view.ids and latest.seq <= view.max_seq)
         ):
-            return list(view[0]), view[1]
+            return view
         ids = self._ids()
-        max_seq = max([r.seq for r in self._read_all(ids)] or [0])
-        self._view = (list(ids), max_seq)
-        return ids, max_seq
+        view = _PublisherView(max_seq=max([r.seq for r in self._read_all(ids)] or [0]))
+        for rid in ids:
+            view.add(rid, view.max_seq)
+        self._view = view
+        return view
 
     def _latest_versioned(self) -> tuple[Optional[Release], Optional[str]]:
         try:
