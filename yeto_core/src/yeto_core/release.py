@@ -86,7 +86,8 @@ class _PublisherView:
         self.by_version: dict[int, list[str]] = {}
         self.max_seq = int(max_seq)
 
-    def add(self, release_id: str, seq: int) -> None:
+    def add(self, release_id: str, seq: int = 0) -> None:
+        """Know ``release_id`` (published with ``seq``, when this publisher wrote it)."""
         if release_id not in self.ids:
             self.ids.add(release_id)
             self.by_version.setdefault(_id_key(release_id)[0], []).append(release_id)
@@ -338,7 +339,7 @@ class ReleaseStore(DeltaParentKeeping):
         extra = {k: v for k, v in info.items() if k not in ("version", "kind", "weight_checksum")}
         latest, pointer_version = self._latest_versioned()
         view = self._publisher_view(latest)
-        same_version = list(view.by_version.get(version, ()))
+        same_version = view.by_version.get(version, [])
         for rid in same_version:
             existing = self._read(rid)
             if existing is not None and existing.weight_checksum == checksum:
@@ -444,7 +445,7 @@ class ReleaseStore(DeltaParentKeeping):
         ids = self._ids()
         view = _PublisherView(max_seq=max([r.seq for r in self._read_all(ids)] or [0]))
         for rid in ids:
-            view.add(rid, view.max_seq)
+            view.add(rid)
         self._view = view
         return view
 
