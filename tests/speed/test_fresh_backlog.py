@@ -7,25 +7,15 @@ from yeto_core.records import RoundSpec, SamplingParams
 from yeto_core.sampler_loop import SamplerLoop
 from yeto_core.sampler_room import SeenReleases
 from yeto_core.testing.fake_backend import MemoryBuffer
-from yeto_core.testing.fakes import DigitsTask, EngineFollower, WeightFileEngine
+from yeto_core.testing.fakes import DigitsTask, WeightFileEngine, digits_sampler
 
 
 def fresh_loop(buf, **options):
     """A sampler loop on ``buf`` with ``fresh_only`` behind a lagging follower (one island
     of two unless ``share_of`` says otherwise); ``options`` override the defaults."""
-    engine = WeightFileEngine()
-    kw = dict(
-        host="h",
-        incarnation=0,
-        group_size=2,
-        prompts_per_call=4,
-        sampling=SamplingParams(),
-        backlog_cap=64,
-        fresh_only=(3, 16),
-        share_of=2,
+    return digits_sampler(
+        buf, **{"backlog_cap": 64, "fresh_only": (3, 16), "share_of": 2, **options}
     )
-    kw.update(options)
-    return SamplerLoop(buf, engine, DigitsTask(), EngineFollower(engine), **kw)
 
 
 def simulate(fresh_only, *, rounds=60, age=1, per_round=4, per_call=3, load_every=3):
@@ -37,18 +27,11 @@ def simulate(fresh_only, *, rounds=60, age=1, per_round=4, per_call=3, load_ever
     trainer = {"version": 0, "seen": None}
     events, loops = [], []
     for h in range(2):
-        engine = WeightFileEngine()
         loops.append(
-            SamplerLoop(
+            digits_sampler(
                 buf,
-                engine,
-                DigitsTask(),
-                EngineFollower(engine),
                 host=f"h{h}",
-                incarnation=0,
-                group_size=2,
                 prompts_per_call=per_call,
-                sampling=SamplingParams(),
                 backlog_cap=10 * per_round,
                 emit=events.append,
                 fresh_only=(age, per_round) if fresh_only else None,

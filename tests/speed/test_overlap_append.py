@@ -19,6 +19,7 @@ from yeto_core.testing.fakes import (
     EngineFollower,
     RemoteLookingDirStore,
     WeightFileEngine,
+    digits_sampler,
 )
 
 WAIT = 10.0
@@ -255,19 +256,7 @@ def test_past_the_bound_the_commit_in_progress_lands_and_the_next_call_is_abando
 def test_the_backlog_read_ahead_counts_a_commit_still_landing(tmp_path) -> None:
     buffer = GatedFile(RemoteLookingDirStore(tmp_path / "s"), gate=0)
     engine = RecordingEngine(buffer)
-    loop = SamplerLoop(
-        buffer,
-        engine,
-        DigitsTask(),
-        EngineFollower(engine),
-        host="h",
-        incarnation=0,
-        group_size=2,
-        prompts_per_call=4,
-        sampling=SamplingParams(),
-        backlog_cap=64,
-        overlap_append=True,
-    )
+    loop = digits_sampler(buffer, engine=engine, backlog_cap=64, overlap_append=True)
     loop.claim_room()
     loop.run_round()  # its commit waits at the gate
     assert buffer.entered.wait(WAIT)

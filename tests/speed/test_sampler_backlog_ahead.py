@@ -7,16 +7,10 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional
 
-from yeto_core.records import RoundSpec, SamplingParams
+from yeto_core.records import RoundSpec
 from yeto_core.sample_buffer import FileSampleBuffer
-from yeto_core.sampler_loop import SamplerLoop
 from yeto_core.testing.fake_backend import MemoryBuffer
-from yeto_core.testing.fakes import (
-    DigitsTask,
-    EngineFollower,
-    RemoteLookingDirStore,
-    WeightFileEngine,
-)
+from yeto_core.testing.fakes import RemoteLookingDirStore, digits_sampler
 
 
 class CountingBuffer(FileSampleBuffer):
@@ -38,21 +32,7 @@ def loop_on(tmp_path, *, remote: bool = True, cap: int = 64, fresh: Optional[tup
     store = RemoteLookingDirStore(tmp_path / "s", remote=remote)
     CountingBuffer.reads = 0
     buf = CountingBuffer(store, layout="objects", host="h")
-    engine = WeightFileEngine()
-    loop = SamplerLoop(
-        buf,
-        engine,
-        DigitsTask(),
-        EngineFollower(engine),
-        host="h",
-        incarnation=0,
-        group_size=2,
-        prompts_per_call=4,
-        sampling=SamplingParams(),
-        backlog_cap=cap,
-        fresh_only=fresh,
-        share_of=1,
-    )
+    loop = digits_sampler(buf, backlog_cap=cap, fresh_only=fresh, share_of=1)
     return store, buf, loop
 
 
@@ -138,18 +118,11 @@ def test_overlapped_islands_count_the_other_islands_commits_in_flight():
     buf = HeldLandings()
     loops = []
     for h in ("a", "b"):
-        engine = WeightFileEngine()
         loops.append(
-            SamplerLoop(
+            digits_sampler(
                 buf,
-                engine,
-                DigitsTask(),
-                EngineFollower(engine),
                 host=h,
-                incarnation=0,
-                group_size=2,
                 prompts_per_call=per_call,
-                sampling=SamplingParams(),
                 fresh_only=(age, per_round),
                 share_of=2,
                 overlap_append=True,

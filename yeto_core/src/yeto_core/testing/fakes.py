@@ -1,5 +1,6 @@
 """Shared test doubles: a clock, an engine, a task, island processes, launch records, a
-follower of an engine's version, a directory store that looks remote.
+follower of an engine's version, a directory store that looks remote, and a sampler
+loop wired from them.
 
 Each double implements its port (``yeto_core.ports``) and nothing more, so the
 core calls it exactly as it calls a real plugin. The in-memory buffer and the
@@ -218,3 +219,22 @@ class EngineFollower:
     @contextlib.contextmanager
     def round(self) -> Iterator[int]:
         yield self.engine.version
+
+
+def digits_sampler(buffer: Any, *, engine: Any = None, **options: Any) -> Any:
+    """A :class:`~yeto_core.sampler_loop.SamplerLoop` of :class:`DigitsTask` on ``buffer``,
+    serving ``engine`` (a new :class:`WeightFileEngine` when None) through an
+    :class:`EngineFollower`: host ``h``, incarnation 0, groups of 2, 4 prompts a call,
+    default sampling; ``options`` (any of the loop's keywords) add or override."""
+    from yeto_core.sampler_loop import SamplerLoop
+
+    engine = WeightFileEngine() if engine is None else engine
+    kw: dict[str, Any] = {
+        "host": "h",
+        "incarnation": 0,
+        "group_size": 2,
+        "prompts_per_call": 4,
+        "sampling": SamplingParams(),
+        **options,
+    }
+    return SamplerLoop(buffer, engine, DigitsTask(), EngineFollower(engine), **kw)
