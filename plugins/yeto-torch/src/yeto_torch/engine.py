@@ -30,6 +30,7 @@ from yeto_torch import model as tiny
 from yeto_torch import moe
 from yeto_torch.checksum import model_checksum
 from yeto_torch.export import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from yeto_torch.lean import lean_for
 from yeto_torch.sampling import prompt_logprobs as score_prompts
 from yeto_torch.sampling import sample
 
@@ -38,7 +39,8 @@ SERVING_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16
 
 class HFEngine(SamplerEngine):
     """Options: ``model_dir`` (the base checkpoint), ``seed``, ``threads``, ``dtype``,
-    ``routed_experts`` (MoE bases: return each sample's routed experts).
+    ``routed_experts`` (MoE bases: return each sample's routed experts), ``lean``
+    (default true: sample and score a dense Llama through :mod:`yeto_torch.lean`).
 
     ``dtype`` (``float32``, ``bfloat16``, ``float16``) is the dtype the engine serves
     in; it must be the trainer's ``export_dtype`` so the served checksum matches.
@@ -53,12 +55,13 @@ class HFEngine(SamplerEngine):
         threads: Optional[int] = None,
         dtype: str = "float32",
         routed_experts: bool = False,
+        lean: bool = True,
         **options: Any,
     ):
         if options:
             raise TypeError(
                 f"hf engine: unknown options {sorted(options)}; allowed: model_dir, seed, "
-                "threads, dtype, routed_experts"
+                "threads, dtype, routed_experts, lean"
             )
         if dtype not in SERVING_DTYPES:
             raise TypeError(f"hf engine: dtype={dtype!r}; allowed: {', '.join(SERVING_DTYPES)}")
@@ -76,6 +79,9 @@ class HFEngine(SamplerEngine):
                 "(no MoE router); use a MoE base or leave routed_experts out"
             )
         self._base = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        # the same function as the model's forward with far less Python per step
+        # (yeto_torch.lean); None: the model is not one it supports, or lean = false
+        self.lean = lean_for(self.model) if lean else None
         self._previous: Optional[tuple[int, dict[str, torch.Tensor]]] = None
         self.version = 0
         self.seed = int(seed)
@@ -102,6 +108,7 @@ class HFEngine(SamplerEngine):
             generator=gen,
             top_k=sp.top_k,
             top_p=sp.top_p,
+            lean=self.lean,
         )
         return [
             [
@@ -197,4 +204,4 @@ class HFEngine(SamplerEngine):
 
     def prompt_logprobs(self, prompts: Sequence[Sequence[int]]) -> list[list[float]]:
         """Log-probs of the prompts' tokens under the served weights (the policy fingerprint)."""
-        return score_prompts(self.model, prompts)
+        return score_prompts(self.model, prompts, self.lean)

@@ -8,8 +8,11 @@ log-softmax.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, Optional
 
 import torch
+
+from yeto_torch.lean import LeanLlama
 
 
 def process_logits(
@@ -43,10 +46,12 @@ def sample(
     generator: torch.Generator,
     top_k: int = 0,
     top_p: float = 1.0,
+    lean: Optional[LeanLlama] = None,
 ) -> list[list[tuple[list[int], list[float], str]]]:
     """``n`` responses per prompt: ``(response ids, behavior log-probs, finish reason)``.
 
-    Prompts of equal length are batched together (no padding, KV cache).
+    Prompts of equal length are batched together (no padding, KV cache). With ``lean``
+    (:func:`yeto_torch.lean.lean_for` of ``model``) the forward passes take the lean path.
     """
     out: list[list[tuple[list[int], list[float], str]]] = [[] for _ in prompts]
     by_len: dict[int, list[int]] = {}
@@ -62,12 +67,20 @@ def sample(
         toks = torch.zeros(b, max_new_tokens, dtype=torch.long)
         lps = torch.zeros(b, max_new_tokens, dtype=torch.float32)
         lengths = torch.full((b,), max_new_tokens, dtype=torch.long)
-        past = None
+        past: Any = None
         step_in = ids
         for t in range(max_new_tokens):
-            res = model(input_ids=step_in, past_key_values=past, use_cache=True)
-            past = res.past_key_values
-            logp = process_logits(res.logits[:, -1, :], temperature, top_k, top_p)
+            if lean is not None and t == 0:
+                # the n answers of a prompt share its prefill: run it once per prompt
+                logits, past = lean(ids[::n], None, last_only=True)
+                logits = logits.repeat_interleave(n, dim=0)
+                past = [(k.repeat_interleave(n, 0), v.repeat_interleave(n, 0)) for k, v in past]
+            elif lean is not None:
+                logits, past = lean(step_in, past, last_only=True)
+            else:
+                res = model(input_ids=step_in, past_key_values=past, use_cache=True)
+                logits, past = res.logits, res.past_key_values
+            logp = process_logits(logits[:, -1, :], temperature, top_k, top_p)
             nxt = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
             toks[:, t] = nxt
             lps[:, t] = logp.gather(-1, nxt[:, None]).squeeze(-1)
@@ -85,12 +98,14 @@ def sample(
 
 
 @torch.no_grad()
-def prompt_logprobs(model: torch.nn.Module, prompts: Sequence[Sequence[int]]) -> list[list[float]]:
+def prompt_logprobs(
+    model: torch.nn.Module, prompts: Sequence[Sequence[int]], lean: Optional[LeanLlama] = None
+) -> list[list[float]]:
     """Log-prob of every token after the first of each prompt, given those before it (T=1).
 
     The policy fingerprint's scores (:mod:`yeto_core.fingerprint`): one forward per
     prompt length (the prompts of one length go in one batch, no padding), results in
-    the prompts' order.
+    the prompts' order; with ``lean``, through the lean forward.
     """
     was_training = model.training
     model.eval()
@@ -101,7 +116,8 @@ def prompt_logprobs(model: torch.nn.Module, prompts: Sequence[Sequence[int]]) ->
         out: list[list[float]] = [[] for _ in prompts]
         for _n, rows in by_len.items():
             ids = torch.as_tensor([list(prompts[i]) for i in rows], dtype=torch.long)
-            logits = model(input_ids=ids).logits[:, :-1].float()
+            full = lean(ids)[0] if lean is not None else model(input_ids=ids).logits
+            logits = full[:, :-1].float()
             lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
             for row, i in enumerate(rows):
                 out[i] = [float(x) for x in lp[row]]

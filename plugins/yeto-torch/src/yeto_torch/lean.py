@@ -1,0 +1,140 @@
+"""A lean forward pass of a transformers Llama, for the ``hf`` engine's sampling and scoring.
+
+The ``hf`` engine serves tiny models in this process, where a forward pass through
+``LlamaForCausalLM`` spends most of its time in Python around the tensor work (cache
+objects, mask builders, output classes, kernel dispatch by configuration): about 2 ms
+of CPU per decoding step on the bench model against about 0.7 ms of tensor work.
+:class:`LeanLlama` computes the same function with the model's own modules and
+parameters (no copy: a release loaded into the model is served at once), a plain
+list as KV cache and the rotary tables computed once.
+
+It is the same function, not an approximation: the engine's policy fingerprint
+compares what it computes with what the trainer's ``transformers`` forward computes
+on every release it loads (:mod:`yeto_core.fingerprint`), and
+``tests/torch_backend/test_lean_forward.py`` checks both agree to float rounding on
+Llama variants (grouped-query attention, other head sizes, rope bases, tied
+embeddings, bfloat16).
+
+Only what it supports takes this path (:func:`lean_for`): a dense
+``LlamaForCausalLM`` with default rotary embeddings, in eval mode, with the ``sdpa``
+or ``eager`` attention. Every other model (Mixtral, scaled rope, ...) keeps the
+``transformers`` forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+
+#: KV cache of one sequence batch: per layer, (keys, values) as ``[B, kv_heads, T, D]``.
+Cache = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def _supported(model: Any) -> bool:
+    cfg = getattr(model, "config", None)
+    if type(model).__name__ != "LlamaForCausalLM" or cfg is None:
+        return False
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        return False
+    if getattr(cfg, "pretraining_tp", 1) != 1 or getattr(cfg, "hidden_act", "") != "silu":
+        return False
+    if getattr(cfg, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
+        return False
+    inner = getattr(model, "model", None)
+    return inner is not None and hasattr(inner, "rotary_emb") and hasattr(inner, "layers")
+
+
+def lean_for(model: Any) -> Optional[LeanLlama]:
+    """A :class:`LeanLlama` over ``model``, or None when ``model`` must keep its own forward."""
+    return LeanLlama(model) if _supported(model) else None
+
+
+class LeanLlama:
+    """``logits, cache = lean(ids, cache)``: the forward of a ``LlamaForCausalLM`` (no grad)."""
+
+    def __init__(self, model: Any):
+        if not _supported(model):
+            raise ValueError(f"{type(model).__name__} is not a dense default-rope Llama")
+        self.model = model
+        cfg = model.config
+        self.n_heads = int(cfg.num_attention_heads)
+        self.n_kv = int(cfg.num_key_value_heads)
+        self.head_dim = int(
+            getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        )
+        self.scale = self.head_dim**-0.5
+        self._cos: Optional[torch.Tensor] = None  # [P, D] in the model's dtype
+        self._sin: Optional[torch.Tensor] = None
+
+    def _rope(self, end: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._cos is None or self._cos.shape[0] < end or self._cos.dtype != like.dtype:
+            n = max(end, int(getattr(self.model.config, "max_position_embeddings", 0) or 0))
+            pos = torch.arange(n, dtype=torch.long)[None, :]
+            cos, sin = self.model.model.rotary_emb(like, pos)
+            self._cos, self._sin = cos[0], sin[0]
+        assert self._sin is not None
+        return self._cos, self._sin
+
+    @staticmethod
+    def _norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+        return norm.weight * h.to(dtype)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    @torch.no_grad()
+    def __call__(
+        self, ids: torch.Tensor, cache: Optional[Cache] = None, *, last_only: bool = False
+    ) -> tuple[torch.Tensor, Cache]:
+        """Logits of ``ids`` (``[B, T]``, continuing ``cache`` if given) and the new cache.
+
+        With ``last_only`` only the last position's logits are computed (``[B, 1, V]``).
+        Sequences are unpadded: every row has the same length.
+        """
+        inner = self.model.model
+        b, t = ids.shape
+        past = 0 if not cache else int(cache[0][0].shape[2])
+        x = inner.embed_tokens(ids)
+        cos_all, sin_all = self._rope(past + t, x)
+        cos = cos_all[past : past + t][None, None]
+        sin = sin_all[past : past + t][None, None]
+        new_cache: Cache = []
+        for i, layer in enumerate(inner.layers):
+            attn = layer.self_attn
+            h = self._norm(x, layer.input_layernorm)
+            q = attn.q_proj(h).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+            k = attn.k_proj(h).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+            v = attn.v_proj(h).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+            q = self._rotate(q, cos, sin)
+            k = self._rotate(k, cos, sin)
+            if cache:
+                k = torch.cat((cache[i][0], k), dim=2)
+                v = torch.cat((cache[i][1], v), dim=2)
+            new_cache.append((k, v))
+            if self.n_kv != self.n_heads:
+                rep = self.n_heads // self.n_kv
+                k = k.repeat_interleave(rep, dim=1)
+                v = v.repeat_interleave(rep, dim=1)
+            if past == 0:
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, scale=self.scale)
+            elif t == 1:
+                o = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
+            else:  # new tokens after a cache: each sees the cache and the new ones before it
+                mask = torch.ones(t, past + t, dtype=torch.bool).tril(diagonal=past)
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+            x = x + attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+            h = self._norm(x, layer.post_attention_layernorm)
+            mlp = layer.mlp
+            x = x + mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h))
+        if last_only:
+            x = x[:, -1:]
+        x = self._norm(x, inner.norm)
+        return self.model.lm_head(x), new_cache
