@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from yeto_core.cut import CutStore
 from yeto_core.ledger import BatchLedger
 from yeto_core.lifecycle import DriverLifecycle, RemoteTrainerLifecycle
@@ -136,3 +138,57 @@ def test_a_train_command_carries_its_time_limit_to_the_trainer_process(tmp_path)
     assert [c.get("for_s") for c in commands if c["op"] == "train"] == [1e-9, None]
     remote.drain(StopReason.FINISHED)
     remote.release()
+
+
+class _ClosingWatch:
+    """A watch that records whether it was closed."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def wait(self, timeout: float) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _WatchedStore(DirStore):
+    def __init__(self, root) -> None:
+        super().__init__(root)
+        self.watches: list[_ClosingWatch] = []
+
+    def watch(self, prefix: str) -> _ClosingWatch:
+        w = _ClosingWatch()
+        self.watches.append(w)
+        return w
+
+
+def test_the_agent_closes_its_command_watch_when_it_returns_or_fails(tmp_path):
+    """Not left to the garbage collector: a SIGTERM after the trainer left would raise
+    inside the watch's finalizer (a traceback in the island's log)."""
+    from yeto_core.lifecycle import IslandTrainerAgent
+    from yeto_core.lifecycle.states import TrainerCounters, TrainerFailedError
+
+    class _Driver:
+        start_seconds = 0.1
+        restored_cut = None
+        counters = TrainerCounters()
+
+        def __init__(self, fail: bool) -> None:
+            self.fail = fail
+
+        def start(self, incarnation, cut) -> None:
+            if self.fail:
+                raise TrainerFailedError("the backend would not start")
+
+    store = _WatchedStore(tmp_path / "idle")
+    agent = IslandTrainerAgent(store, _Driver(fail=False), 0, idle_timeout_s=0.0)
+    assert agent.run() is None  # no command within idle_timeout_s
+    assert [w.closed for w in store.watches] == [True]
+
+    store = _WatchedStore(tmp_path / "failed")
+    agent = IslandTrainerAgent(store, _Driver(fail=True), 0, idle_timeout_s=60.0)
+    with pytest.raises(TrainerFailedError):
+        agent.run()
+    assert [w.closed for w in store.watches] == [True]

@@ -309,6 +309,16 @@ class IslandTrainerAgent:
 
     def run(self, cut: Optional[str] = None) -> Optional[ConsistentCut]:
         try:
+            return self._run(cut)
+        finally:
+            # closed here, not by the garbage collector: a SIGTERM from the head after
+            # the trainer left would otherwise raise inside the watch's finalizer
+            # (a traceback in the island's log, the signal's exception swallowed)
+            if self._watch is not None:
+                self._watch.close()
+
+    def _run(self, cut: Optional[str]) -> Optional[ConsistentCut]:
+        try:
             self.driver.start(self.incarnation, cut)
         except TrainerFailedError as exc:
             self.events.send({"kind": "failed", "error": str(exc)})
