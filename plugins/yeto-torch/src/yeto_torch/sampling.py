@@ -120,7 +120,7 @@ def prompt_logprobs(
             logits = full[:, :-1].float()
             lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
             for row, i in enumerate(rows):
-                out[i] = [float(x) for x in lp[row]]
+                out[i] = lp[row].tolist()
         return out
     finally:
         model.train(was_training)
