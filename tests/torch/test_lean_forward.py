@@ -181,3 +181,33 @@ def test_the_engine_takes_the_lean_path_unless_told_not_to(tmp_path):
     assert fast.prompt_logprobs(probes)[0] == pytest.approx(
         plain.prompt_logprobs(probes)[0], abs=1e-5
     )
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [{}, {"tuning": "lora"}, {"kl_coef": 0.1}, {"updates_per_round": 2, "loss": "decoupled"}],
+    ids=["full", "lora", "kl", "two_updates"],
+)
+def test_training_rounds_through_the_lean_forward_equal_the_transformers_ones(sort_base, opts):
+    """Right-padded rows of different lengths (answers stop at <eos>), so a padding the
+    lean forward mishandled would change the loss and the weights."""
+    from yeto_torch.backend import TorchBackend
+    from yeto_torch.tasks import SortDigits
+    from yeto_torch.testing import rollout_batch
+
+    eng = HFEngine(str(sort_base), seed=11)
+    batches = [rollout_batch(eng, SortDigits(seed=11), 16 * r, 8, 8, 0) for r in range(3)]
+    lengths = {len(s.tokens) for b in batches for g in b.groups for s in g.samples}
+    assert len(lengths) > 1, "every sample has the same length: no padding is exercised"
+    runs = {}
+    for lean in (True, False):
+        be = TorchBackend(str(sort_base), lr=3e-3, seed=1, lean=lean, **opts)
+        be.restore(None)
+        if lean:
+            assert be._lean(be.model) is not None, "the trainer's model takes its own forward"
+        losses = [be.train_round(b)["loss"] for b in batches]
+        runs[lean] = (losses, {n: p.detach().clone() for n, p in be.model.named_parameters()})
+    assert runs[True][0] == pytest.approx(runs[False][0], rel=1e-5, abs=1e-8)
+    assert any(abs(x) > 1e-6 for x in runs[False][0]), "zero losses: the test checks nothing"
+    for name, w in runs[False][1].items():
+        assert torch.allclose(runs[True][1][name], w, atol=1e-6, rtol=0), name

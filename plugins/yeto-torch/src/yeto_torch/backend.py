@@ -41,6 +41,7 @@ from yeto_torch import export, moe
 from yeto_torch import lora as lora_mod
 from yeto_torch import model as tiny
 from yeto_torch.checksum import weight_checksum
+from yeto_torch.lean import lean_for
 from yeto_torch.sampling import process_logits
 
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -238,6 +239,7 @@ class TorchBackend(TrainerBackend):
         threads: Optional[int] = None,
         export_dtype: Optional[str] = None,
         routing_replay: bool = True,
+        lean: bool = True,
     ):
         def bad(path: str, value: Any, allowed: str) -> ConfigError:
             return ConfigError(f"trainer.backend_options.{path} = {value!r}: {allowed}")
@@ -318,6 +320,7 @@ class TorchBackend(TrainerBackend):
             seed=int(seed),
             export_dtype=export_dtype,
             routing_replay=bool(routing_replay),
+            lean=bool(lean),
         )
         if threads:
             torch.set_num_threads(int(threads))
@@ -327,14 +330,23 @@ class TorchBackend(TrainerBackend):
         self.counters: dict[str, int] = {}
         self.base_checksum = ""
         self.moe_shape: Optional[tuple[int, int, int]] = None  # (layers, top_k, experts)
+        self._leans: dict[int, Any] = {}  # id(model) -> its LeanLlama (None: not supported)
 
     # -- set-up -----------------------------------------------------------------------
+
+    def _lean(self, model: Any) -> Any:
+        """The lean forward of ``model`` (:mod:`yeto_torch.lean`), or None: its own forward."""
+        key = id(model)
+        if key not in self._leans:  # emptied by _build: the ids are of live models
+            self._leans[key] = lean_for(model)
+        return self._leans[key]
 
     def _trainable(self) -> list[tuple[str, torch.nn.Parameter]]:
         return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
 
     def _build(self) -> None:
         o = self.opts
+        self._leans = {}
         self.model = tiny.load_model(self.model_dir)
         self.model.train()
         self.moe_shape = moe.moe_shape(self.model)
@@ -466,7 +478,10 @@ class TorchBackend(TrainerBackend):
         processing ``procs[r]`` (temperature, top-k, top-p: the sampler's own function).
         With ``routed`` (per row: ``(tokens - 1, layers, top_k)`` or None), every MoE layer
         uses those experts (routing replay, :mod:`yeto_torch.moe`)."""
-        if routed is None:
+        if routed is None and self.opts["lean"] and (lean := self._lean(model)) is not None:
+            # right-padded rows: a position never attends to the padding after it
+            logits = lean.logits(ids)
+        elif routed is None:
             logits = model(input_ids=ids, attention_mask=attn).logits
         else:
             experts, where = moe.replay_tensors(routed, ids.shape[1], self.moe_shape)

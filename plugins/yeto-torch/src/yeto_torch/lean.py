@@ -1,4 +1,5 @@
-"""A lean forward pass of a transformers Llama, for the ``hf`` engine's sampling and scoring.
+"""A lean forward pass of a transformers Llama: the ``hf`` engine's sampling and scoring,
+the ``torch`` backend's GRPO step.
 
 The ``hf`` engine serves tiny models in this process, where a forward pass through
 ``LlamaForCausalLM`` spends most of its time in Python around the tensor work (cache
@@ -10,15 +11,16 @@ list as KV cache and the rotary tables computed once.
 
 It is the same function, not an approximation: the engine's policy fingerprint
 compares what it computes with what the trainer's ``transformers`` forward computes
-on every release it loads (:mod:`yeto_core.fingerprint`), and
-``tests/torch_backend/test_lean_forward.py`` checks both agree to float rounding on
-Llama variants (grouped-query attention, other head sizes, rope bases, tied
-embeddings, bfloat16).
+on every release it loads (:mod:`yeto_core.fingerprint`; the trainer scores the
+fingerprint with the ``transformers`` forward), and
+``tests/torch/test_lean_forward.py`` checks both agree to float rounding on Llama
+variants (grouped-query attention, other head sizes, rope bases, tied embeddings,
+bfloat16) and that training rounds through either are equal.
 
 Only what it supports takes this path (:func:`lean_for`): a dense
-``LlamaForCausalLM`` with default rotary embeddings, in eval mode, with the ``sdpa``
-or ``eager`` attention. Every other model (Mixtral, scaled rope, ...) keeps the
-``transformers`` forward.
+``LlamaForCausalLM`` with default rotary embeddings, the ``sdpa`` or ``eager``
+attention and no attention dropout. Every other model (Mixtral, scaled rope, ...)
+keeps the ``transformers`` forward.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def _supported(model: Any) -> bool:
         return False
     if getattr(cfg, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
         return False
+    if float(getattr(cfg, "attention_dropout", 0.0) or 0.0) != 0.0:
+        return False  # dropout in training: keep the model's own forward
     inner = getattr(model, "model", None)
     return inner is not None and hasattr(inner, "rotary_emb") and hasattr(inner, "layers")
 
@@ -97,8 +101,19 @@ class LeanLlama:
         """Logits of ``ids`` (``[B, T]``, continuing ``cache`` if given) and the new cache.
 
         With ``last_only`` only the last position's logits are computed (``[B, 1, V]``).
-        Sequences are unpadded: every row has the same length.
+        Every row has the same length (no padding), or is right-padded and only the
+        logits before its padding are used (a position never attends to later ones).
         """
+        return self.forward(ids, cache, last_only=last_only)
+
+    def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """Logits of whole right-padded sequences, with autograd (the trainer's forward)."""
+        return self.forward(ids)[0]
+
+    def forward(
+        self, ids: torch.Tensor, cache: Optional[Cache] = None, *, last_only: bool = False
+    ) -> tuple[torch.Tensor, Cache]:
+        """:meth:`__call__` without ``no_grad``."""
         inner = self.model.model
         b, t = ids.shape
         past = 0 if not cache else int(cache[0][0].shape[2])
