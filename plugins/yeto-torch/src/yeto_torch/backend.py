@@ -330,23 +330,19 @@ class TorchBackend(TrainerBackend):
         self.counters: dict[str, int] = {}
         self.base_checksum = ""
         self.moe_shape: Optional[tuple[int, int, int]] = None  # (layers, top_k, experts)
-        self._leans: dict[int, Any] = {}  # id(model) -> its LeanLlama (None: not supported)
+        self._leans: dict[int, Any] = {}  # id(model) -> its LeanLlama (None: its own forward)
 
     # -- set-up -----------------------------------------------------------------------
 
     def _lean(self, model: Any) -> Any:
         """The lean forward of ``model`` (:mod:`yeto_torch.lean`), or None: its own forward."""
-        key = id(model)
-        if key not in self._leans:  # emptied by _build: the ids are of live models
-            self._leans[key] = lean_for(model)
-        return self._leans[key]
+        return self._leans.get(id(model))
 
     def _trainable(self) -> list[tuple[str, torch.nn.Parameter]]:
         return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
 
     def _build(self) -> None:
         o = self.opts
-        self._leans = {}
         self.model = tiny.load_model(self.model_dir)
         self.model.train()
         self.moe_shape = moe.moe_shape(self.model)
@@ -364,6 +360,10 @@ class TorchBackend(TrainerBackend):
             self.ref_model = tiny.load_model(self.model_dir).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
+        # the trained model's and the reference's lean forwards (built once per model)
+        self._leans = {
+            id(m): lean_for(m) for m in (self.model, self.ref_model) if m is not None and o["lean"]
+        }
         self.optimizer = torch.optim.AdamW(
             [p for _, p in self._trainable()],
             lr=o["lr"],
@@ -478,9 +478,9 @@ class TorchBackend(TrainerBackend):
         processing ``procs[r]`` (temperature, top-k, top-p: the sampler's own function).
         With ``routed`` (per row: ``(tokens - 1, layers, top_k)`` or None), every MoE layer
         uses those experts (routing replay, :mod:`yeto_torch.moe`)."""
-        if routed is None and self.opts["lean"] and (lean := self._lean(model)) is not None:
+        if routed is None and (lean := self._lean(model)) is not None:
             # right-padded rows: a position never attends to the padding after it
-            logits = lean.logits(ids)
+            logits = lean.forward(ids)[0]
         elif routed is None:
             logits = model(input_ids=ids, attention_mask=attn).logits
         else:

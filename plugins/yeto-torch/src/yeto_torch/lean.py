@@ -106,14 +106,10 @@ class LeanLlama:
         """
         return self.forward(ids, cache, last_only=last_only)
 
-    def logits(self, ids: torch.Tensor) -> torch.Tensor:
-        """Logits of whole right-padded sequences, with autograd (the trainer's forward)."""
-        return self.forward(ids)[0]
-
     def forward(
         self, ids: torch.Tensor, cache: Optional[Cache] = None, *, last_only: bool = False
     ) -> tuple[torch.Tensor, Cache]:
-        """:meth:`__call__` without ``no_grad``."""
+        """:meth:`__call__` with autograd (the trainer's forward)."""
         inner = self.model.model
         b, t = ids.shape
         past = 0 if not cache else int(cache[0][0].shape[2])
