@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from yeto_bench.e2e import e2e_config
+from yeto_core.local_islands import _proc_stat
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -44,21 +45,17 @@ def _environ(pid: int) -> dict[str, str]:
 
 
 def _cpu_s(pid: int) -> float:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    fields = _proc_stat(pid)
+    if fields is None:
+        raise OSError(f"process {pid} is gone")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def _children(root: int) -> list[int]:
     kids: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                stat = Path(f"/proc/{d}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
-            kids.setdefault(ppid, []).append(int(d))
+        if d.isdigit() and (fields := _proc_stat(int(d))) is not None:
+            kids.setdefault(int(fields[1]), []).append(int(d))  # by ppid
     out, todo = [], [root]
     while todo:
         pid = todo.pop()
