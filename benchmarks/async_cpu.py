@@ -10,6 +10,7 @@ saturated. Linux only (``/proc``).
 
     python benchmarks/async_cpu.py [--rounds 400] [--from 100] [--to 350]
         [--engine-option lean=false] [--backend-option lean=false]
+        [--sampler-key whole_call_wait_s=0]
         [--base-dir runs/base/sort4]
 
 Interleave runs of the two settings to compare (the machine's speed drifts).
@@ -84,6 +85,12 @@ def main() -> int:
         default=[],
         help="KEY=VALUE added to trainer.backend_options (TOML value), e.g. lean=false",
     )
+    ap.add_argument(
+        "--sampler-key",
+        action="append",
+        default=[],
+        help="KEY=VALUE added to the [[samplers]] table (TOML value), e.g. whole_call_wait_s=0",
+    )
     args = ap.parse_args()
     if not 0 <= args.start < args.end <= args.rounds:
         ap.error("need 0 <= --from < --to <= --rounds")
@@ -107,6 +114,9 @@ def main() -> int:
         if not sep:
             raise SystemExit(f"no {key} in the generated config")
         toml = f"{head}{sep}{extra}, {rest}"
+    for item in args.sampler_key:
+        key, _, value = item.partition("=")
+        toml = toml.replace("sync_rounds = false\n", f"sync_rounds = false\n{key} = {value}\n", 1)
     cfg = run_dir.with_suffix(".toml")
     cfg.write_text(toml)
     events = run_dir / "store" / "events" / "trainer.jsonl"
@@ -161,6 +171,11 @@ def main() -> int:
         )
         return 1
     (na, ca, ta), (nb, cb, tb) = marks["a"], marks["b"]
+    calls = 0
+    for stream in (run_dir / "store" / "events").glob("*.jsonl"):
+        if stream.name != "trainer.jsonl" and stream.name != "head.jsonl":
+            with open(stream) as f:
+                calls += sum(1 for line in f if '"sampler_round"' in line)
     r = nb - na
     print(
         json.dumps(
@@ -168,8 +183,11 @@ def main() -> int:
                 "bench": "async_cpu",
                 "engine_options": args.engine_option,
                 "backend_options": args.backend_option,
+                "sampler_keys": args.sampler_key,
                 "rounds": [na, nb],
                 "rounds_per_s": round(r / (tb - ta), 2),
+                # sampler calls per trained round over the whole run
+                "sampler_calls_per_round": round(calls / max(1, rounds()), 2),
                 "cpu_ms_per_round": {
                     k: round(1000 * (cb[k] - ca.get(k, 0.0)) / r, 1) for k in sorted(cb)
                 },

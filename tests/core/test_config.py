@@ -88,6 +88,10 @@ def test_run_dir_override(tmp_path: Path) -> None:
         (("group_size = 4", 'group_size = "four"'), "samplers[0].group_size"),
         (("group_size = 4", "group_size = 1"), "samplers[0].group_size = 1; GRPO needs at least 2"),
         (("count = 2", "count = 0"), "samplers[0].count = 0; it must be > 0"),
+        (
+            ("count = 2", "count = 2\nwhole_call_wait_s = -1.0"),
+            "samplers[0].whole_call_wait_s = -1.0; it must be >= 0",
+        ),
         (("budget_usd = 5.0", "budget_usd = -1.0"), "backstops.budget_usd = -1.0; it must be >= 0"),
         (
             ('name = "big"', 'name = "sampler"'),

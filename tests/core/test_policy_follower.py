@@ -47,6 +47,8 @@ def test_follows_five_releases(setup):
         assert follower.served_checksum == engine.served_checksum()
     assert follower.poll() is None
     assert follower.counters.loads == 5 and follower.counters.refusals == 0
+    # the last two loads' times (a sampler estimates when the next one comes)
+    assert len(follower.load_times) == 2 and follower.load_times[0] <= follower.load_times[1]
     assert [e.data["version"] for e in events if e.kind == "release_loaded"] == [1, 2, 3, 4, 5]
 
 

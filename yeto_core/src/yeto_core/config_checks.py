@@ -127,6 +127,7 @@ def validate(config: RunConfig) -> list[str]:
                 "set both (a pause cycle) or neither"
             )
         _positive(errors, f"{p}.backlog_cap", s.backlog_cap)
+        _positive(errors, f"{p}.whole_call_wait_s", s.whole_call_wait_s, zero_ok=True)
         _positive(errors, f"{p}.price_per_hour", s.price_per_hour, zero_ok=True)
         sp = s.sampling
         _positive(errors, f"{p}.sampling.max_new_tokens", sp.max_new_tokens)

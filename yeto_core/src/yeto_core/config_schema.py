@@ -55,6 +55,9 @@ class SamplerIslandConfig:
     #: Sample only groups the trainer's policy-age gate will still let through when it
     #: reaches them (``yeto_core.sampler_loop``); false: only ``backlog_cap`` bounds it.
     fresh_only: bool = True
+    #: With ``fresh_only``: while the trainer trains, a call the room would cut short
+    #: waits up to this long for the next release to load and goes whole (0: never waits).
+    whole_call_wait_s: float = 1.0
     #: Synchronous GRPO (baseline, ``yeto bench e2e``): before its (n+1)-th generate call
     #: an island waits until it serves policy version >= n (the release trained on round n).
     sync_rounds: bool = False

@@ -372,6 +372,7 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         fenced=StoreFences(store),  # listed with a backlog read, at most once a second
         # a remote store's commit (round trips) lands while the next call generates
         overlap_append=is_remote(store),
+        whole_call_wait_s=scfg.whole_call_wait_s,
     )
     from yeto_core.sampler_drain import DEFAULT_DRAIN_BOUND_S, DrainGuard
 

@@ -48,6 +48,7 @@ loaded again (or, before any, ``engine.restore_base()`` when it has one).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import shutil
 import threading
@@ -118,6 +119,8 @@ class PolicyFollower:
         #: seconds the last load spent on its fingerprint check
         self.last_fingerprint_s = 0.0
         self.version = int(initial_version)
+        #: clock times of the last two loads (a sampler estimates when the next comes)
+        self.load_times: collections.deque[float] = collections.deque(maxlen=2)
         self.release_id: Optional[str] = None
         self.served_checksum = engine.served_checksum()
         self._current: Optional[LocalRelease] = None
@@ -277,6 +280,7 @@ class PolicyFollower:
         previous = self._current
         with self._version_changed:
             self._current, self.version, self.release_id = local, local.version, rel.release_id
+            self.load_times.append(self.clock())
             self._version_changed.notify_all()
         self.served_checksum = served
         self.counters.loads += 1

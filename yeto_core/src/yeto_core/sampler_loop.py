@@ -70,6 +70,10 @@ class SamplerLoop(SamplerRoom):
         generates (a remote store's round trips off the call's path); :meth:`run_round`
         then returns before its groups land (``[]``), and :meth:`flush` waits for them.
         Ignored with ``sync_rounds`` (each call waits for the policy anyway).
+    :param whole_call_wait_s: with ``fresh_only``, when the room would cut a call short
+        while the trainer is training (releases land at a steady pace), wait up to this
+        long for the follower's next load, which opens a round's room, and make the call
+        whole (0: never wait; :class:`~yeto_core.sampler_room.SamplerRoom`).
     """
 
     def __init__(
@@ -101,6 +105,7 @@ class SamplerLoop(SamplerRoom):
         share_of: int = 1,
         fenced: Optional[Callable[[str, int], bool]] = None,
         overlap_append: bool = False,
+        whole_call_wait_s: float = 0.0,
     ) -> None:
         if prompts_per_round is not None:  # the old name of prompts_per_call
             prompts_per_call = prompts_per_round
@@ -151,6 +156,9 @@ class SamplerLoop(SamplerRoom):
         self._ahead_buffer: Any = None  # the read-only copy those reads go through
         self._no_reader_copy = False  # the buffer offers none (a local store)
         self.overlap_append = bool(overlap_append) and not self.sync_rounds
+        if whole_call_wait_s < 0:
+            raise ValueError(f"whole_call_wait_s={whole_call_wait_s}: must be >= 0 seconds")
+        self.whole_call_wait_s = float(whole_call_wait_s)
         #: the last call's group commit still landing (``overlap_append``): its future, groups
         self._landing: Optional[tuple[Future[list[int]], int]] = None
         self.next_index = 0

@@ -59,9 +59,21 @@ class SamplerRoom:
             return not self.stop.is_set()
         announced = False
         watch = None
+        whole_until: Optional[float] = None  # how long this decision may wait for a load
+        waited_from: Optional[float] = None
         while True:
             with stage("sampler.backlog_read"):
                 room, why = self.claim_room()
+            if 0 < room < self.prompts_per_call:
+                if whole_until is None:
+                    whole_until = self._whole_call_until(why)
+                    waited_from = self.clock()
+                if whole_until is not None and self._wait_for_load(whole_until):
+                    continue
+                if self.stop.is_set():
+                    return False
+            if waited_from is not None and whole_until is not None:
+                self.call_room["whole_call_wait_s"] = round(self.clock() - waited_from, 4)
             if room > 0:
                 if watch is not None:
                     watch.close()
@@ -81,6 +93,46 @@ class SamplerRoom:
                         return False
                 elif self.stop.wait(self.backlog_poll_s):
                     return False
+
+    def _whole_call_until(self, why: dict[str, Any]) -> Optional[float]:
+        """Until when a call the room cuts short may wait for the follower's next load
+        (None: it goes now, short).
+
+        Only with ``fresh_only`` and ``whole_call_wait_s``, not in ``sync_rounds``, while
+        the backlog holds at least a round (the trainer does not wait for these groups)
+        and while releases land at a steady pace: the follower's last two loads give
+        the interval, the next is due within ``whole_call_wait_s`` and the last came less
+        than two intervals ago. With the trainer stopped no load comes, so the call goes
+        short at once and the backlog still reaches S1's start threshold. The wait ends
+        two intervals after the last load, or ``whole_call_wait_s`` from now.
+        """
+        if self.whole_call_wait_s <= 0 or self.fresh_only is None or self.sync_rounds:
+            return None
+        if int(why.get("backlog_groups", 0)) < int(self.fresh_only[1]):
+            return None
+        loads = list(getattr(self.follower, "load_times", ()))
+        if len(loads) < 2:
+            return None
+        interval = loads[-1] - loads[-2]
+        now = self.clock()
+        if interval <= 0 or loads[-1] + interval - now > self.whole_call_wait_s:
+            return None
+        until = min(loads[-1] + 2 * interval, now + self.whole_call_wait_s)
+        return until if until > now else None
+
+    def _wait_for_load(self, until: float) -> bool:
+        """Wait for the follower's next load, at most until ``until`` (and at most
+        ``backlog_poll_s`` at once). :returns: whether to decide again (False: the time
+        is up or the loop is stopping)."""
+        left = until - self.clock()
+        if left <= 0 or self.stop.is_set():
+            return False
+        PROFILE.count("sampler.whole_call_waits")
+        with stage("sampler.wait_whole_call"):
+            self.follower.wait_version(
+                int(self.follower.version) + 1, min(left, self.backlog_poll_s)
+            )
+        return not self.stop.is_set()
 
     def claim_room(self) -> tuple[int, dict[str, Any]]:
         """Size the next call to the room there is now (without waiting).
