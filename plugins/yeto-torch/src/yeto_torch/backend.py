@@ -473,22 +473,28 @@ class TorchBackend(TrainerBackend):
         attn: torch.Tensor,
         procs: list[tuple],
         routed: Optional[list] = None,
+        keep_from: int = 0,
     ) -> torch.Tensor:
         """Log-prob of token t+1 at every position t (``[B, T-1]``), row ``r`` under the
         processing ``procs[r]`` (temperature, top-k, top-p: the sampler's own function).
         With ``routed`` (per row: ``(tokens - 1, layers, top_k)`` or None), every MoE layer
-        uses those experts (routing replay, :mod:`yeto_torch.moe`)."""
+        uses those experts (routing replay, :mod:`yeto_torch.moe`). Positions before
+        ``keep_from`` (no row's response is predicted there) are 0, without a gradient;
+        the lean forward then skips their last-layer work."""
+        keep_from = max(0, min(int(keep_from), ids.shape[1] - 2))
         if routed is None and (lean := self._lean(model)) is not None:
             # right-padded rows: a position never attends to the padding after it
-            logits = lean.forward(ids)[0]
-        elif routed is None:
-            logits = model(input_ids=ids, attention_mask=attn).logits
+            logits = lean.forward(ids, keep_from=keep_from)[0]
         else:
-            experts, where = moe.replay_tensors(routed, ids.shape[1], self.moe_shape)
-            with moe.replay(model, experts, where):
+            if routed is None:
                 logits = model(input_ids=ids, attention_mask=attn).logits
+            else:
+                experts, where = moe.replay_tensors(routed, ids.shape[1], self.moe_shape)
+                with moe.replay(model, experts, where):
+                    logits = model(input_ids=ids, attention_mask=attn).logits
+            logits = logits[:, keep_from:]
         logits = logits[:, :-1].float()
-        targets = ids[:, 1:, None]
+        targets = ids[:, keep_from + 1 :, None]
         by_key: dict[tuple, list[int]] = {}
         for row, key in enumerate(procs):
             by_key.setdefault(key, []).append(row)
@@ -503,7 +509,8 @@ class TorchBackend(TrainerBackend):
             out = out[torch.argsort(torch.tensor(order, dtype=torch.long))]
         # tokens the processing excludes (outside top-k/top-p) have log-prob -inf: floor them
         # (their gradient is 0 either way) so that ratios stay finite
-        return out.clamp(min=LOGP_FLOOR)
+        out = out.clamp(min=LOGP_FLOOR)
+        return torch.nn.functional.pad(out, (keep_from, 0)) if keep_from else out
 
     def _equal(self, r: np.ndarray) -> tuple[bool, bool]:
         """(counts as equal, only because of ``min_reward_spread``)."""
@@ -602,7 +609,12 @@ class TorchBackend(TrainerBackend):
                         part = items[start : start + mb]
                         ids, attn, *_ = self._tensors(part)
                         prox = self._logprobs(
-                            self.model, ids, attn, [it.proc for it in part], self._routing(part)
+                            self.model,
+                            ids,
+                            attn,
+                            [it.proc for it in part],
+                            self._routing(part),
+                            min(it.prompt_len for it in part) - 1,
                         )
                         for row, it in enumerate(part):
                             n = len(it.tokens)
@@ -748,7 +760,9 @@ class TorchBackend(TrainerBackend):
         adv = torch.tensor([[it.adv] for it in items], dtype=torch.float32)
         weight = torch.tensor([[it.weight] for it in items], dtype=torch.float32)
         procs = [it.proc for it in items]
-        new = self._logprobs(self.model, ids, attn, procs, self._routing(items))
+        # no response token is predicted before the shortest prompt's last position
+        keep_from = min(it.prompt_len for it in items) - 1
+        new = self._logprobs(self.model, ids, attn, procs, self._routing(items), keep_from)
         if all(it.proximal is None for it in items):
             prox = new.detach()  # one step per round: the weights are still those of its start
         loss_kind = o["loss"]
@@ -779,7 +793,7 @@ class TorchBackend(TrainerBackend):
         kl = torch.zeros_like(pg)
         if self.ref_model is not None:
             with torch.no_grad():
-                ref = self._logprobs(self.ref_model, ids, attn, procs)
+                ref = self._logprobs(self.ref_model, ids, attn, procs, keep_from=keep_from)
             outside = (ref <= LOGP_FLOOR) | (new.detach() <= LOGP_FLOOR)
             d = torch.where(outside, torch.zeros_like(ref), ref - new)
             kl = torch.exp(d) - d - 1.0

@@ -107,12 +107,28 @@ class LeanLlama:
         return self.forward(ids, cache, last_only=last_only)
 
     def forward(
-        self, ids: torch.Tensor, cache: Optional[Cache] = None, *, last_only: bool = False
+        self,
+        ids: torch.Tensor,
+        cache: Optional[Cache] = None,
+        *,
+        last_only: bool = False,
+        keep_from: int = 0,
     ) -> tuple[torch.Tensor, Cache]:
-        """:meth:`__call__` with autograd (the trainer's forward)."""
+        """:meth:`__call__` with autograd (the trainer's forward).
+
+        ``keep_from``: only the logits of positions ``keep_from..T-1`` are computed
+        (``[B, T - keep_from, V]``; no cache). The last layer then runs its queries,
+        attention output and MLP for those positions only (the earlier layers' every
+        position feeds the keys and values the kept ones attend to): the trainer needs
+        no logit before the shortest prompt's last token.
+        """
         inner = self.model.model
         b, t = ids.shape
         past = 0 if not cache else int(cache[0][0].shape[2])
+        keep_from = int(keep_from)
+        if keep_from and (cache or last_only or not 0 < keep_from < t):
+            raise ValueError(f"keep_from={keep_from}: needs no cache, no last_only, 0 < it < {t}")
+        last = len(inner.layers) - 1
         x = inner.embed_tokens(ids)
         cos_all, sin_all = self._rope(past + t, x)
         cos = cos_all[past : past + t][None, None]
@@ -121,11 +137,15 @@ class LeanLlama:
         for i, layer in enumerate(inner.layers):
             attn = layer.self_attn
             h = self._norm(x, layer.input_layernorm)
-            q = attn.q_proj(h).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
             k = attn.k_proj(h).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
             v = attn.v_proj(h).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-            q = self._rotate(q, cos, sin)
             k = self._rotate(k, cos, sin)
+            trim = keep_from if i == last else 0
+            if trim:  # from here on only the kept positions
+                x, h = x[:, trim:], h[:, trim:]
+            tq = t - trim
+            q = attn.q_proj(h).view(b, tq, self.n_heads, self.head_dim).transpose(1, 2)
+            q = self._rotate(q, cos[:, :, trim:], sin[:, :, trim:])
             if cache:
                 k = torch.cat((cache[i][0], k), dim=2)
                 v = torch.cat((cache[i][1], v), dim=2)
@@ -134,14 +154,15 @@ class LeanLlama:
                 rep = self.n_heads // self.n_kv
                 k = k.repeat_interleave(rep, dim=1)
                 v = v.repeat_interleave(rep, dim=1)
-            if past == 0:
+            if past == 0 and not trim:
                 o = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, scale=self.scale)
-            elif t == 1:
+            elif tq == 1 and not trim:
                 o = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
-            else:  # new tokens after a cache: each sees the cache and the new ones before it
-                mask = torch.ones(t, past + t, dtype=torch.bool).tril(diagonal=past)
+            else:  # queries after earlier keys (a cache, or trimmed): each sees those before
+                before = past + trim
+                mask = torch.ones(tq, before + tq, dtype=torch.bool).tril(diagonal=before)
                 o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
-            x = x + attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+            x = x + attn.o_proj(o.transpose(1, 2).reshape(b, tq, -1))
             h = self._norm(x, layer.post_attention_layernorm)
             mlp = layer.mlp
             x = x + mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h))
