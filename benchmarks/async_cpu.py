@@ -10,7 +10,7 @@ saturated. Linux only (``/proc``).
 
     python benchmarks/async_cpu.py [--rounds 400] [--from 100] [--to 350]
         [--engine-option lean=false] [--backend-option lean=false]
-        [--sampler-key whole_call_wait_s=0]
+        [--sampler-key whole_call_wait_s=0] [--no-pin]
         [--base-dir runs/base/sort4]
 
 Interleave runs of the two settings to compare (the machine's speed drifts).
@@ -86,6 +86,12 @@ def main() -> int:
         help="KEY=VALUE added to trainer.backend_options (TOML value), e.g. lean=false",
     )
     ap.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="leave the islands on every CPU (default: the trainer on the first, the samplers "
+        "on the others, as yeto bench e2e)",
+    )
+    ap.add_argument(
         "--sampler-key",
         action="append",
         default=[],
@@ -102,6 +108,7 @@ def main() -> int:
         task=args.task,
         seed=args.seed,
         timeout_s=600.0,
+        pin=not args.no_pin,
     ).replace("total_rounds = 0", f"total_rounds = {args.rounds}")
     for options, key in (
         (args.engine_option, "engine_options"),
@@ -184,6 +191,7 @@ def main() -> int:
                 "engine_options": args.engine_option,
                 "backend_options": args.backend_option,
                 "sampler_keys": args.sampler_key,
+                "pinned": not args.no_pin,
                 "rounds": [na, nb],
                 "rounds_per_s": round(r / (tb - ta), 2),
                 # sampler calls per trained round over the whole run

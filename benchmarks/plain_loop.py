@@ -206,10 +206,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--groups-per-round", type=int, default=16)
     ap.add_argument("--max-policy-age", type=int, default=3)
+    ap.add_argument(
+        "--trainer-cpus", default="", help="pin the trainer process to these CPUs ('0', '0-1')"
+    )
+    ap.add_argument(
+        "--sampler-cpus", default="", help="pin the sampler processes to these CPUs ('1', '1-3')"
+    )
     ap.add_argument("--work", default=None, help="(internal) the exchange directory")
     ap.add_argument("--role", default=None, help="(internal) sampler-<i> or trainer")
     args = ap.parse_args(argv)
     args.base_dir = Path(args.base_dir).absolute()
+    if args.role:  # pinned like yeto's islands (yeto_core.island_env.pin_cpus)
+        cpus = args.trainer_cpus if args.role == "trainer" else args.sampler_cpus
+        if cpus:
+            from yeto_core.island_env import parse_cpus
+
+            os.sched_setaffinity(0, parse_cpus(cpus))
     if args.role == "trainer":
         trainer(args)
         return 0

@@ -7,6 +7,7 @@ The real measurement (sort4, target 0.8, minutes per mode) is `yeto bench e2e --
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -86,6 +87,40 @@ def test_sync_mode_makes_one_round_per_sampler_call_and_waits_for_versions(
         e2e_config(
             tmp_path, mode="sync", base_dir=tmp_path, task="sort4", seed=0, timeout_s=1, samplers=3
         )
+
+
+def test_both_modes_pin_the_trainer_to_one_cpu_and_the_samplers_to_the_others(
+    tmp_path: Path, monkeypatch
+) -> None:
+    import os
+
+    from yeto_bench.e2e import cpu_split
+    from yeto_core.config import load_config
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 1, 2})
+    assert cpu_split() == ([1], [2, 3])
+    for mode in ("async", "sync"):
+        for pin in (True, False):
+            path = tmp_path / f"{mode}-{pin}.toml"
+            path.write_text(
+                e2e_config(
+                    tmp_path / mode,
+                    mode=mode,
+                    base_dir=tmp_path / "base",
+                    task="sort4",
+                    seed=0,
+                    timeout_s=10,
+                    pin=pin,
+                )
+            )
+            config = load_config(path)
+            want = ({"cpus": [1]}, {"cpus": [2, 3]}) if pin else ({}, {})
+            assert (config.trainer.provider_options, config.samplers[0].provider_options) == want
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert cpu_split() is None  # one CPU: nothing to split
+    assert "cpus" not in e2e_config(
+        tmp_path, mode="async", base_dir=tmp_path, task="sort4", seed=0, timeout_s=1
+    )
 
 
 def test_policy_lag_is_zero_for_synchronous_rounds() -> None:
@@ -286,6 +321,11 @@ def test_plain_loop_reports_time_from_its_first_group(sort4_base: Path) -> None:
             "0.05",
             "--timeout-s",
             "10",
+            # pinned as yeto bench e2e pins it (every CPU on a one-CPU machine)
+            "--trainer-cpus",
+            str(min(os.sched_getaffinity(0))),
+            "--sampler-cpus",
+            ",".join(map(str, sorted(os.sched_getaffinity(0)))),
         ],
         capture_output=True,
         text=True,

@@ -9,7 +9,9 @@ incarnation with :func:`island_launch`; its ``env`` holds exactly:
 - ``YETO_ISLAND`` / ``YETO_INCARNATION``: which island and incarnation this is;
 - ``YETO_TRAINER_CUT`` (trainer, optional): the cut id to restore (default: the newest);
 - the store's explicit credentials (:meth:`~yeto_core.ports.ObjectStore.credentials_env`,
-  e.g. ``YETO_STORE_S3_*``).
+  e.g. ``YETO_STORE_S3_*``);
+- ``YETO_CPUS`` (optional, set by a provider such as ``local`` from its ``cpus`` option):
+  the CPUs the island process pins itself to before anything else (:func:`pin_cpus`).
 
 Everything else (the resolved config, the base model, releases) the island
 reads from the store (:mod:`yeto_core.run_store`).
@@ -17,6 +19,7 @@ reads from the store (:mod:`yeto_core.run_store`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any, Optional
 
@@ -32,9 +35,65 @@ ENV_ROLE = "YETO_ROLE"
 ENV_ISLAND = "YETO_ISLAND"
 ENV_INCARNATION = "YETO_INCARNATION"
 ENV_CUT = "YETO_TRAINER_CUT"
+ENV_CPUS = "YETO_CPUS"
 
 #: Every variable an island reads (besides the store's credentials).
-ISLAND_VARIABLES = (ENV_STORE, ENV_RUN_ID, ENV_ROLE, ENV_ISLAND, ENV_INCARNATION, ENV_CUT)
+ISLAND_VARIABLES = (
+    ENV_STORE,
+    ENV_RUN_ID,
+    ENV_ROLE,
+    ENV_ISLAND,
+    ENV_INCARNATION,
+    ENV_CUT,
+    ENV_CPUS,
+)
+
+
+def parse_cpus(value: Any) -> list[int]:
+    """CPU numbers from a list (``[0, 1]``) or a string (``"0-3,6"``), sorted.
+
+    :raises ConfigError: not CPU numbers, or none.
+    """
+    items: list[Any]
+    if isinstance(value, str):
+        items = [p.strip() for p in value.split(",") if p.strip()]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        items = [value]
+    cpus: set[int] = set()
+    try:
+        for item in items:
+            if isinstance(item, bool):
+                raise ValueError(item)
+            if isinstance(item, str) and "-" in item:
+                lo, hi = (int(x) for x in item.split("-", 1))
+                if lo > hi:
+                    raise ValueError(item)
+                cpus.update(range(lo, hi + 1))
+            else:
+                cpus.add(int(item))
+    except (ValueError, TypeError):
+        cpus = set()
+    if not cpus or min(cpus) < 0:
+        raise ConfigError(
+            f"cpus = {value!r}: give CPU numbers as a list ([0, 1]) or a string ('0-3,6')"
+        )
+    return sorted(cpus)
+
+
+def pin_cpus(env: Mapping[str, str]) -> Optional[list[int]]:
+    """Pin this process (the calling thread, and every thread and child it starts later)
+    to the CPUs ``YETO_CPUS`` names. :returns: those CPUs, or None when it names none."""
+    raw = env.get(ENV_CPUS)
+    if not raw:
+        return None
+    cpus = parse_cpus(raw)
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as exc:
+        raise ConfigError(f"{ENV_CPUS}={raw!r}: cannot pin to CPUs {cpus}: {exc}") from exc
+    return cpus
 
 
 @attrs.frozen

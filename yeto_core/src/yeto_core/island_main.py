@@ -40,6 +40,7 @@ from yeto_core.island_env import (  # noqa: F401 (ENV_* re-exported: the old imp
     ENV_STORE,
     IslandIdentity,
     identity_from_env,
+    pin_cpus,
 )
 from yeto_core.ports import TrainerBackend, names
 from yeto_core.records import Batch, Event, ReleaseInfo, Trigger
@@ -506,6 +507,7 @@ def main(argv: Optional[list[str]] = None, *, plugins: Any = None) -> int:
 
     _install_sigterm()
     try:
+        pin_cpus(os.environ)  # first, so every thread and child inherits it
         code = run_island(os.environ, plugins)
     except YetoError as exc:  # the environment itself is wrong
         print(f"yeto island: error: {exc}", file=sys.stderr)

@@ -36,7 +36,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from yeto_core.errors import YetoError
+from yeto_core.errors import ConfigError, YetoError
+from yeto_core.island_env import ENV_CPUS, parse_cpus
 from yeto_core.ports import IslandProvider
 from yeto_core.records import Event, IslandLaunch, IslandStatus
 
@@ -190,6 +191,9 @@ class LocalIslands(IslandProvider):
         full_env = dict(os.environ)
         full_env.update(launch.env)
         full_env[ENV_HANDLE] = handle
+        cpus = (launch.options or {}).get("cpus")
+        if cpus is not None:
+            full_env[ENV_CPUS] = ",".join(str(c) for c in self._cpus(handle, cpus))
         command = self.command or default_command(launch.entry_module)
         cwd = self.run_dir / WORK_DIR / handle
         cwd.mkdir(parents=True, exist_ok=True)
@@ -224,6 +228,22 @@ class LocalIslands(IslandProvider):
         tmp.write_text(json.dumps(record, sort_keys=True))
         os.replace(tmp, self._record_path(handle))
         return handle
+
+    @staticmethod
+    def _cpus(handle: str, value: Any) -> list[int]:
+        """``provider_options.cpus``, checked against the CPUs this process may use."""
+        try:
+            cpus = parse_cpus(value)
+        except ConfigError as exc:
+            raise IslandError(f"island {handle!r}: provider_options.{exc}") from exc
+        allowed = os.sched_getaffinity(0)
+        if not set(cpus) <= allowed:
+            raise IslandError(
+                f"island {handle!r}: provider_options.cpus = {value!r} names CPUs "
+                f"{sorted(set(cpus) - allowed)} this machine does not offer (it has "
+                f"{sorted(allowed)}); pick from those or drop the option"
+            )
+        return cpus
 
     def _reap(self, handle: str) -> Optional[int]:
         proc = self._procs.get(handle)

@@ -74,15 +74,27 @@ BASELINES = {
     "groups under S1 (policy-age gate 3), with durability (fsynced buffer, ledger, "
     "consumed.json), a release per round (export, fingerprint, manifest) that the samplers "
     "fetch, verify and load; head tick 0.1 s, up to rounds_per_tick rounds per train command (the JSON's `rounds_per_tick`), a command ending after the round that passes 2 s (train_for_s); every wait wakes on the store's "
-    "watch (inotify on the dir store) or its poll interval",
+    "watch (inotify on the dir store) or its poll interval; the trainer island pinned to one "
+    "CPU and the sampler islands to the others (the JSON's `cpus`; none with --no-pin)",
     "sync": "the same run with samplers[].sync_rounds (each island waits, woken by its follower's "
     "load, until it serves the policy trained on its previous call; 2 x 8 groups = one round), "
     "the always-on scheduler and the same head settings (tick 0.1 s, the same rounds_per_tick)",
     "plain": "benchmarks/plain_loop.py: 2 sampler processes and 1 trainer process of the same "
     "engine/backend classes and hyperparameters passing group files and releases through a "
     "directory; bounded queue (backlog cap 64, files taken only as a round needs them), "
-    "policy-age gate at training time; no durability, no scheduler, no verification",
+    "policy-age gate at training time; no durability, no scheduler, no verification; its "
+    "trainer and samplers pinned to the same CPUs as yeto's",
 }
+
+
+def cpu_split() -> Optional[tuple[list[int], list[int]]]:
+    """(the trainer's CPUs, the samplers' CPUs) of a pinned run: the first CPU this
+    process may use for the trainer (one thread), the others for the sampler islands;
+    None with fewer than two CPUs."""
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0))
+    return ([cpus[0]], cpus[1:]) if len(cpus) >= 2 else None
 
 
 def e2e_config(
@@ -98,9 +110,11 @@ def e2e_config(
     async_min_round_s: float = 0.0,
     store: str = "",
     rounds_per_tick: int = 32,
+    pin: bool = True,
 ) -> str:
     """The TOML of one e2e run (``mode``: ``async`` or ``sync``; ``store``: its URL, empty:
-    the run dir's ``store/``)."""
+    the run dir's ``store/``; ``pin``: the trainer island on one CPU, the samplers on
+    the others, :func:`cpu_split`)."""
     if mode not in ("async", "sync"):
         raise ValueError(f"mode {mode!r}; use async or sync")
     if groups_per_round % samplers:
@@ -138,6 +152,7 @@ def e2e_config(
         wall_clock_s=float(timeout_s) + 120.0,
         silence_s=120,
         store=store,
+        cpus=cpu_split() if pin else None,
     )
 
 
@@ -230,6 +245,7 @@ def run_mode(
     remote_store: bool = False,
     rounds_per_tick: int = 32,
     store_base: str = "",
+    pin: bool = True,
 ) -> dict[str, Any]:
     """One run of ``mode`` until the target (or the timeout); its figures."""
     import os
@@ -254,6 +270,7 @@ def run_mode(
             async_min_round_s=async_min_round_s,
             store=store_url,
             rounds_per_tick=rounds_per_tick,
+            pin=pin,
         )
     )
     launched = time.time()
@@ -402,10 +419,12 @@ def run_plain_loop(
     target: float,
     timeout_s: float,
     min_round_s: float = 0.0,
+    pin: bool = True,
 ) -> dict[str, Any]:
     """``benchmarks/plain_loop.py`` as a subprocess; its JSON (or the reason it failed).
 
-    Its samplers get the async mode's throttle, so both loops pace sampling alike.
+    Its samplers get the async mode's throttle, so both loops pace sampling alike, and
+    its processes the same CPUs as yeto's islands (``pin``, :func:`cpu_split`).
     """
     cmd = [
         sys.executable,
@@ -423,6 +442,10 @@ def run_plain_loop(
         "--min-round-s",
         str(min_round_s),
     ]
+    split = cpu_split() if pin else None
+    if split is not None:
+        cmd += ["--trainer-cpus", ",".join(map(str, split[0]))]
+        cmd += ["--sampler-cpus", ",".join(map(str, split[1]))]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s + 300)
         return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -710,6 +733,13 @@ def combine(reports: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
     "command trains (the trainer answers early when no full round waits, and after the "
     "round that passes train_for_s, the run's default 2 s).",
 )
+@click.option(
+    "--no-pin",
+    is_flag=True,
+    help="Leave every process on every CPU. By default the trainer (yeto's island and the "
+    "plain loop's process) gets the first CPU and the samplers the others (local "
+    "provider_options.cpus; the plain loop's --trainer-cpus/--sampler-cpus).",
+)
 def command(seaweedfs: bool, **options: Any) -> None:
     """Asynchronous vs synchronous GRPO: time to a target reward (prints JSON)."""
     with contextlib.ExitStack() as stack:
@@ -758,6 +788,7 @@ def _command(
     profile: bool,
     rounds_per_tick: int,
     store_base: str,
+    no_pin: bool = False,
 ) -> None:
     base = Path(base_dir or f"runs/base/{task}").absolute()
     script = Path(plain_loop) if plain_loop else Path("benchmarks/plain_loop.py")
@@ -776,13 +807,14 @@ def _command(
                 remote_store=remote_store,
                 rounds_per_tick=rounds_per_tick,
                 store_base=f"{store_base}/rep{i}" if store_base else "",
+                pin=not no_pin,
             )
             a = run_mode(
                 "async", work=work, async_min_round_s=async_min_round_s, **stores, **common
             )
             s = run_mode("sync", work=work, **stores, **common)
             plain = (
-                run_plain_loop(script, min_round_s=async_min_round_s, **common)
+                run_plain_loop(script, min_round_s=async_min_round_s, pin=not no_pin, **common)
                 if use_plain
                 else None
             )
@@ -798,6 +830,9 @@ def _command(
         combine(reports, seeds),
         async_min_round_s=async_min_round_s,
         rounds_per_tick=rounds_per_tick,
+        cpus=None
+        if no_pin or (split := cpu_split()) is None
+        else {"trainer": split[0], "samplers": split[1]},
         store={
             "wrapper": "faulty (counting, no faults)"
             if store_latency_ms is not None or remote_store or store_base

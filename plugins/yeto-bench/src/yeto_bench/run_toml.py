@@ -36,17 +36,23 @@ def bench_run_toml(
     store: str = "",
     trainer_options: dict | None = None,
     base_options: dict | None = None,
+    cpus: tuple[list[int], list[int]] | None = None,
 ) -> str:
     """The TOML text; ``sync_rounds=None`` leaves the key out, ``scheduler_options`` is a
     TOML inline table body line (``options = {...}``) or empty; ``trainer_options`` are
     added to ``trainer.backend_options`` and ``base_options`` to ``model.base_options``
-    (strings, numbers, booleans)."""
+    (strings, numbers, booleans); ``cpus`` (the trainer's, the samplers') pins the islands
+    (the ``local`` provider's ``provider_options.cpus``)."""
     sync_line = (
         "" if sync_rounds is None else f"sync_rounds = {'true' if sync_rounds else 'false'}\n"
     )
     options_line = f"{scheduler_options}\n" if scheduler_options else ""
     store_line = f"store = {json.dumps(store)}\n" if store else ""
     extra = "".join(f", {k} = {json.dumps(v)}" for k, v in (trainer_options or {}).items())
+    trainer_pin = sampler_pin = ""
+    if cpus is not None:
+        trainer_pin = f"provider_options = {{ cpus = {json.dumps(list(cpus[0]))} }}\n"
+        sampler_pin = f"provider_options = {{ cpus = {json.dumps(list(cpus[1]))} }}\n"
     base_extra = "".join(f", {k} = {json.dumps(v)}" for k, v in (base_options or {}).items())
     return f"""# {comment}
 name = {json.dumps(name)}
@@ -69,7 +75,7 @@ prompts_per_call = {int(prompts_per_call)}
 min_round_s = {float(min_round_s)}
 backlog_cap = {int(backlog_cap)}
 {sync_line}engine_options = {{ threads = 1 }}
-[samplers.sampling]
+{sampler_pin}[samplers.sampling]
 max_new_tokens = {int(max_new_tokens)}
 temperature = 1.0
 
@@ -79,7 +85,7 @@ backend_options = {{ lr = {float(lr)}, threads = 1{extra} }}
 groups_per_round = {int(groups_per_round)}
 max_policy_age = {int(max_policy_age)}
 total_rounds = {int(total_rounds)}
-
+{trainer_pin}
 [scheduler]
 name = {json.dumps(scheduler)}
 tick_s = {float(tick_s)}
