@@ -85,6 +85,7 @@ def main() -> int:
         default=[],
         help="KEY=VALUE added to trainer.backend_options (TOML value), e.g. lean=false",
     )
+    ap.add_argument("--samplers", type=int, default=2, help="sampler islands")
     ap.add_argument(
         "--no-pin",
         action="store_true",
@@ -109,6 +110,7 @@ def main() -> int:
         seed=args.seed,
         timeout_s=600.0,
         pin=not args.no_pin,
+        samplers=args.samplers,
     ).replace("total_rounds = 0", f"total_rounds = {args.rounds}")
     for options, key in (
         (args.engine_option, "engine_options"),
@@ -192,6 +194,7 @@ def main() -> int:
                 "backend_options": args.backend_option,
                 "sampler_keys": args.sampler_key,
                 "pinned": not args.no_pin,
+                "samplers": args.samplers,
                 "rounds": [na, nb],
                 "rounds_per_s": round(r / (tb - ta), 2),
                 # sampler calls per trained round over the whole run

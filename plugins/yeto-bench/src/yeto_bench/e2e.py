@@ -69,17 +69,21 @@ WINDOW = 64
 
 #: what each mode of the report does (in the JSON, so a reader need not open the code)
 BASELINES = {
-    "async": "yeto run up: 2 hf sampler islands (1 thread each, 8 prompts x 8 answers per call, "
-    "no throttle, backlog cap 64) append while the torch trainer island trains rounds of 16 "
+    "async": "yeto run up: hf sampler islands (the JSON's `samplers`, 2 by default; 1 thread "
+    "each, 16 groups per round split evenly over their calls, 8 answers per prompt, no "
+    "throttle, backlog cap 64) append while the torch trainer island trains rounds of 16 "
     "groups under S1 (policy-age gate 3), with durability (fsynced buffer, ledger, "
     "consumed.json), a release per round (export, fingerprint, manifest) that the samplers "
     "fetch, verify and load; head tick 0.1 s, up to rounds_per_tick rounds per train command (the JSON's `rounds_per_tick`), a command ending after the round that passes 2 s (train_for_s); every wait wakes on the store's "
-    "watch (inotify on the dir store) or its poll interval; the trainer island pinned to one "
-    "CPU and the sampler islands to the others (the JSON's `cpus`; none with --no-pin)",
+    "watch (inotify on the dir store) or its poll interval; the sampler islands pinned off the "
+    "first CPU, which the trainer island's training thread has to itself (the JSON's `cpus`; "
+    "none with --no-pin)",
     "sync": "the same run with samplers[].sync_rounds (each island waits, woken by its follower's "
-    "load, until it serves the policy trained on its previous call; 2 x 8 groups = one round), "
+    "load, until it serves the policy trained on its previous call; the islands' calls make one "
+    "round), "
     "the always-on scheduler and the same head settings (tick 0.1 s, the same rounds_per_tick)",
-    "plain": "benchmarks/plain_loop.py: 2 sampler processes and 1 trainer process of the same "
+    "plain": "benchmarks/plain_loop.py: as many sampler processes as yeto's islands and 1 "
+    "trainer process of the same "
     "engine/backend classes and hyperparameters passing group files and releases through a "
     "directory; bounded queue (backlog cap 64, files taken only as a round needs them), "
     "policy-age gate at training time; no durability, no scheduler, no verification; its "
@@ -88,13 +92,14 @@ BASELINES = {
 
 
 def cpu_split() -> Optional[tuple[list[int], list[int]]]:
-    """(the trainer's CPUs, the samplers' CPUs) of a pinned run: the first CPU this
-    process may use for the trainer (one thread), the others for the sampler islands;
-    None with fewer than two CPUs."""
+    """(the trainer's CPUs, the samplers' CPUs) of a pinned run: the samplers stay off the
+    first CPU this process may use, so the trainer's one training thread has it to
+    itself; the trainer may use every CPU (its upload and event threads run beside the
+    samplers while a backward pass holds no lock). None with fewer than two CPUs."""
     import os
 
     cpus = sorted(os.sched_getaffinity(0))
-    return ([cpus[0]], cpus[1:]) if len(cpus) >= 2 else None
+    return (cpus, cpus[1:]) if len(cpus) >= 2 else None
 
 
 def e2e_config(
@@ -123,7 +128,7 @@ def e2e_config(
             "in sync mode each island's call must be an equal share of one round"
         )
     sync = mode == "sync"
-    per_call = groups_per_round // samplers if sync else 8
+    per_call = groups_per_round // samplers
     scheduler = "always-on" if sync else "s1"
     # the same head settings for both modes (sync trains one round per command anyway)
     options = (
@@ -246,6 +251,7 @@ def run_mode(
     rounds_per_tick: int = 32,
     store_base: str = "",
     pin: bool = True,
+    samplers: int = 2,
 ) -> dict[str, Any]:
     """One run of ``mode`` until the target (or the timeout); its figures."""
     import os
@@ -271,6 +277,7 @@ def run_mode(
             store=store_url,
             rounds_per_tick=rounds_per_tick,
             pin=pin,
+            samplers=samplers,
         )
     )
     launched = time.time()
@@ -420,6 +427,8 @@ def run_plain_loop(
     timeout_s: float,
     min_round_s: float = 0.0,
     pin: bool = True,
+    samplers: int = 2,
+    groups_per_round: int = 16,
 ) -> dict[str, Any]:
     """``benchmarks/plain_loop.py`` as a subprocess; its JSON (or the reason it failed).
 
@@ -441,6 +450,12 @@ def run_plain_loop(
         str(timeout_s),
         "--min-round-s",
         str(min_round_s),
+        "--samplers",
+        str(samplers),
+        "--prompts-per-call",
+        str(groups_per_round // samplers),
+        "--groups-per-round",
+        str(groups_per_round),
     ]
     split = cpu_split() if pin else None
     if split is not None:
@@ -736,9 +751,17 @@ def combine(reports: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
 @click.option(
     "--no-pin",
     is_flag=True,
-    help="Leave every process on every CPU. By default the trainer (yeto's island and the "
-    "plain loop's process) gets the first CPU and the samplers the others (local "
-    "provider_options.cpus; the plain loop's --trainer-cpus/--sampler-cpus).",
+    help="Leave every process on every CPU. By default the samplers (yeto's islands and the "
+    "plain loop's processes) stay off the first CPU, which the trainer's training thread has "
+    "to itself (local provider_options.cpus; the plain loop's --trainer-cpus/--sampler-cpus).",
+)
+@click.option(
+    "--samplers",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Sampler islands of both modes (and the plain loop's sampler processes); "
+    "16 groups per round must split evenly over them.",
 )
 def command(seaweedfs: bool, **options: Any) -> None:
     """Asynchronous vs synchronous GRPO: time to a target reward (prints JSON)."""
@@ -789,6 +812,7 @@ def _command(
     rounds_per_tick: int,
     store_base: str,
     no_pin: bool = False,
+    samplers: int = 2,
 ) -> None:
     base = Path(base_dir or f"runs/base/{task}").absolute()
     script = Path(plain_loop) if plain_loop else Path("benchmarks/plain_loop.py")
@@ -808,13 +832,20 @@ def _command(
                 rounds_per_tick=rounds_per_tick,
                 store_base=f"{store_base}/rep{i}" if store_base else "",
                 pin=not no_pin,
+                samplers=samplers,
             )
             a = run_mode(
                 "async", work=work, async_min_round_s=async_min_round_s, **stores, **common
             )
             s = run_mode("sync", work=work, **stores, **common)
             plain = (
-                run_plain_loop(script, min_round_s=async_min_round_s, pin=not no_pin, **common)
+                run_plain_loop(
+                    script,
+                    min_round_s=async_min_round_s,
+                    pin=not no_pin,
+                    samplers=samplers,
+                    **common,
+                )
                 if use_plain
                 else None
             )
@@ -833,6 +864,7 @@ def _command(
         cpus=None
         if no_pin or (split := cpu_split()) is None
         else {"trainer": split[0], "samplers": split[1]},
+        samplers=samplers,
         store={
             "wrapper": "faulty (counting, no faults)"
             if store_latency_ms is not None or remote_store or store_base
