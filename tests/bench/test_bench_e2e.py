@@ -39,24 +39,32 @@ def test_time_to_target_needs_a_full_window_and_counts_from_t0() -> None:
     assert hit is None
 
 
+def _load_e2e_config(tmp_path: Path, mode: str, **options):
+    """The run config ``e2e_config`` writes for ``mode`` (``options`` added), loaded."""
+    from yeto_core.config import load_config
+
+    name = "-".join([mode, *(f"{k}={v}" for k, v in sorted(options.items()))])
+    path = tmp_path / f"{name}.toml"
+    path.write_text(
+        e2e_config(
+            tmp_path / mode,
+            mode=mode,
+            base_dir=tmp_path / "base",
+            task="sort4",
+            seed=0,
+            timeout_s=10,
+            **options,
+        )
+    )
+    return load_config(path)
+
+
 def test_sync_mode_makes_one_round_per_sampler_call_and_waits_for_versions(
     tmp_path: Path,
 ) -> None:
-    from yeto_core.config import load_config
 
     for mode, sync, sched in (("async", False, "s1"), ("sync", True, "always-on")):
-        path = tmp_path / f"{mode}.toml"
-        path.write_text(
-            e2e_config(
-                tmp_path / mode,
-                mode=mode,
-                base_dir=tmp_path / "base",
-                task="sort4",
-                seed=0,
-                timeout_s=10,
-            )
-        )
-        config = load_config(path)
+        config = _load_e2e_config(tmp_path, mode)
         sampler = config.samplers[0]
         assert sampler.sync_rounds is sync and sampler.pause_every_s == 0
         assert config.scheduler.name == sched
@@ -95,26 +103,13 @@ def test_both_modes_keep_the_samplers_off_the_trainers_first_cpu(
     import os
 
     from yeto_bench.e2e import cpu_split
-    from yeto_core.config import load_config
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 1, 2})
     # the samplers stay off the first CPU; the trainer's helper threads may use them all
     assert cpu_split() == ([1, 2, 3], [2, 3])
     for mode in ("async", "sync"):
         for pin in (True, False):
-            path = tmp_path / f"{mode}-{pin}.toml"
-            path.write_text(
-                e2e_config(
-                    tmp_path / mode,
-                    mode=mode,
-                    base_dir=tmp_path / "base",
-                    task="sort4",
-                    seed=0,
-                    timeout_s=10,
-                    pin=pin,
-                )
-            )
-            config = load_config(path)
+            config = _load_e2e_config(tmp_path, mode, pin=pin)
             want = ({"cpus": [1, 2, 3]}, {"cpus": [2, 3]}) if pin else ({}, {})
             assert (config.trainer.provider_options, config.samplers[0].provider_options) == want
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})

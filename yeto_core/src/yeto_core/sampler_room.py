@@ -101,8 +101,9 @@ class SamplerRoom:
         Only with ``fresh_only`` and ``whole_call_wait_s``, not in ``sync_rounds``, while
         the backlog holds at least a round (the trainer does not wait for these groups)
         and while releases land at a steady pace: the follower's last two loads give
-        the interval, the next is due within ``whole_call_wait_s`` and the last came less
-        than two intervals ago. With the trainer stopped no load comes, so the call goes
+        the interval (``follower.load_times``, on the follower's clock, which must be this
+        loop's: both are ``time.monotonic`` in an island), the next is due within
+        ``whole_call_wait_s`` and the last came less than two intervals ago. With the trainer stopped no load comes, so the call goes
         short at once and the backlog still reaches S1's start threshold. The wait ends
         two intervals after the last load, or ``whole_call_wait_s`` from now.
         """

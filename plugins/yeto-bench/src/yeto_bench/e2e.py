@@ -817,6 +817,8 @@ def _command(
     base = Path(base_dir or f"runs/base/{task}").absolute()
     script = Path(plain_loop) if plain_loop else Path("benchmarks/plain_loop.py")
     use_plain = script.is_file() and not no_plain_loop
+    if 16 % samplers:
+        raise click.UsageError(f"--samplers {samplers}: 16 groups per round must split evenly")
     reports: list[dict[str, Any]] = []
     seeds = [seed + i for i in range(repeat)]
     with tempfile.TemporaryDirectory(prefix="yeto-e2e-") as tmp:
