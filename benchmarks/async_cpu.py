@@ -125,7 +125,10 @@ def main() -> int:
         toml = f"{head}{sep}{extra}, {rest}"
     for item in args.sampler_key:
         key, _, value = item.partition("=")
-        toml = toml.replace("sync_rounds = false\n", f"sync_rounds = false\n{key} = {value}\n", 1)
+        head, sep, rest = toml.partition("sync_rounds = false\n")
+        if not sep:
+            raise SystemExit("no [[samplers]] sync_rounds line in the generated config")
+        toml = f"{head}{sep}{key} = {value}\n{rest}"
     cfg = run_dir.with_suffix(".toml")
     cfg.write_text(toml)
     events = run_dir / "store" / "events" / "trainer.jsonl"

@@ -191,7 +191,7 @@ class LocalIslands(IslandProvider):
         full_env = dict(os.environ)
         full_env.update(launch.env)
         full_env[ENV_HANDLE] = handle
-        cpus = (launch.options or {}).get("cpus")
+        cpus = launch.options.get("cpus")
         if cpus is not None:
             full_env[ENV_CPUS] = ",".join(str(c) for c in self._cpus(handle, cpus))
         command = self.command or default_command(launch.entry_module)

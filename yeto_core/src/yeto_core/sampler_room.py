@@ -59,21 +59,20 @@ class SamplerRoom:
             return not self.stop.is_set()
         announced = False
         watch = None
-        whole_until: Optional[float] = None  # how long this decision may wait for a load
-        waited_from: Optional[float] = None
+        # (since, until): this decision's wait for a load that makes the call whole
+        whole: Optional[tuple[float, float]] = None
         while True:
             with stage("sampler.backlog_read"):
                 room, why = self.claim_room()
             if 0 < room < self.prompts_per_call:
-                if whole_until is None:
-                    whole_until = self._whole_call_until(why)
-                    waited_from = self.clock()
-                if whole_until is not None and self._wait_for_load(whole_until):
+                if whole is None and (until := self._whole_call_until(why)) is not None:
+                    whole = (self.clock(), until)
+                if whole is not None and self._wait_for_load(whole[1]):
                     continue
                 if self.stop.is_set():
                     return False
-            if waited_from is not None and whole_until is not None:
-                self.call_room["whole_call_wait_s"] = round(self.clock() - waited_from, 4)
+            if whole is not None:
+                self.call_room["whole_call_wait_s"] = round(self.clock() - whole[0], 4)
             if room > 0:
                 if watch is not None:
                     watch.close()
@@ -103,9 +102,10 @@ class SamplerRoom:
         and while releases land at a steady pace: the follower's last two loads give
         the interval (``follower.load_times``, on the follower's clock, which must be this
         loop's: both are ``time.monotonic`` in an island), the next is due within
-        ``whole_call_wait_s`` and the last came less than two intervals ago. With the trainer stopped no load comes, so the call goes
-        short at once and the backlog still reaches S1's start threshold. The wait ends
-        two intervals after the last load, or ``whole_call_wait_s`` from now.
+        ``whole_call_wait_s`` and the last came less than two intervals ago. With the
+        trainer stopped no load comes, so the call goes short at once and the backlog
+        still reaches S1's start threshold. The wait ends two intervals after the last
+        load, or ``whole_call_wait_s`` from now.
         """
         if self.whole_call_wait_s <= 0 or self.fresh_only is None or self.sync_rounds:
             return None

@@ -614,7 +614,7 @@ class TorchBackend(TrainerBackend):
                             attn,
                             [it.proc for it in part],
                             self._routing(part),
-                            min(it.prompt_len for it in part) - 1,
+                            self._first_predicted(part),
                         )
                         for row, it in enumerate(part):
                             n = len(it.tokens)
@@ -754,14 +754,19 @@ class TorchBackend(TrainerBackend):
                 prox[row, p - 1 : n - 1] = torch.from_numpy(it.proximal)
         return ids, attn, behavior, prox, mask
 
+    @staticmethod
+    def _first_predicted(items: list) -> int:
+        """The first position that predicts a response token of any row (the shortest
+        prompt's last): :meth:`_logprobs` needs no logit before it."""
+        return min(it.prompt_len for it in items) - 1
+
     def _micro_step(self, items: list, stats: _Stats) -> None:
         o = self.opts
         ids, attn, behavior, prox, mask = self._tensors(items)
         adv = torch.tensor([[it.adv] for it in items], dtype=torch.float32)
         weight = torch.tensor([[it.weight] for it in items], dtype=torch.float32)
         procs = [it.proc for it in items]
-        # no response token is predicted before the shortest prompt's last position
-        keep_from = min(it.prompt_len for it in items) - 1
+        keep_from = self._first_predicted(items)
         new = self._logprobs(self.model, ids, attn, procs, self._routing(items), keep_from)
         if all(it.proximal is None for it in items):
             prox = new.detach()  # one step per round: the weights are still those of its start
