@@ -79,6 +79,14 @@ def _grad_norm(params: list[torch.nn.Parameter]) -> float:
     return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
 
 
+def _fusable(params: list[torch.nn.Parameter]) -> bool:
+    """Whether torch's fused AdamW kernel takes ``params``: floating point, on a CPU or
+    a CUDA device (the devices it ships for in every build)."""
+    return bool(params) and all(
+        p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params
+    )
+
+
 def group_advantages(
     rewards: np.ndarray, *, std_normalize: bool, eps: float, ddof: int = 0
 ) -> np.ndarray:
@@ -364,12 +372,16 @@ class TorchBackend(TrainerBackend):
         self._leans = {
             id(m): lean_for(m) for m in (self.model, self.ref_model) if m is not None and o["lean"]
         }
+        trainable = [p for _, p in self._trainable()]
         self.optimizer = torch.optim.AdamW(
-            [p for _, p in self._trainable()],
+            trainable,
             lr=o["lr"],
             betas=tuple(o["betas"]),
             eps=o["adam_eps"],
             weight_decay=o["weight_decay"],
+            # one kernel for every tensor instead of a Python loop over them; the same
+            # update (moments and step count kept the same way, so cuts carry over)
+            fused=_fusable(trainable) or None,
         )
         self.counters = {
             "rounds": 0,
@@ -598,6 +610,9 @@ class TorchBackend(TrainerBackend):
                             routed=routed,
                         )
                     )
+            # shortest first: a micro-batch pads only to its own longest sample (a stable
+            # sort: the same order on every run, and on a resume from a cut)
+            items.sort(key=lambda it: len(it.tokens))
             steps.append(items)
         stats = _Stats()
         mb = max(1, o["micro_batch"])
@@ -738,21 +753,29 @@ class TorchBackend(TrainerBackend):
         behavior and proximal log-probs, the mask, plus per-row advantage and weight."""
         width = max(len(it.tokens) for it in items)
         b = len(items)
-        ids = torch.zeros((b, width), dtype=torch.long)
-        attn = torch.zeros((b, width), dtype=torch.long)
-        behavior = torch.zeros((b, width - 1))
-        prox = torch.zeros((b, width - 1))
-        mask = torch.zeros((b, width - 1))
+        # filled in numpy (a row's slices cost a fraction of torch's per-op dispatch), then
+        # shared with torch without a copy
+        ids = np.zeros((b, width), dtype=np.int64)
+        attn = np.zeros((b, width), dtype=np.int64)
+        behavior = np.zeros((b, width - 1), dtype=np.float32)
+        prox = np.zeros((b, width - 1), dtype=np.float32)
+        mask = np.zeros((b, width - 1), dtype=np.float32)
         for row, it in enumerate(items):
             n, p = len(it.tokens), it.prompt_len
-            ids[row, :n] = torch.from_numpy(it.tokens.astype(np.int64))
+            ids[row, :n] = it.tokens
             attn[row, :n] = 1
             # response token k sits at index p + k and is predicted at position p + k - 1
-            behavior[row, p - 1 : n - 1] = torch.from_numpy(it.behavior)
-            mask[row, p - 1 : n - 1] = torch.from_numpy(it.mask)
+            behavior[row, p - 1 : n - 1] = it.behavior
+            mask[row, p - 1 : n - 1] = it.mask
             if it.proximal is not None:
-                prox[row, p - 1 : n - 1] = torch.from_numpy(it.proximal)
-        return ids, attn, behavior, prox, mask
+                prox[row, p - 1 : n - 1] = it.proximal
+        return (
+            torch.from_numpy(ids),
+            torch.from_numpy(attn),
+            torch.from_numpy(behavior),
+            torch.from_numpy(prox),
+            torch.from_numpy(mask),
+        )
 
     @staticmethod
     def _first_predicted(items: list) -> int:
