@@ -107,3 +107,62 @@ def test_crash_before_pointer_then_republish_commits_pointer(store, tmp_path):
 def test_info_must_name_version_kind_checksum(store, tmp_path):
     with pytest.raises(ReleaseError, match="weight_checksum"):
         ReleaseStore(store).publish(_export(tmp_path / "e", b"w"), {"version": 1, "kind": "full"})
+
+
+class _GetCounting:
+    """The store, with the keys of every get recorded."""
+
+    def __init__(self, inner):
+        self.inner, self.got = inner, []
+
+    def get(self, key):
+        self.got.append(key)
+        return self.inner.get(key)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_fetch_links_the_files_the_served_copy_shares_and_downloads_the_rest(store, tmp_path):
+    counting = _GetCounting(store)
+    rs = ReleaseStore(counting)
+    for v, w in ((1, b"w1"), (2, b"w2")):
+        rs.publish(
+            _export(tmp_path / f"e{v}", w),
+            {"version": v, "kind": "full", "weight_checksum": w.hex()},
+        )
+    one = rs.fetch(1, tmp_path / "dl1")
+    assert rs.last_fetch["reused_files"] == 0
+    counting.got.clear()
+    two = rs.fetch(2, tmp_path / "dl2", have=("1", one))
+    assert (two / "model.safetensors").read_bytes() == b"w2"
+    assert (two / "config.json").read_text() == "{}"
+    # config.json has the same digest in both manifests: linked, never requested
+    assert (two / "config.json").stat().st_ino == (one / "config.json").stat().st_ino
+    assert "releases/2/config.json" not in counting.got
+    assert "releases/2/model.safetensors" in counting.got
+    assert rs.last_fetch["reused_files"] == 1 and rs.last_fetch["bytes"] == 2
+    # a local copy whose file no longer has its size is not trusted: downloaded again
+    (two / "config.json").unlink()
+    (two / "config.json").write_text("{ }")
+    rs.publish(
+        _export(tmp_path / "e3", b"w3"), {"version": 3, "kind": "full", "weight_checksum": "c"}
+    )
+    counting.got.clear()
+    three = rs.fetch(3, tmp_path / "dl3", have=("2", two))
+    assert "releases/3/config.json" in counting.got
+    assert (three / "config.json").read_text() == "{}"
+    assert rs.last_fetch["reused_files"] == 0
+
+
+def test_a_local_copy_this_store_did_not_fetch_is_never_linked(store, tmp_path):
+    rs = ReleaseStore(store)
+    for v, w in ((1, b"w1"), (2, b"w2")):
+        rs.publish(
+            _export(tmp_path / f"e{v}", w),
+            {"version": v, "kind": "full", "weight_checksum": w.hex()},
+        )
+    other = _export(tmp_path / "elsewhere", b"w1")  # same names, never verified here
+    two = rs.fetch(2, tmp_path / "dl2", have=("1", other))
+    assert rs.last_fetch["reused_files"] == 0
+    assert (two / "config.json").stat().st_ino != (other / "config.json").stat().st_ino

@@ -74,3 +74,45 @@ def test_grpo_learns_sorting_from_the_warm_base(sort_base, tmp_path):
     start, end = np.mean(hist[:10]), np.mean(hist[-10:])
     print(f"rounds={len(hist)} start={start:.3f} end={end:.3f}")
     assert end >= 0.8 or end - start >= 0.3, (start, end, len(hist))
+
+
+def test_rollback_serves_the_weights_from_before_the_last_load(sort_base, tmp_path):
+    """The engine keeps the tensors it last loaded from (no clone) to roll back to: back to
+    the base after the first load, to release 1 after the second, once per load."""
+    from yeto_core.errors import ReleaseError
+
+    releases = ReleaseStore(DirStore(tmp_path / "store"))
+    engine = HFEngine(str(sort_base), seed=1)
+    follower = PolicyFollower(releases, engine, work_dir=tmp_path / "w")
+    be = TorchBackend(str(sort_base), lr=5e-4)
+    be.restore(None)
+    task = SortDigits()
+    base = engine.served_checksum()
+    with pytest.raises(ReleaseError, match="no release was loaded"):
+        engine.rollback()
+    served = []
+    start = 0
+    for v in (1, 2):
+        stepped = 0.0
+        while not stepped:  # until a round has a group with a reward spread
+            stepped = be.train_round(rollout_batch(engine, task, start, 8, 8, v - 1))["stepped"]
+            start += 8
+            assert start < 400, "no round stepped"
+        rel = _publish(be, releases, tmp_path, v)
+        assert follower.poll() == "loaded"
+        served.append(engine.served_checksum())
+        assert served[-1] == rel.weight_checksum
+    assert len({base, *served}) == 3, "a release that did not change the weights"
+    engine.rollback()
+    assert (engine.version, engine.served_checksum()) == (1, served[0])
+    with pytest.raises(ReleaseError, match="no release was loaded"):
+        engine.rollback()
+    fresh = HFEngine(str(sort_base), seed=1)
+    fresh.load_release(follower._current)  # release 2's local copy
+    fresh.rollback()
+    assert (fresh.version, fresh.served_checksum()) == (0, base)
+    # rolled back and loaded again: the kept tensors were not written by the loads
+    fresh.load_release(follower._current)
+    assert fresh.served_checksum() == served[1]
+    fresh.rollback()
+    assert fresh.served_checksum() == base

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Optional
@@ -139,6 +140,22 @@ def download_verified(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     return problems
+
+
+def place_local(src: Path, path: Path, size: int) -> bool:
+    """Link (else copy) the verified local file ``src`` to ``path`` instead of downloading
+    it again; False when ``src`` is gone or no longer has ``size`` bytes."""
+    try:
+        if src.stat().st_size != size:
+            return False
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, path)
+        except OSError:
+            shutil.copyfile(src, path)
+    except OSError:
+        return False
+    return True
 
 
 def delete_dir(store: ObjectStore, key_prefix: str) -> None:

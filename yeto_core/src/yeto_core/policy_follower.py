@@ -306,13 +306,12 @@ class PolicyFollower:
             ``chain``, ``fetched_bytes``, ``fetch_s``); empty for a store without deltas.
         """
         t0 = time.monotonic()
-        if getattr(rel, "encoding", "full") != "delta":
-            self.releases.fetch(rel, dest)
-        else:
-            have = None
-            if self._current is not None and Path(self._current.path).is_dir():
-                have = (self._current.release_id, self._current.path)
-            self.releases.fetch(rel, dest, have=have)
+        # the copy served now: a delta applies to it; a full release links the files it
+        # shares with it (config, tokenizer) instead of downloading them again
+        have = None
+        if self._current is not None and Path(self._current.path).is_dir():
+            have = (self._current.release_id, self._current.path)
+        self.releases.fetch(rel, dest, have=have)
         info = dict(getattr(self.releases, "last_fetch", None) or {})
         if not info:
             return {}
@@ -321,6 +320,7 @@ class PolicyFollower:
             "chain": info.get("chain", []),
             **({"from": info["from"]} if "from" in info else {}),
             "fetched_bytes": info.get("bytes", 0),
+            **({"reused_files": info["reused_files"]} if info.get("reused_files") else {}),
             "fetch_s": round(time.monotonic() - t0, 6),
         }
 

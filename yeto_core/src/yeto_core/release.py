@@ -29,7 +29,13 @@ import attrs
 
 from yeto_core import serde
 from yeto_core.errors import ConfigError, NotFoundError, ReleaseError
-from yeto_core.manifest import MANIFEST_NAME, digest_dir, download_verified, upload_files
+from yeto_core.manifest import (
+    MANIFEST_NAME,
+    digest_dir,
+    download_verified,
+    place_local,
+    upload_files,
+)
 from yeto_core.ports import ObjectStore
 from yeto_core.records import Event, ShardDigest
 from yeto_core.release_delta import (
@@ -140,6 +146,9 @@ class ReleaseStore(DeltaParentKeeping):
         self._parent_stat: list[tuple[str, int, int, int]] = []
         #: what the last :meth:`fetch` did (encoding, chain, bytes downloaded)
         self.last_fetch: dict[str, Any] = {}
+        #: release id -> its files, for the last few full releases this store fetched
+        #: (reading side: a later fetch links the unchanged ones from that local copy)
+        self._verified: dict[str, tuple[ShardDigest, ...]] = {}
         #: what the last :meth:`publish` stored (encoding, bytes, why it was full)
         self.last_publish: dict[str, Any] = {}
         #: this publisher's view of the releases it scanned and wrote
@@ -220,8 +229,10 @@ class ReleaseStore(DeltaParentKeeping):
     ) -> Path:
         """Download a release into ``dest_dir`` and verify every file against its manifest.
 
-        A delta release is rebuilt: from ``have`` (``(release_id, local_dir)``, the copy a
-        follower serves) when the delta chain reaches it, else from the nearest full
+        A full release's files that ``have`` (``(release_id, local_dir)``, the copy a
+        follower serves, fetched full by this store) holds with the same sha256 and size
+        are linked from there instead of downloaded. A delta release is rebuilt: from
+        ``have`` when the delta chain reaches it, else from the nearest full
         release and every delta after it. Every step checks the parent's and the result's
         checksum per tensor and the result's files against the full export's digests.
 
@@ -233,8 +244,16 @@ class ReleaseStore(DeltaParentKeeping):
         rel = self.get(ref)
         dest = Path(dest_dir)
         if rel.encoding != "delta":
-            self._download(rel, dest)
-            self.last_fetch = {"encoding": "full", "chain": [rel.release_id], "bytes": _size(rel)}
+            reused = self._download(rel, dest, self._reusable(rel, have))
+            self._verified = {**self._verified, rel.release_id: rel.files}
+            if len(self._verified) > 4:
+                self._verified.pop(next(iter(self._verified)))
+            self.last_fetch = {
+                "encoding": "full",
+                "chain": [rel.release_id],
+                "bytes": _size(rel) - sum(f.size for f in rel.files if f.name in reused),
+                "reused_files": len(reused),
+            }
             return dest
         if have is None:
             return self._fetch_chain(rel, dest, None)
@@ -308,15 +327,45 @@ class ReleaseStore(DeltaParentKeeping):
         }
         return dest
 
-    def _download(self, rel: Release, dest: Path) -> None:
+    def _reusable(
+        self, rel: Release, have: Optional[tuple[str, str | os.PathLike[str]]]
+    ) -> dict[str, Path]:
+        """Files of ``rel`` the local copy ``have`` already holds: fetched by this store
+        (a full release) and verified then against the same sha256 and size."""
+        if have is None or have[0] not in self._verified:
+            return {}
+        before = {(f.name, f.sha256, f.size) for f in self._verified[have[0]]}
+        return {
+            f.name: Path(have[1]) / f.name
+            for f in rel.files
+            if (f.name, f.sha256, f.size) in before
+        }
+
+    def _download(
+        self, rel: Release, dest: Path, reuse: Optional[dict[str, Path]] = None
+    ) -> set[str]:
+        """Fetch ``rel``'s files into ``dest``: those in ``reuse`` placed from there (while
+        their size holds), the others downloaded and verified. :returns: the names placed."""
         dest.mkdir(parents=True, exist_ok=True)
-        problems = download_verified(self.store, self._dir(rel.release_id), rel.files, dest)
+        reuse = reuse or {}
+        placed = {
+            f.name
+            for f in rel.files
+            if f.name in reuse and place_local(reuse[f.name], dest / f.name, f.size)
+        }
+        problems = download_verified(
+            self.store,
+            self._dir(rel.release_id),
+            [f for f in rel.files if f.name not in placed],
+            dest,
+        )
         if problems:
             raise ReleaseError(
                 f"release {rel.release_id!r} (version {rel.version}) fails its digest check: "
                 + "; ".join(problems)
                 + ". Do not load it; keep serving the previous release."
             )
+        return placed
 
     # -- writing ------------------------------------------------------------------------
 

@@ -83,6 +83,9 @@ class HFEngine(SamplerEngine):
         # (yeto_torch.lean); None: the model is not one it supports, or lean = false
         self.lean = lean_for(self.model) if lean else None
         self._previous: Optional[tuple[int, dict[str, torch.Tensor]]] = None
+        #: the tensors the served weights were copied from (never written after: a load
+        #: copies out of them), so a load keeps them to roll back to instead of a clone
+        self._served: dict[str, torch.Tensor] = self._base
         self.version = 0
         self.seed = int(seed)
         self._calls = 0
@@ -185,9 +188,9 @@ class HFEngine(SamplerEngine):
         """Load ``release`` (``.version`` and ``.path``, a local directory) in place."""
         path = Path(release.path)
         weights = self._weights_of(path)
-        snapshot = (self.version, {n: p.detach().clone() for n, p in self.model.named_parameters()})
+        snapshot = (self.version, self._served)
         self._install(weights)
-        self._previous = snapshot
+        self._previous, self._served = snapshot, weights
         self.version = int(release.version)
 
     def rollback(self) -> None:
@@ -196,6 +199,7 @@ class HFEngine(SamplerEngine):
             raise ReleaseError("rollback: no release was loaded since the engine started")
         version, weights = self._previous
         self._install(weights)
+        self._served = weights
         self.version = version
         self._previous = None
 

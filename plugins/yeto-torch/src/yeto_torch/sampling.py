@@ -108,7 +108,8 @@ def prompt_logprobs(
     the prompts' order; with ``lean``, through the lean forward.
     """
     was_training = model.training
-    model.eval()
+    if was_training:  # a served model is in eval mode already: no walk over its modules
+        model.eval()
     try:
         by_len: dict[int, list[int]] = {}
         for i, p in enumerate(prompts):
@@ -123,4 +124,5 @@ def prompt_logprobs(
                 out[i] = lp[row].tolist()
         return out
     finally:
-        model.train(was_training)
+        if was_training:
+            model.train()
