@@ -250,11 +250,16 @@ def _samples_group(arrays: dict[str, Any], meta: dict[str, str]) -> SampleGroup:
     if routed is not None:
         layers, top_k = (int(x) for x in meta["routed_shape"].split(","))
         r_off = arrays["routed_offsets"]
+    # Python numbers once per group, not a numpy scalar per sample and field
+    offs, plist = [int(x) for x in off.tolist()], [int(x) for x in plens.tolist()]
+    rewards = [float(x) for x in arrays["rewards"].tolist()]
+    versions = [int(x) for x in arrays["weight_versions"].tolist()]
+    codes = [int(x) for x in arrays["status"].tolist()]
     samples = []
     r0 = 0
-    for i in range(len(plens)):
-        t0, t1 = int(off[i]), int(off[i + 1])
-        p = int(plens[i])
+    for i in range(len(plist)):
+        t0, t1 = offs[i], offs[i + 1]
+        p = plist[i]
         r1 = r0 + (t1 - t0 - p)
         experts = None
         if routed is not None and present[i] == "1":
@@ -266,9 +271,9 @@ def _samples_group(arrays: dict[str, Any], meta: dict[str, str]) -> SampleGroup:
                 prompt_len=p,
                 logprobs=logprobs[r0:r1],
                 loss_mask=mask[r0:r1],
-                reward=float(arrays["rewards"][i]),
-                weight_version=int(arrays["weight_versions"][i]),
-                status=STATUS_CODES[int(arrays["status"][i])],
+                reward=rewards[i],
+                weight_version=versions[i],
+                status=STATUS_CODES[codes[i]],
                 routed_experts=experts,
             )
         )
