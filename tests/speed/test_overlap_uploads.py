@@ -4,10 +4,15 @@ before the next ``train`` or ``drain`` returns, and a failed upload fails it."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
+from pathlib import Path
 
 import pytest
+from safetensors.numpy import save_file
 
+from yeto_core import fingerprint
 from yeto_core.cut import CutStore
 from yeto_core.lifecycle import DriverLifecycle, TrainerFailedError
 from yeto_core.records import StopReason
@@ -145,3 +150,101 @@ def test_a_failed_last_upload_fails_the_next_command_before_it_trains(tmp_path):
         lc.train(2)
     assert lc.counters.trained_rounds == trained  # nothing trained after the failure
     assert any(e.kind == "trainer_failed" for e in events)
+
+
+class _WriterBackend(FakeBackend):
+    """Offers release_writer: a copy of the weights now, written on the upload thread.
+    Its fingerprint scores depend on the weights, so one recorded late would differ."""
+
+    vocab_size = 8
+    writer_threads: list[str] = []
+
+    def prompt_logprobs(self, prompts):
+        return [[float(-abs(self.params[0]) - 0.01 * t) for t in p[1:]] for p in prompts]
+
+    def release_writer(self):
+        params, n = self.params.copy(), self.n_params
+
+        def write(out_dir):
+            type(self).writer_threads.append(threading.current_thread().name)
+            d = Path(out_dir)
+            save_file({"params": params}, str(d / "model.safetensors"))
+            (d / "config.json").write_text(json.dumps({"n_params": n}))
+            return {"kind": "full", "weight_checksum": hashlib.sha256(params.tobytes()).hexdigest()}
+
+        return write
+
+
+def _writer_setup(tmp_path, name, *, overlap, backend_cls=_WriterBackend):
+    store = DirStore(tmp_path / name, fsync=False)
+    buf = MemoryBuffer()
+    for i in range(12):
+        buf.append(make_group(i, 0))
+    lc = DriverLifecycle(
+        lambda inc: backend_cls(seed=7),
+        buf,
+        CutStore(store, keep=2),
+        ReleaseStore(store),
+        groups_per_round=2,
+        max_policy_age=100,
+        emit=lambda e: None,
+        workdir=tmp_path / f"{name}-work",
+        overlap_uploads=overlap,
+    )
+    return store, lc
+
+
+def test_a_release_writer_publishes_from_the_upload_thread_what_the_training_thread_would(
+    tmp_path,
+):
+    got = {}
+    for overlap in (False, True):
+        _WriterBackend.writer_threads = []
+        store, lc = _writer_setup(tmp_path, f"w{overlap}", overlap=overlap)
+        lc.start(0)
+        assert lc.train(4) == 4
+        lc.drain(StopReason.FINISHED)
+        rs = ReleaseStore(store)
+        rels = rs.list()
+        got[overlap] = [
+            (
+                r.version,
+                r.weight_checksum,
+                r.info,
+                (
+                    rs.fetch(r, tmp_path / f"f{overlap}-{r.version}") / "model.safetensors"
+                ).read_bytes(),
+            )
+            for r in rels
+        ]
+        lc.release()
+        if overlap:  # rounds 1-4 written on the upload thread; the start's release in place
+            assert len(_WriterBackend.writer_threads) == 4
+            assert all(t.startswith("upload") for t in _WriterBackend.writer_threads)
+        else:
+            assert _WriterBackend.writer_threads == []
+    assert [v for v, *_ in got[True]] == [0, 1, 2, 3, 4]
+    assert all(fingerprint.INFO_KEY in info for _, _, info, _ in got[True])
+    assert (
+        len({json.dumps(i[fingerprint.INFO_KEY], sort_keys=True) for _, _, i, _ in got[True]}) == 5
+    )
+    assert got[True] == got[False]
+
+
+class _BrokenWriter(_WriterBackend):
+    def release_writer(self):
+        write = super().release_writer()
+
+        def broken(out_dir):
+            if self.rounds >= 2:
+                raise OSError(28, "No space left on device")
+            return write(out_dir)
+
+        return broken
+
+
+def test_a_release_writer_that_fails_fails_the_round_after(tmp_path):
+    _, lc = _writer_setup(tmp_path, "wbroken", overlap=True, backend_cls=_BrokenWriter)
+    lc.start(0)
+    with pytest.raises(TrainerFailedError, match="No space left"):
+        lc.train(4)

@@ -99,6 +99,10 @@ class RecordingBackend(TrainerBackend):
     def save_cut(self, out_dir: Path, trigger: Trigger) -> None:
         self.backend.save_cut(out_dir, trigger)
 
+    def release_writer(self) -> Any:
+        offer = getattr(self.backend, "release_writer", None)
+        return offer() if offer is not None else None
+
     def publish_release(self, out_dir: Path) -> ReleaseInfo:
         return ReleaseInfo.coerce(self.backend.publish_release(out_dir))
 

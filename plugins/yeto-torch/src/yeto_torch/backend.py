@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -950,6 +951,21 @@ class TorchBackend(TrainerBackend):
             Path(out_dir),
             dtype=EXPORT_DTYPES[dtype] if dtype else None,
         )
+
+    def release_writer(self) -> Optional[Callable[[Path], dict[str, Any]]]:
+        """A copy of the weights to export now, written by the returned function later
+        (the driver's upload thread); None for LoRA (:meth:`publish_release` then)."""
+        if self.opts["tuning"] == "lora":
+            return None
+        dtype = self.opts.get("export_dtype")
+        dt = EXPORT_DTYPES[dtype] if dtype else None
+        tensors = export.snapshot_full(self.model, dtype=dt)
+        model, base = self.model, self.model_dir
+
+        def write(out_dir: Path) -> dict[str, Any]:
+            return export.write_full(tensors, model, base, Path(out_dir), dtype=dt)
+
+        return write
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Every trainable parameter and AdamW tensor (for bitwise comparisons in tests)."""

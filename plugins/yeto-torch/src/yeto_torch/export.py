@@ -51,10 +51,31 @@ def export_full(
     :param dtype: the serving dtype the weights are written in (None: the model's). The
         trainer keeps its float32 masters; a delta release is made from these bytes.
     """
+    return write_full(snapshot_full(model, dtype=dtype), model, base_dir, out_dir, dtype=dtype)
+
+
+def snapshot_full(
+    model: torch.nn.Module, *, dtype: Optional[torch.dtype] = None
+) -> dict[str, torch.Tensor]:
+    """The weights a full export of ``model`` writes now (LoRA merged in, in ``dtype``),
+    as copies on the host that no later training step writes."""
+    named = lora_mod.merged_named_parameters(model)
+    return {n: t.detach().to("cpu").to(dtype or t.dtype).contiguous().clone() for n, t in named}
+
+
+def write_full(
+    tensors: dict[str, torch.Tensor],
+    model: torch.nn.Module,
+    base_dir: Path,
+    out_dir: Path,
+    *,
+    dtype: Optional[torch.dtype] = None,
+) -> dict[str, Any]:
+    """Write the full export of ``tensors`` (:func:`snapshot_full`) into ``out_dir``: the
+    weights, then ``model``'s config and the base's tokenizer files (which training never
+    changes; written once per model and dtype, then as the same bytes)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    named = lora_mod.merged_named_parameters(model)
-    tensors = {n: t.detach().to("cpu").to(dtype or t.dtype).contiguous().clone() for n, t in named}
     save_file(tensors, str(out_dir / WEIGHTS), metadata={"format": "pt"})
     key = (str(Path(base_dir).resolve()), str(dtype))
     side = _SIDE_FILES.get(model, {}).get(key)

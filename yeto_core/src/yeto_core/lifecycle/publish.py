@@ -25,20 +25,31 @@ class DriverPublishing:
         """Export this round's release and commit it to the release store.
 
         ``overlap``: the upload (files, manifest, pointer) runs on a background thread
-        while the next round is read and trained; the export and the fingerprint, which
-        need the weights, stay here. At most one upload is pending; every wait point
-        (the next publication, the end of :meth:`train`, :meth:`drain`) waits for it and
-        raises its error, so when ``train`` returns every trained round is published, as
-        without overlap.
+        while the next round is read and trained; the fingerprint, which needs the
+        weights, stays here, and so does the export unless the backend offers a
+        :meth:`~yeto_core.ports.TrainerBackend.release_writer` (a copy of the weights
+        taken here, written to files on that thread). At most one upload is pending;
+        every wait point (the next publication, the end of :meth:`train`, :meth:`drain`)
+        waits for it and raises its error, so when ``train`` returns every trained round
+        is published, as without overlap.
         """
         if self.releases is None:
             return
         assert self.backend is not None
         self._wait_upload()
         out = self._scratch(f"release-{self.counters.policy_version}")
-        with stage("trainer.publish.export"):
-            info = ReleaseInfo.coerce(self.backend.publish_release(out)).as_dict()
+        writer = None
+        if overlap:
+            offer = getattr(self.backend, "release_writer", None)  # optional (duck-typed)
+            if offer is not None:
+                with stage("trainer.publish.snapshot"):
+                    writer = offer()
+        info: dict[str, Any] = {}
+        if writer is None:
+            with stage("trainer.publish.export"):
+                info = ReleaseInfo.coerce(self.backend.publish_release(out)).as_dict()
         if fingerprint.INFO_KEY not in info:
+            # scored under the weights of this moment (the next round changes them)
             with stage("trainer.publish.fingerprint"):
                 recorded = fingerprint.for_backend(self.backend)
             if recorded is not None:
@@ -50,12 +61,25 @@ class DriverPublishing:
                 from concurrent.futures import ThreadPoolExecutor
 
                 self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
-            self._upload_pending = self._uploader.submit(self._upload, out, info)
+            self._upload_pending = self._uploader.submit(self._upload, out, info, writer)
         else:
             self._upload(out, info)
 
-    def _upload(self, out: Path, info: dict[str, Any]) -> None:
+    def _upload(self, out: Path, info: dict[str, Any], writer: Any = None) -> None:
+        """Commit the release in ``out`` (first written there by ``writer``, the backend's
+        :meth:`~yeto_core.ports.TrainerBackend.release_writer`, when given)."""
         assert self.releases is not None
+        if writer is not None:
+            with stage("trainer.publish.export"):
+                written = ReleaseInfo.coerce(writer(out)).as_dict()
+            # merged as publish_release's info is: the driver's version always; its
+            # watermark and recorded fingerprint where the backend has none of its own
+            merged = dict(written)
+            merged["version"] = info["version"]
+            merged.setdefault("buffer_watermark", info["buffer_watermark"])
+            if fingerprint.INFO_KEY in info:
+                merged.setdefault(fingerprint.INFO_KEY, info[fingerprint.INFO_KEY])
+            info = merged
         with stage("trainer.publish.upload"):
             rel = self.releases.publish(out, info)
         shutil.rmtree(out, ignore_errors=True)

@@ -312,6 +312,19 @@ class TrainerBackend(Port):
         (:meth:`ReleaseInfo.coerce`).
         """
 
+    def release_writer(self) -> Optional[Callable[[Path], ReleaseInfo]]:
+        """Optional: this moment's release, to be written later, on another thread.
+
+        Returns a function of ``out_dir`` that writes exactly the files
+        :meth:`publish_release` would write now and returns what it would return, even
+        after later rounds changed the weights (it holds its own copy of them, and shares
+        nothing a round writes). A driver that uploads releases on a background thread
+        (``overlap_uploads``) then writes them there, so the training thread only copies
+        the weights. The default, None: :meth:`publish_release` writes the release on the
+        training thread.
+        """
+        return None
+
     # -- optional: the policy fingerprint ---------------------------------------------
 
     #: The vocabulary size of the trained model (None: unknown; then no fingerprint).

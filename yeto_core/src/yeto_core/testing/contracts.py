@@ -347,6 +347,33 @@ class TrainerBackendContract:
         got = ReleaseInfo.coerce(b.publish_release(tmp_path / "rb"))
         assert got.weight_checksum == ref.weight_checksum
 
+    def test_a_release_writer_writes_what_publish_release_wrote_then(self, make_backend, tmp_path):
+        b = make_backend()
+        b.restore(None)
+        b.train_round(self.batch(0))
+        offer = getattr(b, "release_writer", None)
+        writer = offer() if offer is not None else None
+        if writer is None:
+            pytest.skip("this backend writes its releases in publish_release only")
+        now = tmp_path / "now"
+        now.mkdir()
+        ref = ReleaseInfo.coerce(b.publish_release(now)).as_dict()
+        b.train_round(self.batch(1))  # the weights change after the copy was taken
+        after = tmp_path / "after"
+        after.mkdir()
+        changed = ReleaseInfo.coerce(b.publish_release(after))
+        assert changed.weight_checksum != ref["weight_checksum"], "the round changed nothing"
+        later = tmp_path / "later"
+        later.mkdir()
+        got = ReleaseInfo.coerce(writer(later)).as_dict()
+        assert got == ref
+        names = sorted(p.relative_to(now).as_posix() for p in now.rglob("*") if p.is_file())
+        assert names == sorted(
+            p.relative_to(later).as_posix() for p in later.rglob("*") if p.is_file()
+        )
+        for name in names:
+            assert (later / name).read_bytes() == (now / name).read_bytes(), name
+
 
 #: The contract class of every port.
 CONTRACTS: dict[type[ports.Port], type] = {
