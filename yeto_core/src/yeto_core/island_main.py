@@ -100,8 +100,7 @@ class RecordingBackend(TrainerBackend):
         self.backend.save_cut(out_dir, trigger)
 
     def release_writer(self) -> Any:
-        offer = getattr(self.backend, "release_writer", None)
-        return offer() if offer is not None else None
+        return self.backend.release_writer()
 
     def publish_release(self, out_dir: Path) -> ReleaseInfo:
         return ReleaseInfo.coerce(self.backend.publish_release(out_dir))

@@ -40,10 +40,8 @@ class DriverPublishing:
         out = self._scratch(f"release-{self.counters.policy_version}")
         writer = None
         if overlap:
-            offer = getattr(self.backend, "release_writer", None)  # optional (duck-typed)
-            if offer is not None:
-                with stage("trainer.publish.snapshot"):
-                    writer = offer()
+            with stage("trainer.publish.snapshot"):
+                writer = self.backend.release_writer()
         info: dict[str, Any] = {}
         if writer is None:
             with stage("trainer.publish.export"):
