@@ -21,14 +21,14 @@ from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import FakeBackend, MemoryBuffer, make_group
 
 
-def _setup(tmp_path, name, *, overlap, releases_cls=ReleaseStore):
+def _setup(tmp_path, name, *, overlap, releases_cls=ReleaseStore, backend_cls=FakeBackend):
     store = DirStore(tmp_path / name, fsync=False)
     buf = MemoryBuffer()
     for i in range(12):
         buf.append(make_group(i, 0))
     events = []
     lc = DriverLifecycle(
-        lambda inc: FakeBackend(seed=7),
+        lambda inc: backend_cls(seed=7),
         buf,
         CutStore(store, keep=2),
         releases_cls(store),
@@ -175,32 +175,13 @@ class _WriterBackend(FakeBackend):
         return write
 
 
-def _writer_setup(tmp_path, name, *, overlap, backend_cls=_WriterBackend):
-    store = DirStore(tmp_path / name, fsync=False)
-    buf = MemoryBuffer()
-    for i in range(12):
-        buf.append(make_group(i, 0))
-    lc = DriverLifecycle(
-        lambda inc: backend_cls(seed=7),
-        buf,
-        CutStore(store, keep=2),
-        ReleaseStore(store),
-        groups_per_round=2,
-        max_policy_age=100,
-        emit=lambda e: None,
-        workdir=tmp_path / f"{name}-work",
-        overlap_uploads=overlap,
-    )
-    return store, lc
-
-
 def test_a_release_writer_publishes_from_the_upload_thread_what_the_training_thread_would(
     tmp_path,
 ):
     got = {}
     for overlap in (False, True):
         _WriterBackend.writer_threads = []
-        store, lc = _writer_setup(tmp_path, f"w{overlap}", overlap=overlap)
+        store, lc, _ = _setup(tmp_path, f"w{overlap}", overlap=overlap, backend_cls=_WriterBackend)
         lc.start(0)
         assert lc.train(4) == 4
         lc.drain(StopReason.FINISHED)
@@ -244,7 +225,7 @@ class _BrokenWriter(_WriterBackend):
 
 
 def test_a_release_writer_that_fails_fails_the_round_after(tmp_path):
-    _, lc = _writer_setup(tmp_path, "wbroken", overlap=True, backend_cls=_BrokenWriter)
+    _, lc, _ = _setup(tmp_path, "wbroken", overlap=True, backend_cls=_BrokenWriter)
     lc.start(0)
     with pytest.raises(TrainerFailedError, match="No space left"):
         lc.train(4)

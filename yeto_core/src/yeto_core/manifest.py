@@ -142,6 +142,15 @@ def download_verified(
     return problems
 
 
+def link_or_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """A hard link ``dst`` to ``src``, else (another device, no hard links on this file
+    system) a copy with its metadata."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
 def place_local(src: Path, path: Path, size: int) -> bool:
     """Link (else copy) the verified local file ``src`` to ``path`` instead of downloading
     it again; False when ``src`` is gone or no longer has ``size`` bytes."""
@@ -149,10 +158,7 @@ def place_local(src: Path, path: Path, size: int) -> bool:
         if src.stat().st_size != size:
             return False
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(src, path)
-        except OSError:
-            shutil.copyfile(src, path)
+        link_or_copy(src, path)
     except OSError:
         return False
     return True

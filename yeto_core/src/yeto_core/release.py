@@ -245,9 +245,9 @@ class ReleaseStore(DeltaParentKeeping):
         dest = Path(dest_dir)
         if rel.encoding != "delta":
             reused = self._download(rel, dest, self._reusable(rel, have))
-            self._verified = {**self._verified, rel.release_id: rel.files}
-            if len(self._verified) > 4:
-                self._verified.pop(next(iter(self._verified)))
+            self._verified[rel.release_id] = rel.files
+            if len(self._verified) > 4:  # the oldest goes
+                del self._verified[next(iter(self._verified))]
             self.last_fetch = {
                 "encoding": "full",
                 "chain": [rel.release_id],

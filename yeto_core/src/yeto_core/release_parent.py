@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
+from yeto_core.manifest import link_or_copy
 from yeto_core.release_delta import weights_bytes
 
 
@@ -63,18 +64,11 @@ class DeltaParentKeeping:
         # hard links where the file system allows (the export is not read or written again),
         # else a copy; what each kept file looked like is recorded, and a kept copy that
         # changed since (a caller rewriting its export in place) is never a delta's parent
-        shutil.copytree(src, keep, copy_function=_link_or_copy)
+        shutil.copytree(src, keep, copy_function=link_or_copy)
         if self._parent is not None and self._parent[1] != keep:
             shutil.rmtree(self._parent[1], ignore_errors=True)  # one parent copy at a time
         self._parent = (rel, keep)
         self._parent_stat = _stat_dir(keep)
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:  # another device, no hard links on this file system
-        shutil.copy2(src, dst)
 
 
 def _stat_dir(d: Path) -> list[tuple[str, int, int, int]]:

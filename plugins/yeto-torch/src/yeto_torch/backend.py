@@ -944,12 +944,8 @@ class TorchBackend(TrainerBackend):
             return export.export_lora(
                 self.model, self.model_dir, Path(out_dir), base_checksum=self.base_checksum
             )
-        dtype = self.opts.get("export_dtype")
         return export.export_full(
-            self.model,
-            self.model_dir,
-            Path(out_dir),
-            dtype=EXPORT_DTYPES[dtype] if dtype else None,
+            self.model, self.model_dir, Path(out_dir), dtype=self._export_dtype()
         )
 
     def release_writer(self) -> Optional[Callable[[Path], dict[str, Any]]]:
@@ -957,8 +953,7 @@ class TorchBackend(TrainerBackend):
         (the driver's upload thread); None for LoRA (:meth:`publish_release` then)."""
         if self.opts["tuning"] == "lora":
             return None
-        dtype = self.opts.get("export_dtype")
-        dt = EXPORT_DTYPES[dtype] if dtype else None
+        dt = self._export_dtype()
         tensors = export.snapshot_full(self.model, dtype=dt)
         model, base = self.model, self.model_dir
 
@@ -966,6 +961,11 @@ class TorchBackend(TrainerBackend):
             return export.write_full(tensors, model, base, Path(out_dir), dtype=dt)
 
         return write
+
+    def _export_dtype(self) -> Optional[torch.dtype]:
+        """The dtype a full export writes its weights in (None: the model's own)."""
+        dtype = self.opts.get("export_dtype")
+        return EXPORT_DTYPES[dtype] if dtype else None
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Every trainable parameter and AdamW tensor (for bitwise comparisons in tests)."""

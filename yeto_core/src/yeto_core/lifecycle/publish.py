@@ -42,18 +42,21 @@ class DriverPublishing:
         if overlap:
             with stage("trainer.publish.snapshot"):
                 writer = self.backend.release_writer()
-        info: dict[str, Any] = {}
+        written: dict[str, Any] = {}
         if writer is None:
             with stage("trainer.publish.export"):
-                info = ReleaseInfo.coerce(self.backend.publish_release(out)).as_dict()
-        if fingerprint.INFO_KEY not in info:
+                written = ReleaseInfo.coerce(self.backend.publish_release(out)).as_dict()
+        driver: dict[str, Any] = {
+            "version": self.counters.policy_version,
+            "buffer_watermark": self.counters.buffer_watermark,
+        }
+        if fingerprint.INFO_KEY not in written:
             # scored under the weights of this moment (the next round changes them)
             with stage("trainer.publish.fingerprint"):
                 recorded = fingerprint.for_backend(self.backend)
             if recorded is not None:
-                info[fingerprint.INFO_KEY] = recorded.to_json()
-        info["version"] = self.counters.policy_version
-        info.setdefault("buffer_watermark", self.counters.buffer_watermark)
+                driver[fingerprint.INFO_KEY] = recorded.to_json()
+        info = driver if writer is not None else _with_driver_keys(written, driver)
         if overlap:
             if self._uploader is None:
                 from concurrent.futures import ThreadPoolExecutor
@@ -67,17 +70,10 @@ class DriverPublishing:
         """Commit the release in ``out`` (first written there by ``writer``, the backend's
         :meth:`~yeto_core.ports.TrainerBackend.release_writer`, when given)."""
         assert self.releases is not None
-        if writer is not None:
+        if writer is not None:  # ``info`` holds the driver's keys only
             with stage("trainer.publish.export"):
                 written = ReleaseInfo.coerce(writer(out)).as_dict()
-            # merged as publish_release's info is: the driver's version always; its
-            # watermark and recorded fingerprint where the backend has none of its own
-            merged = dict(written)
-            merged["version"] = info["version"]
-            merged.setdefault("buffer_watermark", info["buffer_watermark"])
-            if fingerprint.INFO_KEY in info:
-                merged.setdefault(fingerprint.INFO_KEY, info[fingerprint.INFO_KEY])
-            info = merged
+            info = _with_driver_keys(written, info)
         with stage("trainer.publish.upload"):
             rel = self.releases.publish(out, info)
         shutil.rmtree(out, ignore_errors=True)
@@ -94,3 +90,14 @@ class DriverPublishing:
         if pending is not None:
             with stage("trainer.publish.wait_upload"):
                 pending.result()
+
+
+def _with_driver_keys(written: dict[str, Any], driver: dict[str, Any]) -> dict[str, Any]:
+    """The backend's release info plus the driver's keys: its ``version`` always, its
+    ``buffer_watermark`` and recorded fingerprint where the backend set none of its own."""
+    out = dict(written)
+    out["version"] = driver["version"]
+    for key in ("buffer_watermark", fingerprint.INFO_KEY):
+        if key in driver:
+            out.setdefault(key, driver[key])
+    return out
