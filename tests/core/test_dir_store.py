@@ -335,3 +335,85 @@ def test_versions_written_before_shards_are_read_and_stay_taken(tmp_path):
         v = store.put_if_match("k", b"n%d" % i, v)
     assert (cdir / f"{7:012d}").stat().st_size == 0  # dropped in place, its number taken
     assert store._create_version("k", tmp_path / "s" / "k", 7, b"x") is False
+
+
+# -- put_files: a handed-over file becomes the object (hard link) ---------------------------
+
+
+def _handed(tmp_path, name="model.safetensors", data=b"w" * 4096):
+    src = tmp_path / "scratch"
+    src.mkdir(exist_ok=True)
+    (src / name).write_bytes(data)
+    os.chmod(src / name, 0o600)  # as an export may leave it
+    return src / name
+
+
+def test_put_files_links_the_file_into_place_after_fsyncing_it(tmp_path, monkeypatch):
+    from yeto_core.stores import dir_store
+    from yeto_core.stores.files import FILE_MODE
+
+    store = DirStore(tmp_path / "s")
+    src = _handed(tmp_path)
+    synced: list[int] = []
+    real = dir_store._fsync_all
+    monkeypatch.setattr(
+        dir_store,
+        "_fsync_all",
+        lambda fds: (synced.extend(os.fstat(f).st_ino for f in fds), real(fds)),
+    )
+    store.put_files([("rel/1/model.safetensors", src)])
+    obj = tmp_path / "s" / "rel" / "1" / "model.safetensors"
+    assert obj.stat().st_ino == src.stat().st_ino  # the file itself: no copy written
+    assert synced == [src.stat().st_ino]  # its bytes durable before its name
+    assert obj.stat().st_mode & 0o777 == FILE_MODE  # the mode every stored object has
+    src.unlink()  # the caller removes its scratch name: the object stays
+    assert store.get("rel/1/model.safetensors") == b"w" * 4096
+    assert not [n for n in os.listdir(obj.parent) if ".tmp-" in n]
+
+
+def test_put_files_replaces_an_object_already_there(tmp_path):
+    store = DirStore(tmp_path / "s")
+    store.put("rel/1/config.json", b"old")
+    src = _handed(tmp_path, "config.json", b"new")
+    store.put_files([("rel/1/config.json", src)])
+    assert store.get("rel/1/config.json") == b"new"
+    assert (tmp_path / "s" / "rel" / "1" / "config.json").stat().st_ino == src.stat().st_ino
+    assert not [n for n in os.listdir(tmp_path / "s" / "rel" / "1") if ".tmp-" in n]
+
+
+def test_put_files_copies_a_file_with_other_names(tmp_path):
+    """A file the caller also keeps under another name (a link it may write through) is
+    copied: the object must not change with it."""
+    store = DirStore(tmp_path / "s")
+    src = _handed(tmp_path)
+    os.link(src, tmp_path / "kept")
+    store.put_files([("rel/1/model.safetensors", src)])
+    obj = tmp_path / "s" / "rel" / "1" / "model.safetensors"
+    assert obj.stat().st_ino != src.stat().st_ino
+    (tmp_path / "kept").write_bytes(b"changed in place")
+    assert store.get("rel/1/model.safetensors") == b"w" * 4096
+
+
+def test_put_files_copies_what_the_file_system_will_not_link(tmp_path, monkeypatch):
+    import errno
+
+    store = DirStore(tmp_path / "s")
+    src = _handed(tmp_path)
+
+    def cross_device(a, b, *args, **kw):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", cross_device)
+    store.put_files([("rel/1/model.safetensors", src)])
+    monkeypatch.undo()
+    obj = tmp_path / "s" / "rel" / "1" / "model.safetensors"
+    assert obj.stat().st_ino != src.stat().st_ino
+    assert store.get("rel/1/model.safetensors") == b"w" * 4096
+
+
+def test_put_files_refuses_a_key_that_is_a_prefix(tmp_path):
+    store = DirStore(tmp_path / "s")
+    store.put("rel/1/x/y", b"deeper")
+    with pytest.raises(StoreError, match="prefix"):
+        store.put_files([("rel/1/x", _handed(tmp_path))])
+    assert store.get("rel/1/x/y") == b"deeper"

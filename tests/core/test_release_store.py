@@ -164,3 +164,21 @@ def test_a_local_copy_this_store_did_not_fetch_is_never_linked(store, tmp_path):
     two = rs.fetch(2, tmp_path / "dl2", have=("1", other))
     assert rs.last_fetch["reused_files"] == 0
     assert (two / "config.json").stat().st_ino != (other / "config.json").stat().st_ino
+
+
+def test_a_handed_over_export_is_stored_as_itself_and_any_other_is_copied(store, tmp_path):
+    """``handoff=True`` (the driver's scratch export, removed right after): the store keeps
+    the export's files themselves (the dir store links them: no second copy written);
+    without it the caller keeps its files to change as it likes, so they are copied."""
+    rs = ReleaseStore(store)
+    kept = _export(tmp_path / "kept", b"w1")
+    rs.publish(kept, {"version": 1, "kind": "full", "weight_checksum": "a"})
+    handed = _export(tmp_path / "handed", b"w2")
+    rs.publish(handed, {"version": 2, "kind": "full", "weight_checksum": "b"}, handoff=True)
+    root = tmp_path / "store" / "releases"
+    for name in ("config.json", "model.safetensors"):
+        assert (root / "1" / name).stat().st_ino != (kept / name).stat().st_ino
+        assert (root / "2" / name).stat().st_ino == (handed / name).stat().st_ino
+    (kept / "model.safetensors").write_bytes(b"the caller's own file, changed")
+    assert (rs.fetch(1, tmp_path / "dl1") / "model.safetensors").read_bytes() == b"w1"
+    assert (rs.fetch(2, tmp_path / "dl2") / "model.safetensors").read_bytes() == b"w2"

@@ -62,10 +62,10 @@ class _SlowReleases(ReleaseStore):
     gate = threading.Event()
     trained_while_uploading = False
 
-    def publish(self, local_dir, info):
+    def publish(self, local_dir, info, **kw):
         if info["version"] == 1:
             type(self).gate.wait(30)
-        return super().publish(local_dir, info)
+        return super().publish(local_dir, info, **kw)
 
 
 def test_the_next_round_trains_while_the_upload_runs(tmp_path, monkeypatch):
@@ -89,10 +89,10 @@ def test_the_next_round_trains_while_the_upload_runs(tmp_path, monkeypatch):
 
 
 class _BrokenReleases(ReleaseStore):
-    def publish(self, local_dir, info):
+    def publish(self, local_dir, info, **kw):
         if info["version"] == 2:
             raise OSError(28, "No space left on device")
-        return super().publish(local_dir, info)
+        return super().publish(local_dir, info, **kw)
 
 
 def test_a_failed_background_upload_fails_the_round(tmp_path):
@@ -108,10 +108,10 @@ class _GatedLastRelease(ReleaseStore):
 
     gate = threading.Event()
 
-    def publish(self, local_dir, info):
+    def publish(self, local_dir, info, **kw):
         if info["version"] == 2:
             assert type(self).gate.wait(30)
-        return super().publish(local_dir, info)
+        return super().publish(local_dir, info, **kw)
 
 
 def test_train_answers_while_its_last_upload_runs_and_drain_waits_for_it(tmp_path):
@@ -134,10 +134,10 @@ def test_train_answers_while_its_last_upload_runs_and_drain_waits_for_it(tmp_pat
 
 
 class _BrokenLastRelease(ReleaseStore):
-    def publish(self, local_dir, info):
+    def publish(self, local_dir, info, **kw):
         if info["version"] == 2:
             raise OSError(28, "No space left on device")
-        return super().publish(local_dir, info)
+        return super().publish(local_dir, info, **kw)
 
 
 def test_a_failed_last_upload_fails_the_next_command_before_it_trains(tmp_path):
@@ -229,3 +229,28 @@ def test_a_release_writer_that_fails_fails_the_round_after(tmp_path):
     lc.start(0)
     with pytest.raises(TrainerFailedError, match="No space left"):
         lc.train(4)
+
+
+class _HandoffRecording(ReleaseStore):
+    handoffs: list = []
+
+    def publish(self, local_dir, info, **kw):
+        type(self).handoffs.append((Path(local_dir).name, kw.get("handoff", False)))
+        return super().publish(local_dir, info, **kw)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_driver_hands_its_scratch_export_to_the_release_store(tmp_path, overlap):
+    """The export dir is the driver's scratch, removed after the upload: the store may keep
+    its files themselves (no second copy written per round)."""
+    _HandoffRecording.handoffs = []
+    store, lc, _ = _setup(tmp_path, f"h{overlap}", overlap=overlap, releases_cls=_HandoffRecording)
+    lc.start(0)
+    assert lc.train(2) == 2
+    lc.drain(StopReason.FINISHED)
+    assert [h for _, h in _HandoffRecording.handoffs] == [True, True, True]  # v0, v1, v2
+    assert not any(
+        (tmp_path / f"h{overlap}-work" / n).exists() for n, _ in _HandoffRecording.handoffs
+    )
+    assert ReleaseStore(store).latest().version == 2
+    lc.release()

@@ -289,6 +289,10 @@ class LeasedStore(ObjectStore):
         self._guard()
         self.inner.put_many(items)
 
+    def put_files(self, items: list[tuple[str, Path]]) -> None:
+        self._guard()
+        self.inner.put_files(items)
+
     def put_many_if_absent(self, items: list[tuple[str, bytes]]) -> list[bool]:
         self._guard()
         return self.inner.put_many_if_absent(items)

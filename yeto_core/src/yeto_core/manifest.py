@@ -74,13 +74,21 @@ def upload_files(
     key_prefix: str,
     local_dir: str | os.PathLike[str],
     files: Iterable[ShardDigest],
+    *,
+    handoff: bool = False,
 ) -> None:
     """Step 1 of the protocol: put every file of ``local_dir`` under ``key_prefix/``.
 
     One ``put_many``: every file is durable when it returns (the manifest, step 2,
-    is written only after), and the ``dir`` store syncs them together.
+    is written only after), and the ``dir`` store syncs them together. ``handoff``:
+    the caller never changes these files again (a scratch export), so the store may
+    keep the files themselves (``put_files``: the ``dir`` store hard-links them)
+    instead of a copy of their bytes.
     """
     root = Path(local_dir)
+    if handoff:
+        store.put_files([(f"{key_prefix}/{f.name}", root / f.name) for f in files])
+        return
     store.put_many([(f"{key_prefix}/{f.name}", (root / f.name).read_bytes()) for f in files])
 
 

@@ -369,12 +369,17 @@ class ReleaseStore(DeltaParentKeeping):
 
     # -- writing ------------------------------------------------------------------------
 
-    def publish(self, local_dir: str | os.PathLike[str], info: Mapping[str, Any]) -> Release:
+    def publish(
+        self, local_dir: str | os.PathLike[str], info: Mapping[str, Any], *, handoff: bool = False
+    ) -> Release:
         """Commit the files of ``local_dir`` as a release.
 
         :param info: ``version`` (int), ``kind`` and ``weight_checksum`` (what the backend's
             ``publish_release`` returned plus the driver's version); other keys go to
             ``Release.info``.
+        :param handoff: the caller never changes ``local_dir``'s files again (the driver's
+            scratch export): the store may keep the files themselves, not a copy (the
+            ``dir`` store hard-links them, :meth:`~yeto_core.ports.ObjectStore.put_files`).
         :returns: the committed release (the existing one for a republication).
         """
         missing = [k for k in ("version", "kind", "weight_checksum") if k not in info]
@@ -456,7 +461,14 @@ class ReleaseStore(DeltaParentKeeping):
             delta=delta,
             result_files=files,
         )
-        upload_files(self.store, self._dir(release_id), upload_dir, stored)
+        # a delta's files are this store's own scratch: always handed over
+        upload_files(
+            self.store,
+            self._dir(release_id),
+            upload_dir,
+            stored,
+            handoff=handoff or upload_dir != Path(local_dir),
+        )
         if upload_dir != Path(local_dir):
             shutil.rmtree(upload_dir, ignore_errors=True)
         manifest_key = f"{self._dir(release_id)}/{MANIFEST_NAME}"

@@ -75,7 +75,7 @@ class DriverPublishing:
                 written = ReleaseInfo.coerce(writer(out)).as_dict()
             info = _with_driver_keys(written, info)
         with stage("trainer.publish.upload"):
-            rel = self.releases.publish(out, info)
+            rel = self.releases.publish(out, info, handoff=True)  # out is removed next
         shutil.rmtree(out, ignore_errors=True)
         self._event(
             "trainer_published",

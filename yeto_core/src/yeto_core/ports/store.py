@@ -217,6 +217,16 @@ class ObjectStore(Port):
         for k, d in items:
             self.put(k, d)
 
+    def put_files(self, items: list[tuple[str, Path]]) -> None:
+        """:meth:`put_many` of local files: ``(key, path)`` each, all durable on return.
+
+        The caller hands the files over: it must not change them afterwards, because
+        a store may keep a file itself instead of a copy of its bytes (the ``dir``
+        store hard-links a file on its own file system into place). Default: their
+        bytes through :meth:`put_many`.
+        """
+        self.put_many([(k, Path(p).read_bytes()) for k, p in items])
+
     def put_many_if_absent(self, items: list[tuple[str, bytes]]) -> list[bool]:
         """:meth:`put_if_absent` of each ``(key, data)``; whether each call created its key.
 

@@ -36,6 +36,7 @@ from yeto_core.stores.dir_cas import (  # noqa: F401 - re-exported
     DirCompareAndSwap,
     _unlink_quietly,
 )
+from yeto_core.stores.files import FILE_MODE
 from yeto_core.stores.files import mkstemp as _mkstemp
 from yeto_core.stores.fsync import fsync_dir
 from yeto_core.stores.keys import check_key, check_prefix
@@ -285,6 +286,56 @@ class DirStore(DirCompareAndSwap, ObjectStore):
         for d in sorted({path.parent for _, path, _, _ in staged}):
             fsync_dir(d)
 
+    def put_files(self, items: list[tuple[str, Path]]) -> None:
+        """:meth:`put_many` of local files, **hard-linked** into place: no copy is written.
+
+        Every file is fsynced first (concurrently; its mode set to the store's
+        :data:`~yeto_core.stores.files.FILE_MODE`), then linked to its key (over an
+        existing object: linked to a temporary name and renamed, so a reader sees the
+        old object or the new one), and each directory that got a name is fsynced
+        once. A file this store cannot link (on another file system, links refused)
+        or that has other names (a link the caller kept elsewhere) or another owner is
+        copied, as :meth:`put_many` does. The caller hands the files over: a linked file
+        *is* the object, so changing it afterwards would change the object.
+        """
+        if len({k for k, _ in items}) < len(items):
+            super().put_files(items)  # a key twice: put in order, the last one wins
+            return
+        linkable: list[tuple[str, Path, str]] = []
+        copies: list[tuple[str, Path]] = []
+        fds: list[int] = []
+        try:
+            for key, src in items:
+                path = self._path(key)
+                self._ensure_parent(key, path)
+                self._refuse_prefix_dir(key, path)
+                fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+                st = os.fstat(fd)
+                if st.st_nlink != 1 or not stat.S_ISREG(st.st_mode) or st.st_uid != _EUID:
+                    os.close(fd)
+                    copies.append((key, Path(src)))
+                    continue
+                fds.append(fd)
+                if stat.S_IMODE(st.st_mode) != FILE_MODE:
+                    os.fchmod(fd, FILE_MODE)
+                linkable.append((key, path, os.fspath(src)))
+            if self.fsync:
+                _fsync_all(fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        dirs: set[Path] = set()
+        for key, path, src in linkable:
+            if _link_over(src, path):
+                dirs.add(path.parent)
+            else:
+                copies.append((key, Path(src)))
+        if self.fsync:
+            for d in sorted(dirs):
+                fsync_dir(d)
+        if copies:
+            self.put_many([(k, p.read_bytes()) for k, p in copies])
+
     def put_many_if_absent(self, items: list[tuple[str, bytes]]) -> list[bool]:
         """:meth:`put_if_absent` of several objects, synced together.
 
@@ -440,6 +491,44 @@ class DirStore(DirCompareAndSwap, ObjectStore):
             ) from None
         if self.fsync:
             fsync_dir(path.parent)
+
+
+_EUID = os.geteuid()
+#: errors of ``link`` that mean "this file system will not link it here": copy instead
+_NO_LINK = (errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK)
+
+
+def _link_over(src: str, path: Path) -> bool:
+    """Hard-link ``src`` to ``path``, atomically over an object already there (a link to a
+    temporary name, renamed); False when the file system refuses the link (copy instead)."""
+    try:
+        os.link(src, path)
+        return True
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        if exc.errno in _NO_LINK:
+            return False
+        raise
+    tmp = path.parent / f".{path.name}{_TMP_MARK}{os.urandom(4).hex()}"
+    try:
+        os.link(src, tmp)
+    except OSError as exc:
+        if exc.errno in _NO_LINK:
+            return False
+        raise
+    try:
+        os.replace(tmp, path)
+    except IsADirectoryError:
+        _unlink_quietly(tmp)
+        raise StoreError(
+            f"cannot write {path}: it is a prefix of other objects "
+            "(a dir store cannot hold both 'a' and 'a/b')"
+        ) from None
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    return True
 
 
 def _fsync_all(fds: list[int]) -> None:

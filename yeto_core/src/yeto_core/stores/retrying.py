@@ -208,6 +208,10 @@ class RetryingStore(ObjectStore):
     def put_many(self, items: list[tuple[str, bytes]]) -> None:
         self._retry("put_many", items[0][0] if items else "", lambda: self.inner.put_many(items))
 
+    def put_files(self, items: list[tuple[str, Path]]) -> None:
+        # retried whole, like put_many (the files are still there to put again)
+        self._retry("put_files", items[0][0] if items else "", lambda: self.inner.put_files(items))
+
     def put_many_if_absent(self, items: list[tuple[str, bytes]]) -> list[bool]:
         def resolve(created: list[bool]) -> list[bool]:
             return [c or self._ours(k, d) for c, (k, d) in zip(created, items, strict=True)]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -107,6 +108,23 @@ class ObjectStoreContract:
         assert store.get("k") == b"second, longer"
         store.put("k", b"3")
         assert store.get("k") == b"3"
+
+    def test_put_files_stores_each_files_bytes(self, store: ObjectStore, tmp_path: Any) -> None:
+        """``put_files`` (the release upload): each file's bytes under its key, over an
+        object already there; what the caller does to its names afterwards (removing
+        its scratch directory) leaves the objects as they were put."""
+        src = tmp_path / "put-files"
+        src.mkdir()
+        (src / "w.bin").write_bytes(b"\x00weights" * 1000)
+        (src / "c.json").write_bytes(b'{"c": 1}')
+        store.put("rel/1/c.json", b"an older object")
+        store.put_files([("rel/1/w.bin", src / "w.bin"), ("rel/1/c.json", src / "c.json")])
+        for name in ("w.bin", "c.json"):
+            (src / name).unlink()
+        src.rmdir()
+        assert store.get("rel/1/w.bin") == b"\x00weights" * 1000
+        assert store.get("rel/1/c.json") == b'{"c": 1}'
+        assert _keys(store.list("rel/")) == ["rel/1/c.json", "rel/1/w.bin"]
 
     def test_put_accepts_bytearray_and_memoryview(self, store: ObjectStore) -> None:
         store.put("ba", bytearray(b"abc"))
