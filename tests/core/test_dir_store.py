@@ -272,7 +272,9 @@ def test_a_swap_fsyncs_its_version_not_the_listed_copy(tmp_path, monkeypatch):
     assert all(".LATEST.json.tmp-cas" in p for p in synced), synced
     copy = tmp_path / "s" / "run" / "LATEST.json"
     assert copy.read_bytes() == b"two"
-    copy.write_bytes(b"")  # what a power cut may leave of an unsynced rename
+    torn = copy.with_name("torn")  # what a power cut may leave of an unsynced rename: the
+    torn.write_bytes(b"")  # name on an empty file (the version it links is fsynced and
+    os.replace(torn, copy)  # never written again)
     assert store.get("run/LATEST.json") == b"two"
     assert store.get_versioned("run/LATEST.json") == (b"two", v2)
     assert store.exists("run/LATEST.json")
@@ -335,6 +337,42 @@ def test_versions_written_before_shards_are_read_and_stay_taken(tmp_path):
         v = store.put_if_match("k", b"n%d" % i, v)
     assert (cdir / f"{7:012d}").stat().st_size == 0  # dropped in place, its number taken
     assert store._create_version("k", tmp_path / "s" / "k", 7, b"x") is False
+
+
+def test_a_swaps_listed_copy_is_a_link_to_its_version_not_a_second_file(tmp_path):
+    store = DirStore(tmp_path / "s")
+    v = store.put_if_match("run/LATEST.json", b"one", None)
+    for i in range(3):
+        v = store.put_if_match("run/LATEST.json", b"n%d" % i, v)
+    seq = int(v[1:])
+    version = tmp_path / "s" / "run" / ".LATEST.json.tmp-cas" / "s00000000" / f"{seq:012d}"
+    listed = tmp_path / "s" / "run" / "LATEST.json"
+    assert listed.stat().st_ino == version.stat().st_ino and listed.read_bytes() == b"n2"
+    assert not [n for n in os.listdir(listed.parent) if ".tmp-" in n and "cas" not in n]
+
+
+def test_a_late_listed_copy_of_a_dropped_version_is_written_out(tmp_path):
+    """A writer paused between its version and its listed copy while the others swapped
+    far on (its version dropped to the tomb): its copy holds its bytes, not the tomb's."""
+    store = DirStore(tmp_path / "s", fsync=False)
+    v = store.put_if_match("k", b"first", None)
+    for i in range(8):
+        v = store.put_if_match("k", b"v%d" % i, v)
+    path = tmp_path / "s" / "k"
+    store._mirror("k", path, b"first", 1)  # version 1 is a tomb by now
+    assert path.read_bytes() == b"first"
+    assert store.get("k") == b"v7"
+
+
+def test_a_swap_after_the_key_was_deleted_behind_the_stores_back(tmp_path):
+    store = DirStore(tmp_path / "s", fsync=False)
+    v = store.put_if_match("run/c.json", b"1", None)
+    v = store.put_if_match("run/c.json", b"2", v)
+    DirStore(tmp_path / "s", fsync=False).delete("run/c.json")  # another process
+    assert store.put_if_match("run/c.json", b"stale", v) is None
+    v = store.put_if_match("run/c.json", b"again", None)
+    assert v == "v1" and store.get_versioned("run/c.json") == (b"again", "v1")
+    assert store.put_if_match("run/c.json", b"next", v) == "v2"
 
 
 # -- put_files: a handed-over file becomes the object (hard link) ---------------------------

@@ -122,11 +122,11 @@ def test_a_dir_writer_paused_inside_a_swap_blocks_nobody_and_never_wins_back(tmp
     paused, resume = threading.Event(), threading.Event()
     real = store._mirror
 
-    def stalled(key, path, payload):
+    def stalled(key, path, payload, *seq):
         if payload == b"A2":
             paused.set()
             resume.wait(30)
-        real(key, path, payload)
+        real(key, path, payload, *seq)
 
     store._mirror = stalled
     t = threading.Thread(target=lambda: store.put_if_match("run/lease.json", b"A2", v1))

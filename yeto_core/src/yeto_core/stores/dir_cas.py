@@ -35,9 +35,10 @@ def _is_tomb(folder: Path, st: os.stat_result) -> bool:
 
 
 class DirCompareAndSwap:
-    """Numbered versions of a key, each created exclusively (the host holds ``fsync``
-    and the key-to-path helpers ``_path``, ``_ensure_parent``, ``_refuse_prefix_dir``,
-    ``_write_tmp(key, path, data, sync=)`` and ``get``)."""
+    """Numbered versions of a key, each created exclusively (the host holds ``fsync``,
+    an empty set ``_shard_dirs`` and the key-to-path helpers ``_path``,
+    ``_ensure_parent``, ``_refuse_prefix_dir``, ``_write_tmp(key, path, data, sync=)``
+    and ``get``)."""
 
     # -- compare-and-swap: numbered versions, each created exclusively --------------------
     #
@@ -107,13 +108,21 @@ class DirCompareAndSwap:
                 continue  # the key was deleted while we looked: look again
         return None
 
-    def _create_version(self, key: str, path: Path, seq: int, payload: bytes) -> bool:
+    def _shard_dir(self, path: Path, seq: int) -> Path:
+        """The shard folder of version ``seq`` of ``path``'s key, made (durably) if missing.
+
+        Folders this store made or found are remembered (a swap per round of the trainer
+        would otherwise stat both every time); :meth:`_forget_shard` drops one that
+        vanished (the key deleted behind the store's back)."""
         cdir = self._cas_dir(path)
+        sdir = cdir / f"s{seq // _SHARD:08d}"
+        known = self._shard_dirs
+        if sdir in known:
+            return sdir
         if not cdir.is_dir():
             cdir.mkdir(exist_ok=True)
             if self.fsync:
                 fsync_dir(path.parent)
-        sdir = cdir / f"s{seq // _SHARD:08d}"
         if not sdir.is_dir():
             try:
                 sdir.mkdir()
@@ -121,10 +130,35 @@ class DirCompareAndSwap:
                 pass
             if self.fsync:
                 fsync_dir(cdir)
+        known.add(sdir)
+        return sdir
+
+    def _forget_shard(self, sdir: Path) -> None:
+        self._shard_dirs.discard(sdir)
+
+    def _version_file(self, path: Path, seq: int) -> Path:
+        return self._cas_dir(path) / f"s{seq // _SHARD:08d}" / f"{seq:012d}"
+
+    def _has_version_name(self, path: Path, seq: int) -> bool:
+        """Whether version ``seq``'s name is taken (live or dropped; in its shard or, for
+        versions written before shards, in the key's folder itself)."""
+        cdir = self._cas_dir(path)
+        return os.path.lexists(self._version_file(path, seq)) or os.path.lexists(
+            cdir / f"{seq:012d}"
+        )
+
+    def _create_version(self, key: str, path: Path, seq: int, payload: bytes) -> bool:
+        cdir = self._cas_dir(path)
+        sdir = self._shard_dir(path, seq)
         name = f"{seq:012d}"
         if os.path.lexists(cdir / name):
             return False  # a version of that number written before shards
-        fd, tmp = mkstemp(prefix=f".v{_TMP_MARK}", dir=sdir)
+        try:
+            fd, tmp = mkstemp(prefix=f".v{_TMP_MARK}", dir=sdir)
+        except FileNotFoundError:  # the key was deleted since: make its folders again
+            self._forget_shard(sdir)
+            sdir = self._shard_dir(path, seq)
+            fd, tmp = mkstemp(prefix=f".v{_TMP_MARK}", dir=sdir)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(payload)
@@ -159,15 +193,28 @@ class DirCompareAndSwap:
                 os.link(tomb, tmp)
                 os.replace(tmp, vpath)  # atomic: readers see the version or the tomb
             except OSError:
-                pass  # (a full link count: the version keeps its bytes, which is safe)
-            finally:
-                _unlink_quietly(tmp)
+                _unlink_quietly(tmp)  # (a full link count: the version keeps its bytes: safe)
             return
 
-    def _mirror(self, key: str, path: Path, payload: bytes) -> None:
+    def _mirror(self, key: str, path: Path, payload: bytes, seq: Optional[int] = None) -> None:
         # not fsynced: get and exists read the versions (each fsynced); the copy only
-        # makes the key listed and wakes watchers, and the next swap rewrites it
-        tmp = self._write_tmp(key, path, payload, sync=False)
+        # makes the key listed and wakes watchers, and the next swap rewrites it. With
+        # ``seq``: a hard link to that version's file (its bytes are the payload; no
+        # copy written), unless the version was dropped meanwhile (a writer paused
+        # here): then a copy, as without ``seq``.
+        tmp = None
+        if seq is not None:
+            tmp = str(path.parent / f".{path.name}{_TMP_MARK}{os.urandom(4).hex()}")
+            try:
+                os.link(self._version_file(path, seq), tmp)
+                if os.stat(tmp).st_size != len(payload):  # the version's tomb, not its bytes
+                    _unlink_quietly(tmp)
+                    tmp = None
+            except OSError:
+                _unlink_quietly(tmp)
+                tmp = None
+        if tmp is None:
+            tmp = self._write_tmp(key, path, payload, sync=False)
         try:
             os.replace(tmp, path)
         except BaseException:
@@ -187,7 +234,7 @@ class DirCompareAndSwap:
         payload = bytes(data)
         self._ensure_parent(key, path)
         self._refuse_prefix_dir(key, path)
-        cur = self._read_cas(path)
+        cur = self._read_cas(path) if version is None or version.startswith("v0:") else None
         if version is None:
             if cur is not None or os.path.lexists(path):
                 return None
@@ -207,9 +254,12 @@ class DirCompareAndSwap:
                 seq = int(version[1:]) + 1
             except ValueError:
                 return None
-            if cur is None or cur[1] != seq - 1:
+            # The newest version is seq - 1 exactly when its name is taken and seq's is
+            # free (names are taken in order and never freed; the link below is the
+            # exclusive test of seq's): one lstat, not a read of the newest version.
+            if seq < 2 or not self._has_version_name(path, seq - 1):
                 return None
         if not self._create_version(key, path, seq, payload):
             return None
-        self._mirror(key, path, payload)
+        self._mirror(key, path, payload, seq)
         return f"v{seq}"

@@ -81,6 +81,7 @@ class DirStore(DirCompareAndSwap, ObjectStore):
             ) from None
         self._root_s = str(self.root).rstrip("/")  # "" for "/": keys join as "/key"
         self._made_dirs: set[str] = {str(self.root)}  # directories known to exist (strings)
+        self._shard_dirs: set[Path] = set()  # compare-and-swap version folders known to exist
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> DirStore:
@@ -480,6 +481,7 @@ class DirStore(DirCompareAndSwap, ObjectStore):
         cdir = self._cas_dir(path)
         if cdir.is_dir():
             shutil.rmtree(cdir, ignore_errors=True)
+            self._shard_dirs = {d for d in self._shard_dirs if d.parent != cdir}
         try:
             path.unlink()
         except (FileNotFoundError, NotADirectoryError):
