@@ -375,6 +375,32 @@ def test_a_swap_after_the_key_was_deleted_behind_the_stores_back(tmp_path):
     assert store.put_if_match("run/c.json", b"next", v) == "v2"
 
 
+def test_a_read_of_a_swapped_key_probes_on_from_the_newest_version_it_saw(tmp_path, monkeypatch):
+    """A reader finds versions another process swapped in since its last read without
+    listing the shard (lstat of the next numbers), and lists again when the number it
+    saw is gone (the key deleted and written again, its numbers starting over)."""
+    reader, writer = DirStore(tmp_path / "s"), DirStore(tmp_path / "s")
+    v = writer.put_if_match("run/c.json", b"0", None)
+    assert reader.get_versioned("run/c.json") == (b"0", "v1")  # listed: the first read
+    for i in range(1, 300):  # across a shard boundary (256)
+        v = writer.put_if_match("run/c.json", b"%d" % i, v)
+    listed: list[str] = []
+    real = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda p=".": (listed.append(str(p)), real(p))[1])
+    assert reader.get_versioned("run/c.json") == (b"299", "v300")
+    assert listed == []
+    monkeypatch.undo()
+    writer.delete("run/c.json")
+    w = writer.put_if_match("run/c.json", b"new", None)
+    assert reader.get_versioned("run/c.json") == (b"new", w) == (b"new", "v1")
+    assert reader.put_if_match("run/c.json", b"stale", v) is None
+    assert reader.put_if_match("run/c.json", b"next", w) == "v2"
+    writer.delete("run/c.json")
+    assert not reader.exists("run/c.json")
+    with pytest.raises(KeyError):
+        reader.get("run/c.json")
+
+
 # -- put_files: a handed-over file becomes the object (hard link) ---------------------------
 
 

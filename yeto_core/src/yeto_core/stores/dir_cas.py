@@ -26,6 +26,11 @@ def _unlink_quietly(path: str | Path) -> None:
         pass
 
 
+def _shard_file(cdir: Path, seq: int) -> Path:
+    """Version ``seq``'s file in its shard folder of ``cdir``."""
+    return cdir / f"s{seq // _SHARD:08d}" / f"{seq:012d}"
+
+
 def _is_tomb(folder: Path, st: os.stat_result) -> bool:
     try:
         tomb = os.stat(folder / "tomb")
@@ -36,7 +41,8 @@ def _is_tomb(folder: Path, st: os.stat_result) -> bool:
 
 class DirCompareAndSwap:
     """Numbered versions of a key, each created exclusively (the host holds ``fsync``,
-    an empty set ``_shard_dirs`` and the key-to-path helpers ``_path``,
+    an empty set ``_shard_dirs``, an empty dict ``_newest_seen`` and the key-to-path
+    helpers ``_path``,
     ``_ensure_parent``, ``_refuse_prefix_dir``, ``_write_tmp(key, path, data, sync=)``
     and ``get``)."""
 
@@ -70,9 +76,33 @@ class DirCompareAndSwap:
             return []
         return [int(n) for n in names if n.isdigit()]
 
+    def _newest(self, cdir: Path) -> Optional[tuple[int, Path]]:
+        """The newest version's number and file (live: every older one may be a tomb).
+
+        From the newest number this store saw for ``cdir`` (still taken), the next
+        numbers are probed with ``lstat`` until one is free: names are taken in order
+        and never freed, so that is the newest, found without listing a shard of up to
+        256 names (every read of a swapped key: the follower's, the sampler's backlog,
+        the head's). A number no longer there (the key deleted since) lists, as the
+        first read does."""
+        seen = self._newest_seen.get(cdir)
+        if seen is not None and os.path.lexists(_shard_file(cdir, seen)):
+            seq = seen
+            while os.path.lexists(_shard_file(cdir, seq + 1)):
+                seq += 1
+            if seq != seen:
+                self._newest_seen[cdir] = seq
+            return seq, _shard_file(cdir, seq)
+        got = self._newest_listed(cdir)
+        if got is not None:
+            self._newest_seen[cdir] = got[0]
+        else:
+            self._newest_seen.pop(cdir, None)
+        return got
+
     @classmethod
-    def _newest(cls, cdir: Path) -> Optional[tuple[int, Path]]:
-        """The newest version's number and file (live: every older one may be a tomb)."""
+    def _newest_listed(cls, cdir: Path) -> Optional[tuple[int, Path]]:
+        """:meth:`_newest` by listing ``cdir`` and its newest shard."""
         try:
             names = os.listdir(cdir)
         except (FileNotFoundError, NotADirectoryError):
@@ -137,7 +167,7 @@ class DirCompareAndSwap:
         self._shard_dirs.discard(sdir)
 
     def _version_file(self, path: Path, seq: int) -> Path:
-        return self._cas_dir(path) / f"s{seq // _SHARD:08d}" / f"{seq:012d}"
+        return _shard_file(self._cas_dir(path), seq)
 
     def _has_version_name(self, path: Path, seq: int) -> bool:
         """Whether version ``seq``'s name is taken (live or dropped; in its shard or, for

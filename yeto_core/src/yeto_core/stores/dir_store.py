@@ -82,6 +82,7 @@ class DirStore(DirCompareAndSwap, ObjectStore):
         self._root_s = str(self.root).rstrip("/")  # "" for "/": keys join as "/key"
         self._made_dirs: set[str] = {str(self.root)}  # directories known to exist (strings)
         self._shard_dirs: set[Path] = set()  # compare-and-swap version folders known to exist
+        self._newest_seen: dict[Path, int] = {}  # per swapped key: the newest number seen
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> DirStore:
