@@ -93,3 +93,27 @@ def test_a_republication_reports_itself_not_the_previous_publication(tmp_path):
     assert again.last_publish["stored_bytes"] == 0 and again.last_publish["encoding"] == "delta"
     rs.publish(tmp_path / "e2", _info(2))  # the same publisher again: not its delta's figures
     assert rs.last_publish["republished"] is True and rs.last_publish["stored_bytes"] == 0
+
+
+def test_a_handed_over_export_kept_as_parent_is_copied_into_the_store(tmp_path):
+    """With the export kept as the next delta's parent, the store never keeps the export's
+    own files (handoff or not): damage to the working copy stays out of the release. The
+    delta's files, which nothing keeps, are linked."""
+    store = DirStore(tmp_path / "store", fsync=False)
+    rs = ReleaseStore(store, codec=NumpyZstdCodec(), deltas="on", full_every=8)
+    w = _weights(1)
+    for v in (1, 2):
+        out = tmp_path / f"release-{v}"
+        _write(out, w)
+        rel = rs.publish(out, _info(v), handoff=True)
+        stored = tmp_path / "store" / "releases" / rel.release_id
+        kept = tmp_path / f"release-{v}.parent"
+        for f in stored.iterdir():
+            if (kept / f.name).exists():
+                assert f.stat().st_ino != (kept / f.name).stat().st_ino, f.name
+        w = _weights(v + 1, w)
+    assert rel.encoding == "delta"
+    want = (kept / "model.safetensors").read_bytes()
+    with open(kept / "model.safetensors", "r+b") as f:  # the working copy damaged in place
+        f.write(b"\0" * 64)
+    assert _served(rs, rel, tmp_path / "f2") == want

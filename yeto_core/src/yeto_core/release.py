@@ -379,7 +379,9 @@ class ReleaseStore(DeltaParentKeeping):
             ``Release.info``.
         :param handoff: the caller never changes ``local_dir``'s files again (the driver's
             scratch export): the store may keep the files themselves, not a copy (the
-            ``dir`` store hard-links them, :meth:`~yeto_core.ports.ObjectStore.put_files`).
+            ``dir`` store hard-links them, :meth:`~yeto_core.ports.ObjectStore.put_files`),
+            unless this store keeps the export as the next delta's parent: the stored
+            release and that working copy then never share a file.
         :returns: the committed release (the existing one for a republication).
         """
         missing = [k for k in ("version", "kind", "weight_checksum") if k not in info]
@@ -467,7 +469,8 @@ class ReleaseStore(DeltaParentKeeping):
             self._dir(release_id),
             upload_dir,
             stored,
-            handoff=handoff or upload_dir != Path(local_dir),
+            handoff=upload_dir != Path(local_dir)
+            or (handoff and not self._keeps_parent(local_dir)),
         )
         if upload_dir != Path(local_dir):
             shutil.rmtree(upload_dir, ignore_errors=True)

@@ -51,12 +51,17 @@ class DeltaParentKeeping:
             return f"full_every={self.full_every}: the chain since the last full release is full"
         return None
 
+    def _keeps_parent(self, local_dir: str | os.PathLike[str]) -> bool:
+        """Whether :meth:`_keep_parent` keeps a copy of the export in ``local_dir``."""
+        if self.deltas == "off" or self.codec is None:
+            return False
+        # auto: a small export is never a delta parent (the next release is full anyway)
+        return not (self.deltas == "auto" and weights_bytes(local_dir) < self.delta_min_bytes)
+
     def _keep_parent(self, local_dir: str | os.PathLike[str], rel: Any) -> None:
         """Keep a copy of the export just published as the next delta's parent."""
-        if self.deltas == "off" or self.codec is None:
+        if not self._keeps_parent(local_dir):
             return
-        if self.deltas == "auto" and weights_bytes(local_dir) < self.delta_min_bytes:
-            return  # never a delta parent: the next release is full anyway
         src = Path(local_dir)
         keep = src.with_name(src.name + ".parent")
         if keep.exists():
