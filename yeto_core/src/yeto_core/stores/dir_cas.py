@@ -42,9 +42,8 @@ def _is_tomb(folder: Path, st: os.stat_result) -> bool:
 class DirCompareAndSwap:
     """Numbered versions of a key, each created exclusively (the host holds ``fsync``,
     an empty set ``_shard_dirs``, an empty dict ``_newest_seen`` and the key-to-path
-    helpers ``_path``,
-    ``_ensure_parent``, ``_refuse_prefix_dir``, ``_write_tmp(key, path, data, sync=)``
-    and ``get``)."""
+    helpers ``_path``, ``_ensure_parent``, ``_refuse_prefix_dir``,
+    ``_write_tmp(key, path, data, sync=)`` and ``get``)."""
 
     # -- compare-and-swap: numbered versions, each created exclusively --------------------
     #
@@ -53,8 +52,11 @@ class DirCompareAndSwap:
     # temporary files): the next version is *created* with ``link`` (atomic and exclusive,
     # no lock held), so of two writers swapping from version ``n`` exactly one creates
     # ``n + 1``, and a writer paused at any point blocks nobody. ``get`` reads the newest
-    # version; the key's own file is a copy for ``list``/``exists`` (written after the
-    # version, so it may lag, never lead).
+    # version; the key's own file is a hard link to a version for ``list``/``exists`` and
+    # watchers (made after the version, so it may lag, never lead). Because names are
+    # taken in order and never freed, the newest version is the highest taken name: a
+    # swap from ``n`` needs ``n``'s name taken (one ``lstat``) and wins ``n + 1``'s link,
+    # and a reader probes on from the newest number it saw instead of listing.
     #
     # A version number is never free again: an old version's bytes are dropped by renaming
     # a link to its shard's empty ``tomb`` file over it, so its name stays and a writer that
