@@ -469,8 +469,7 @@ class ReleaseStore(DeltaParentKeeping):
             self._dir(release_id),
             upload_dir,
             stored,
-            handoff=upload_dir != Path(local_dir)
-            or (handoff and not self._keeps_parent(local_dir)),
+            handoff=encoding == "delta" or (handoff and not self._keeps_parent(local_dir)),
         )
         if upload_dir != Path(local_dir):
             shutil.rmtree(upload_dir, ignore_errors=True)

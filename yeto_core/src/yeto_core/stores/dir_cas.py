@@ -26,9 +26,14 @@ def _unlink_quietly(path: str | Path) -> None:
         pass
 
 
+def _shard_folder(cdir: Path, seq: int) -> Path:
+    """The shard folder of ``cdir`` that holds version ``seq``."""
+    return cdir / f"s{seq // _SHARD:08d}"
+
+
 def _shard_file(cdir: Path, seq: int) -> Path:
     """Version ``seq``'s file in its shard folder of ``cdir``."""
-    return cdir / f"s{seq // _SHARD:08d}" / f"{seq:012d}"
+    return _shard_folder(cdir, seq) / f"{seq:012d}"
 
 
 def _is_tomb(folder: Path, st: os.stat_result) -> bool:
@@ -144,10 +149,10 @@ class DirCompareAndSwap:
         """The shard folder of version ``seq`` of ``path``'s key, made (durably) if missing.
 
         Folders this store made or found are remembered (a swap per round of the trainer
-        would otherwise stat both every time); :meth:`_forget_shard` drops one that
+        would otherwise stat both every time); :meth:`_create_version` forgets one that
         vanished (the key deleted behind the store's back)."""
         cdir = self._cas_dir(path)
-        sdir = cdir / f"s{seq // _SHARD:08d}"
+        sdir = _shard_folder(cdir, seq)
         known = self._shard_dirs
         if sdir in known:
             return sdir
@@ -164,9 +169,6 @@ class DirCompareAndSwap:
                 fsync_dir(cdir)
         known.add(sdir)
         return sdir
-
-    def _forget_shard(self, sdir: Path) -> None:
-        self._shard_dirs.discard(sdir)
 
     def _version_file(self, path: Path, seq: int) -> Path:
         return _shard_file(self._cas_dir(path), seq)
@@ -188,7 +190,7 @@ class DirCompareAndSwap:
         try:
             fd, tmp = mkstemp(prefix=f".v{_TMP_MARK}", dir=sdir)
         except FileNotFoundError:  # the key was deleted since: make its folders again
-            self._forget_shard(sdir)
+            self._shard_dirs.discard(sdir)
             sdir = self._shard_dir(path, seq)
             fd, tmp = mkstemp(prefix=f".v{_TMP_MARK}", dir=sdir)
         try:
@@ -213,7 +215,7 @@ class DirCompareAndSwap:
         """Drop version ``seq``'s bytes, keeping its name taken (a link to the tomb)."""
         if seq < 1:
             return
-        for folder in (cdir / f"s{seq // _SHARD:08d}", cdir):
+        for folder in (_shard_folder(cdir, seq), cdir):
             vpath = folder / f"{seq:012d}"
             if not os.path.lexists(vpath):
                 continue

@@ -43,6 +43,11 @@ from yeto_core.stores.keys import check_key, check_prefix
 from yeto_core.stores.parallel import on_pool
 from yeto_core.stores.watch import Watch
 
+_EUID = os.geteuid()
+#: errors of ``link`` that mean "this file system will not link it here" (no hard links,
+#: another device, a full link count): create or copy instead
+_NO_LINK = (errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK)
+
 
 def _is_tmp_name(name: str) -> bool:
     return name.startswith(".") and _TMP_MARK in name
@@ -230,7 +235,7 @@ class DirStore(DirCompareAndSwap, ObjectStore):
             self._refuse_prefix_dir(key, path)
             created = False
         except OSError as exc:
-            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            if exc.errno not in _NO_LINK:
                 raise
             # File systems without hard links: exclusive create, then write in place.
             created = self._create_exclusive(path, payload)
@@ -328,7 +333,7 @@ class DirStore(DirCompareAndSwap, ObjectStore):
                 os.close(fd)
         dirs: set[Path] = set()
         for key, path, src in linkable:
-            if _link_over(src, path):
+            if self._link_over(key, src, path):
                 dirs.add(path.parent)
             else:
                 copies.append((key, Path(src)))
@@ -337,6 +342,36 @@ class DirStore(DirCompareAndSwap, ObjectStore):
                 fsync_dir(d)
         if copies:
             self.put_many([(k, p.read_bytes()) for k, p in copies])
+
+    def _link_over(self, key: str, src: str, path: Path) -> bool:
+        """Hard-link ``src`` to ``path``, atomically over an object already there (a link to
+        a temporary name, renamed); False when the file system refuses the link."""
+        try:
+            os.link(src, path)
+            return True
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            if exc.errno in _NO_LINK:
+                return False
+            raise
+        tmp = path.parent / f".{path.name}{_TMP_MARK}{os.urandom(4).hex()}"
+        try:
+            os.link(src, tmp)
+        except OSError as exc:
+            if exc.errno in _NO_LINK:
+                return False
+            raise
+        try:
+            os.replace(tmp, path)
+        except IsADirectoryError:
+            _unlink_quietly(tmp)
+            self._refuse_prefix_dir(key, path)
+            raise
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+        return True
 
     def put_many_if_absent(self, items: list[tuple[str, bytes]]) -> list[bool]:
         """:meth:`put_if_absent` of several objects, synced together.
@@ -383,12 +418,7 @@ class DirStore(DirCompareAndSwap, ObjectStore):
                 except FileExistsError:
                     self._refuse_prefix_dir(key, path)
                 except OSError as exc:
-                    if exc.errno not in (
-                        errno.EPERM,
-                        errno.ENOTSUP,
-                        errno.EOPNOTSUPP,
-                        errno.EMLINK,
-                    ):
+                    if exc.errno not in _NO_LINK:
                         raise
                     out[slot] = self._create_exclusive(path, items[slot][1])
                     if out[slot]:
@@ -494,44 +524,6 @@ class DirStore(DirCompareAndSwap, ObjectStore):
             ) from None
         if self.fsync:
             fsync_dir(path.parent)
-
-
-_EUID = os.geteuid()
-#: errors of ``link`` that mean "this file system will not link it here": copy instead
-_NO_LINK = (errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK)
-
-
-def _link_over(src: str, path: Path) -> bool:
-    """Hard-link ``src`` to ``path``, atomically over an object already there (a link to a
-    temporary name, renamed); False when the file system refuses the link (copy instead)."""
-    try:
-        os.link(src, path)
-        return True
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        if exc.errno in _NO_LINK:
-            return False
-        raise
-    tmp = path.parent / f".{path.name}{_TMP_MARK}{os.urandom(4).hex()}"
-    try:
-        os.link(src, tmp)
-    except OSError as exc:
-        if exc.errno in _NO_LINK:
-            return False
-        raise
-    try:
-        os.replace(tmp, path)
-    except IsADirectoryError:
-        _unlink_quietly(tmp)
-        raise StoreError(
-            f"cannot write {path}: it is a prefix of other objects "
-            "(a dir store cannot hold both 'a' and 'a/b')"
-        ) from None
-    except BaseException:
-        _unlink_quietly(tmp)
-        raise
-    return True
 
 
 def _fsync_all(fds: list[int]) -> None:
