@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
+from collections.abc import Sequence
 from itertools import accumulate
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
@@ -77,20 +78,10 @@ def encode_group(group: SampleGroup) -> bytes:
     # Per-sample arrays are not concatenated: their bytes are joined into the file
     # once (see _safetensors_bytes), in sample order, which is the concatenation; the
     # per-sample scalars are packed straight into little-endian bytes.
-    arrays: dict[str, Any] = {
-        "tokens": [np.ascontiguousarray(s.tokens, dtype=np.int32) for s in samples],
-        "token_offsets": _i64(accumulate([len(s.tokens) for s in samples], initial=0)),
-        "prompt_lens": _i64([s.prompt_len for s in samples]),
-        "logprobs": [np.ascontiguousarray(s.logprobs, dtype=np.float32) for s in samples],
-        "loss_mask": [np.ascontiguousarray(s.loss_mask, dtype=np.uint8) for s in samples],
-        "rewards": _f64([s.reward for s in samples]),
-        "weight_versions": _i64([s.weight_version for s in samples]),
-        "status": (
-            _U8,
-            [len(samples)],
-            [bytes([_STATUS_INDEX[SampleStatus(s.status)] for s in samples])],
-        ),
-    }
+    tokens = [np.ascontiguousarray(s.tokens, dtype=np.int32) for s in samples]
+    logprobs = [np.ascontiguousarray(s.logprobs, dtype=np.float32) for s in samples]
+    loss_mask = [np.ascontiguousarray(s.loss_mask, dtype=np.uint8) for s in samples]
+    status = bytes([_status_code(s.status) for s in samples])
     metadata = {
         "format": FORMAT,
         "group_id": group.group_id,
@@ -105,6 +96,20 @@ def encode_group(group: SampleGroup) -> bytes:
             {"temperature": float(sp.temperature), "top_k": int(sp.top_k), "top_p": float(sp.top_p)}
         )
     routed = [s.routed_experts for s in samples]
+    if all(r is None for r in routed) and all(
+        a.ndim == 1 for parts in (tokens, logprobs, loss_mask) for a in parts
+    ):
+        return _plain_bytes(samples, tokens, logprobs, loss_mask, status, metadata)
+    arrays: dict[str, Any] = {
+        "tokens": tokens,
+        "token_offsets": _i64(accumulate([len(s.tokens) for s in samples], initial=0)),
+        "prompt_lens": _i64([s.prompt_len for s in samples]),
+        "logprobs": logprobs,
+        "loss_mask": loss_mask,
+        "rewards": _f64([s.reward for s in samples]),
+        "weight_versions": _i64([s.weight_version for s in samples]),
+        "status": (_U8, [len(samples)], [status]),
+    }
     if any(r is not None for r in routed):
         shapes = {tuple(np.shape(r)[1:]) for r in routed if r is not None}
         if len(shapes) != 1 or len(next(iter(shapes))) != 2:
@@ -123,6 +128,69 @@ def encode_group(group: SampleGroup) -> bytes:
         metadata["routed_shape"] = f"{layers},{top_k}"
         metadata["routed_present"] = "".join("0" if r is None else "1" for r in routed)
     return _safetensors_bytes(arrays, metadata)
+
+
+def _status_code(status: Any) -> int:
+    """The index of ``status`` (a :class:`SampleStatus` or its value) in :data:`STATUS_CODES`."""
+    code = _STATUS_INDEX.get(status)
+    return _STATUS_INDEX[SampleStatus(status)] if code is None else code
+
+
+def _plain_bytes(
+    samples: Sequence[Sample],
+    tokens: list[np.ndarray],
+    logprobs: list[np.ndarray],
+    loss_mask: list[np.ndarray],
+    status: bytes,
+    metadata: dict[str, str],
+) -> bytes:
+    """:func:`_safetensors_bytes` of a group without routed experts whose per-sample
+    arrays are 1-D (every sampler's output), written out directly: the same bytes.
+
+    The tensors' order is fixed (by alignment, then name): the four 8-byte tensors
+    ``prompt_lens``, ``rewards``, ``token_offsets``, ``weight_versions`` (packed in
+    one ``struct.pack``), then ``logprobs`` and ``tokens`` (4 bytes), then
+    ``loss_mask`` and ``status`` (1 byte)."""
+    n = len(samples)
+    lens = [len(a) for a in tokens]
+    n_tok = sum(lens)
+    n_resp = sum([len(a) for a in logprobs])
+    scalars = struct.pack(
+        f"<{n}q{n}d{n + 1}q{n}q",
+        *[int(s.prompt_len) for s in samples],
+        *[float(s.reward) for s in samples],
+        *accumulate(lens, initial=0),
+        *[int(s.weight_version) for s in samples],
+    )
+    # data offsets: prompt_lens, rewards, token_offsets, weight_versions, logprobs,
+    # tokens, loss_mask, status
+    o1 = 8 * n
+    o2 = o1 + 8 * n
+    o3 = o2 + 8 * (n + 1)
+    o4 = o3 + 8 * n
+    o5 = o4 + 4 * n_resp
+    o6 = o5 + 4 * n_tok
+    o7 = o6 + n_resp
+    o8 = o7 + n
+    meta = ",".join([f"{_json_str(k)}:{_json_str(metadata[k])}" for k in sorted(metadata)])
+    head = (
+        f'{{"__metadata__":{{{meta}}}'
+        f',"logprobs":{{"data_offsets":[{o4},{o5}],"dtype":"F32","shape":[{n_resp}]}}'
+        f',"loss_mask":{{"data_offsets":[{o6},{o7}],"dtype":"U8","shape":[{n_resp}]}}'
+        f',"prompt_lens":{{"data_offsets":[0,{o1}],"dtype":"I64","shape":[{n}]}}'
+        f',"rewards":{{"data_offsets":[{o1},{o2}],"dtype":"F64","shape":[{n}]}}'
+        f',"status":{{"data_offsets":[{o7},{o8}],"dtype":"U8","shape":[{n}]}}'
+        f',"token_offsets":{{"data_offsets":[{o2},{o3}],"dtype":"I64","shape":[{n + 1}]}}'
+        f',"tokens":{{"data_offsets":[{o5},{o6}],"dtype":"I32","shape":[{n_tok}]}}'
+        f',"weight_versions":{{"data_offsets":[{o3},{o4}],"dtype":"I64","shape":[{n}]}}}}'
+    ).encode()
+    head += b" " * (-len(head) % 8)
+    if sys.byteorder != "little":  # pragma: no cover - every supported host is little-endian
+        tokens = [a.astype("<i4") for a in tokens]
+        logprobs = [a.astype("<f4") for a in logprobs]
+    return b"".join(
+        [struct.pack("<Q", len(head)), head, scalars, *logprobs, *tokens, *loss_mask, status]
+    )
 
 
 _ST_DTYPES = {
