@@ -162,3 +162,39 @@ def test_encode_record_matches_the_canonical_json_of_any_record(extra):
 def test_encode_record_refuses_non_finite_floats(bad):
     with pytest.raises(ValueError):
         encode_record({**RECORD, "x": bad})
+
+
+_UNPACKED = {k: v for k, v in RECORD.items() if k not in ("offset", "length")}
+
+
+@pytest.mark.parametrize("base", [RECORD, _UNPACKED], ids=["packed", "single"])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {},
+        {"appended_at": 1e22},
+        {"appended_at": -0.0},
+        {"appended_at": 1e-300},
+        {"appended_at": 3},  # an int where a float is usual
+        {"position": True},  # bool is an int subclass: written as JSON true
+        {"incarnation": __import__("enum").IntEnum("E", "A")(1)},
+        {"seq": 2**70},
+        {"host": 'tab\t, quote", slash\\ , nul\x00, emoji \U0001f600, \u2028'},
+        {"prompt_id": 7},  # not a string
+        {"digest": None},
+    ],
+)
+def test_an_append_record_is_the_canonical_json(base, change):
+    """The append records' direct writer (the usual key sets) gives the encoder's bytes."""
+    rec = {**base, **change}
+    body = json.dumps(rec, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    line = encode_record(rec)
+    assert line[: len(body) - 1] == body[:-1]
+    assert decode_record(line) == rec
+
+
+@pytest.mark.parametrize("base", [RECORD, _UNPACKED], ids=["packed", "single"])
+@pytest.mark.parametrize("bad", [{"appended_at": math.inf}, {"n_samples": np.int64(2)}])
+def test_an_append_record_the_encoder_refuses_is_refused(base, bad):
+    with pytest.raises((ValueError, TypeError)):
+        encode_record({**base, **bad})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import zlib
+from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any, Optional
 
 from yeto_core.errors import SampleBufferError
@@ -33,9 +34,79 @@ def check_group_id(group_id: str, what: str = "group id") -> str:
 _RECORD_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
+#: the keys of the record an append writes (a packed group's adds ``offset``, ``length``)
+_APPEND_KEYS = frozenset(
+    (
+        "appended_at",
+        "digest",
+        "group_id",
+        "host",
+        "incarnation",
+        "max_version",
+        "min_version",
+        "n_samples",
+        "payload",
+        "position",
+        "prompt_id",
+        "seq",
+    )
+)
+_PACKED_KEYS = _APPEND_KEYS | {"length", "offset"}
+_INF = float("inf")
+
+
+def _append_record_json(r: dict[str, Any]) -> Optional[str]:
+    """``_RECORD_JSON.encode(r)`` of the record an append writes, written out directly
+    (every append writes one: the encoder's set-up costs more than the record); None
+    for any other record, or one whose values are not plain ``str``/``int``/finite
+    ``float`` (the encoder then writes it, or refuses it)."""
+    keys = r.keys()
+    packed = keys == _PACKED_KEYS
+    if not packed and keys != _APPEND_KEYS:
+        return None
+    at, digest, gid, host = r["appended_at"], r["digest"], r["group_id"], r["host"]
+    inc, hi, lo, n = r["incarnation"], r["max_version"], r["min_version"], r["n_samples"]
+    payload, pos, pid, seq = r["payload"], r["position"], r["prompt_id"], r["seq"]
+    span = ""
+    if packed:
+        length, offset = r["length"], r["offset"]
+        if type(length) is not int or type(offset) is not int:
+            return None
+    if not (
+        type(at) is float
+        and -_INF < at < _INF
+        and type(digest) is str
+        and type(gid) is str
+        and type(host) is str
+        and type(payload) is str
+        and type(pid) is str
+        and type(inc) is int
+        and type(hi) is int
+        and type(lo) is int
+        and type(n) is int
+        and type(pos) is int
+        and type(seq) is int
+    ):
+        return None
+    if packed:
+        span = f'"length":{length},'
+    body = (
+        f'{{"appended_at":{at!r},"digest":{_json_str(digest)},"group_id":{_json_str(gid)},'
+        f'"host":{_json_str(host)},"incarnation":{inc},{span}"max_version":{hi},'
+        f'"min_version":{lo},"n_samples":{n},'
+    )
+    if packed:
+        body += f'"offset":{offset},'
+    return (
+        f'{body}"payload":{_json_str(payload)},"position":{pos},'
+        f'"prompt_id":{_json_str(pid)},"seq":{seq}}}'
+    )
+
+
 def encode_record(record: dict[str, Any]) -> bytes:
     """One index record as a JSON line whose last key ``crc`` checks the rest."""
-    body = _RECORD_JSON.encode(record).encode()
+    text = _append_record_json(record)
+    body = (_RECORD_JSON.encode(record) if text is None else text).encode()
     crc = zlib.crc32(body)
     return body[:-1] + b'%s%08x"}\n' % (_CRC_MARK, crc)
 
