@@ -221,12 +221,11 @@ class DirStore(DirCompareAndSwap, ObjectStore):
         path = self._spath(key)
         payload = bytes(data)
         self._ensure_parent(key, path)
-        try:  # one lstat: a prefix directory is refused, an object there is kept
-            if stat.S_ISDIR(os.lstat(path).st_mode):
-                self._refuse_prefix_dir(key, path)
+        # one access() (no exception when absent, the usual case): an object there is
+        # kept, a prefix directory refused
+        if os.access(path, os.F_OK):
+            self._refuse_prefix_dir(key, path)
             return False
-        except (FileNotFoundError, NotADirectoryError):
-            pass
         tmp = self._write_tmp(key, path, payload)
         try:
             os.link(tmp, path)
