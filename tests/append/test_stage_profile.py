@@ -39,6 +39,25 @@ def test_nested_stages_add_seconds_and_counts_and_name_the_innermost():
     }
 
 
+def test_a_stage_without_cpu_never_reads_the_cpu_clock_and_is_still_the_open_stage():
+    """``cpu=False`` (the short stages inside every buffer append): wall seconds and a
+    count, no ``cpu_s``, no read of the thread's CPU clock; requests still count for it."""
+    wall = Clock()
+    reads = []
+
+    def cpu_clock() -> float:
+        reads.append(1)
+        return 0.0
+
+    p = StageProfile(wall, cpu_clock=cpu_clock)
+    with p.stage("buffer.payload_put", cpu=False):
+        assert p.current() == "buffer.payload_put"
+        wall.t += 0.25
+    assert reads == []
+    assert p.current() is None
+    assert p.snapshot()["stages"] == {"buffer.payload_put": {"s": 0.25, "n": 1}}
+
+
 def test_each_stage_sums_its_threads_cpu_apart_from_its_wall_time():
     """A stage that waits shows wall seconds well above its CPU seconds; the summary
     gives both per round."""

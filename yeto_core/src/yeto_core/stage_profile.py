@@ -61,8 +61,8 @@ class StageProfile:
         with self._lock:
             self._counters[name] = self._counters.get(name, 0) + n
 
-    def stage(self, name: str) -> contextlib.AbstractContextManager[None]:
-        return _Stage(self, name)
+    def stage(self, name: str, *, cpu: bool = True) -> contextlib.AbstractContextManager[None]:
+        return _Stage(self, name, cpu)
 
     @contextlib.contextmanager
     def within(self, name: Optional[str]) -> Iterator[None]:
@@ -125,11 +125,12 @@ class _Stage:
     """One ``with profile.stage(name)``: a plain context manager (a generator-based
     one costs several times more, and stages wrap every buffer append)."""
 
-    __slots__ = ("_profile", "_name", "_t", "_cpu", "_opened")
+    __slots__ = ("_profile", "_name", "_t", "_cpu", "_opened", "_timed_cpu")
 
-    def __init__(self, profile: StageProfile, name: str) -> None:
+    def __init__(self, profile: StageProfile, name: str, cpu: bool = True) -> None:
         self._profile = profile
         self._name = name
+        self._timed_cpu = cpu
 
     def __enter__(self) -> None:
         p = self._profile
@@ -138,13 +139,14 @@ class _Stage:
             opened = p._open.__dict__.setdefault("names", [])
         opened.append(self._name)
         self._opened = opened
-        self._cpu = p._cpu_clock()
+        if self._timed_cpu:
+            self._cpu = p._cpu_clock()
         self._t = p._clock()
 
     def __exit__(self, *exc: object) -> None:
         p = self._profile
         seconds = p._clock() - self._t
-        cpu = p._cpu_clock() - self._cpu
+        cpu = p._cpu_clock() - self._cpu if self._timed_cpu else None
         self._opened.pop()
         p.add(self._name, seconds, cpu=cpu)
 
@@ -153,9 +155,13 @@ class _Stage:
 PROFILE = StageProfile()
 
 
-def stage(name: str) -> contextlib.AbstractContextManager[None]:
-    """``with stage("train"): ...``: time a stage of this process's :data:`PROFILE`."""
-    return PROFILE.stage(name)
+def stage(name: str, *, cpu: bool = True) -> contextlib.AbstractContextManager[None]:
+    """``with stage("train"): ...``: time a stage of this process's :data:`PROFILE`.
+
+    ``cpu=False``: wall seconds and count only, no ``cpu_s`` (reading a thread's CPU
+    clock is a system call, ~1 µs each end: for the short stages inside every buffer
+    append, whose caller's own stage has the CPU)."""
+    return PROFILE.stage(name, cpu=cpu)
 
 
 def count(name: str, n: int = 1) -> None:

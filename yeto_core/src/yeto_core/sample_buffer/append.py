@@ -55,10 +55,10 @@ class BufferAppends:
         if known is not None:
             return known
         payload = self.payload_key(gid)
-        with stage("buffer.encode"):
+        with stage("buffer.encode", cpu=False):
             data = encode_group(group)
             digest = _digest(data)  # while the bytes are in the cache (~20% cheaper)
-        with stage("buffer.payload_put"):
+        with stage("buffer.payload_put", cpu=False):
             fresh = self.store.put_if_absent(payload, data)
         if not fresh:
             # A payload exists: an earlier append of this id (maybe one that crashed
@@ -71,12 +71,12 @@ class BufferAppends:
             digest = _digest(data)
         make = self._record_maker(group, payload, digest)
         if self._jsonl is not None:
-            with stage("buffer.index_append"):
+            with stage("buffer.index_append", cpu=False):
                 pos, recs, _ = self._jsonl.append(gid, make)
             self._ingest(r for r in recs if r["position"] >= self._head)
             return pos
         assert self._objects is not None
-        with stage("buffer.index_append"):
+        with stage("buffer.index_append", cpu=False):
             pos, _rec = self._objects.append(make)
         self._appended[gid] = pos
         return pos
@@ -114,7 +114,7 @@ class BufferAppends:
                 continue
             if known is None:
                 first[gid] = len(out) - 1
-                with stage("buffer.encode"):
+                with stage("buffer.encode", cpu=False):
                     todo.append((len(out) - 1, g, self.payload_key(gid), encode_group(g)))
         if not todo:
             return [int(p) for p in out]  # type: ignore[arg-type]
@@ -128,7 +128,7 @@ class BufferAppends:
                 items.append((g.group_id, self._record_maker(g, key, digest, span)))
                 slots.append(slot)
         else:
-            with stage("buffer.payload_put"):
+            with stage("buffer.payload_put", cpu=False):
                 created = self._put_payloads([(k, d) for _, _, k, d in todo])
             for (slot, g, key, data), fresh in zip(todo, created, strict=True):
                 if not fresh:
@@ -143,7 +143,7 @@ class BufferAppends:
                 items.append((g.group_id, self._record_maker(g, key, _digest(data))))
                 slots.append(slot)
         if items and self._jsonl is not None:
-            with stage("buffer.index_append"):
+            with stage("buffer.index_append", cpu=False):
                 positions, recs = self._jsonl.append_many(items)
             self._ingest(r for r in recs if r["position"] >= self._head)
             for slot, pos in zip(slots, positions, strict=True):
@@ -154,7 +154,7 @@ class BufferAppends:
             # call): a crash leaves whole chunks, in order
             for lo in range(0, len(items), OBJECTS_BATCH_RECORDS):
                 chunk = items[lo : lo + OBJECTS_BATCH_RECORDS]
-                with stage("buffer.index_append"):
+                with stage("buffer.index_append", cpu=False):
                     placed = self._objects.append_many([make for _, make in chunk])
                 for (gid, _make), slot, (pos, _rec) in zip(
                     chunk, slots[lo : lo + OBJECTS_BATCH_RECORDS], placed, strict=True
@@ -177,11 +177,11 @@ class BufferAppends:
         The key is named by the content: appending the same groups again after a crash
         finds the pack there and reuses it (nothing is rewritten)."""
         datas = [d for *_, d in todo]
-        with stage("buffer.digest"):
+        with stage("buffer.digest", cpu=False):
             digests = [_digest(d) for d in datas]
         key = self.pack_key(digests)
         blob = b"".join(datas)
-        with stage("buffer.payload_put"):
+        with stage("buffer.payload_put", cpu=False):
             fresh = self.store.put_if_absent(key, blob)
         if not fresh and self.store.get(key) != blob:
             return None
