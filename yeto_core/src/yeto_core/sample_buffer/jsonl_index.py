@@ -8,6 +8,7 @@ write one line with a single ``write`` on an ``O_APPEND`` descriptor and
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import time
@@ -253,11 +254,7 @@ class _Flock:
         self._fd = fd
 
     def __enter__(self) -> None:
-        import fcntl
-
         fcntl.flock(self._fd, fcntl.LOCK_EX)
 
     def __exit__(self, *exc: object) -> None:
-        import fcntl
-
         fcntl.flock(self._fd, fcntl.LOCK_UN)

@@ -9,6 +9,7 @@ file and those created in place differed).
 from __future__ import annotations
 
 import os
+import random
 import tempfile
 from typing import Any
 
@@ -26,12 +27,21 @@ FILE_MODE = 0o666 & ~_process_umask()
 _FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
 
 
+#: random name endings (this module's own generator: the application's seeded ``random``
+#: is neither used nor moved; reseeded in a forked child, so parent and child differ)
+_NAMES = random.Random()
+os.register_at_fork(after_in_child=_NAMES.seed)
+
+
 def mkstemp(*, prefix: str = "tmp", dir: Any = None) -> tuple[int, str]:
     """:func:`tempfile.mkstemp` (``prefix``, ``dir``), the file created with mode 0666
-    less the umask (:data:`FILE_MODE`) directly: no ``fchmod`` after it."""
+    less the umask (:data:`FILE_MODE`) directly: no ``fchmod`` after it.
+
+    The name ends in 8 random hex digits (no system call for them: this runs for every
+    object written); ``O_EXCL`` makes a name already taken fail and another is drawn."""
     base = os.fspath(dir) if dir is not None else tempfile.gettempdir()
     for _ in range(100):
-        path = os.path.join(base, prefix + os.urandom(4).hex())
+        path = os.path.join(base, f"{prefix}{_NAMES.getrandbits(32):08x}")
         try:
             return os.open(path, _FLAGS, 0o666), path
         except FileExistsError:
