@@ -182,3 +182,40 @@ def test_a_handed_over_export_is_stored_as_itself_and_any_other_is_copied(store,
     (kept / "model.safetensors").write_bytes(b"the caller's own file, changed")
     assert (rs.fetch(1, tmp_path / "dl1") / "model.safetensors").read_bytes() == b"w1"
     assert (rs.fetch(2, tmp_path / "dl2") / "model.safetensors").read_bytes() == b"w2"
+
+
+def test_the_pointer_and_manifest_bytes_are_parsed_once_and_changes_are_seen(
+    store, tmp_path, monkeypatch
+):
+    """LATEST.json holds its manifest's bytes: a follower's polls and its fetch's manifest
+    read parse them once. New bytes (a new release, a damaged pointer) are parsed."""
+    from yeto_core import serde
+
+    rs = ReleaseStore(store)
+    pub = ReleaseStore(store)
+    r1 = pub.publish(
+        _export(tmp_path / "e1", b"w1"), {"version": 1, "kind": "full", "weight_checksum": "a"}
+    )
+    parsed = []
+    real = serde.loads
+
+    def counting(raw, *a, **kw):
+        parsed.append(bytes(raw))
+        return real(raw, *a, **kw)
+
+    monkeypatch.setattr("yeto_core.release.serde.loads", counting)
+    assert rs.latest() == r1
+    assert rs.latest() == r1
+    rs.fetch(rs.latest(), tmp_path / "dl1")
+    assert len(parsed) == 1
+    r2 = pub.publish(
+        _export(tmp_path / "e2", b"w2"), {"version": 2, "kind": "full", "weight_checksum": "b"}
+    )
+    assert rs.latest() == r2
+    assert (rs.fetch(rs.latest(), tmp_path / "dl2") / "model.safetensors").read_bytes() == b"w2"
+    assert len(parsed) == 3  # the publisher read the pointer (r1) once; r2 once here
+    store.put(rs.pointer_key, b'{"release_id": 3')  # a damaged pointer
+    with pytest.raises(ReleaseError, match="Republish a release"):
+        rs.latest()
+    with pytest.raises(ReleaseError, match="Republish a release"):
+        rs.latest()  # never cached

@@ -149,6 +149,10 @@ class ReleaseStore(DeltaParentKeeping):
         #: release id -> its files, for the last few full releases this store fetched
         #: (reading side: a later fetch links the unchanged ones from that local copy)
         self._verified: dict[str, tuple[ShardDigest, ...]] = {}
+        # the last pointer or manifest bytes parsed, and their release: the pointer holds
+        # the manifest's bytes, so a follower's polls and its fetch's manifest read parse
+        # them once
+        self._parsed: Optional[tuple[bytes, Release]] = None
         #: what the last :meth:`publish` stored (encoding, bytes, why it was full)
         self.last_publish: dict[str, Any] = {}
         #: this publisher's view of the releases it scanned and wrote
@@ -176,7 +180,7 @@ class ReleaseStore(DeltaParentKeeping):
         except NotFoundError:
             return None
         try:
-            rel = serde.loads(raw, Release, what="release manifest", root=key)
+            rel = self._parse(raw, "release manifest", key)
         except ConfigError as exc:
             raise ReleaseError(str(exc)) from None
         if rel.release_id != release_id:
@@ -191,10 +195,22 @@ class ReleaseStore(DeltaParentKeeping):
             raw = self.store.get(self.pointer_key)
         except NotFoundError:
             return None
+        return self._pointer_release(raw)
+
+    def _pointer_release(self, raw: bytes) -> Release:
         try:
-            return serde.loads(raw, Release, what="release pointer", root=self.pointer_key)
+            return self._parse(raw, "release pointer", self.pointer_key)
         except ConfigError as exc:
             raise ReleaseError(f"{exc}\n  Republish a release to repair the pointer.") from None
+
+    def _parse(self, raw: bytes, what: str, root: str) -> Release:
+        """``serde.loads(raw, Release)``, or the release of the same bytes parsed last."""
+        parsed = self._parsed
+        if parsed is not None and parsed[0] == raw:
+            return parsed[1]
+        rel = serde.loads(raw, Release, what=what, root=root)
+        self._parsed = (bytes(raw), rel)
+        return rel
 
     def list(self) -> list[Release]:
         """Every committed release, in publication order (``seq``)."""
@@ -513,11 +529,12 @@ class ReleaseStore(DeltaParentKeeping):
         return view
 
     def _latest_versioned(self) -> tuple[Optional[Release], Optional[str]]:
+        """The pointer's release and its version, from one read."""
         try:
-            _, version = self.store.get_versioned(self.pointer_key)
+            raw, version = self.store.get_versioned(self.pointer_key)
         except NotFoundError:
             return None, None
-        return self.latest(), version
+        return self._pointer_release(raw), version
 
     def _swap_pointer(self, rel: Release, version: Optional[str]) -> None:
         """Point ``LATEST.json`` at ``rel`` if it still holds what this publisher read."""
