@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from yeto_core.ports.store import content_version
-from yeto_core.stores.files import mkstemp
+from yeto_core.stores.files import mkstemp, random_suffix
 from yeto_core.stores.fsync import fsync_dir
 
 _TMP_MARK = ".tmp-"
@@ -238,7 +238,7 @@ class DirCompareAndSwap:
         # here): then a copy, as without ``seq``.
         tmp = None
         if seq is not None:
-            tmp = str(path.parent / f".{path.name}{_TMP_MARK}{os.urandom(4).hex()}")
+            tmp = str(path.parent / f".{path.name}{_TMP_MARK}{random_suffix()}")
             try:
                 os.link(self._version_file(path, seq), tmp)
                 if os.stat(tmp).st_size != len(payload):  # the version's tomb, not its bytes

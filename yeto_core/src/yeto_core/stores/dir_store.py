@@ -36,7 +36,7 @@ from yeto_core.stores.dir_cas import (  # noqa: F401 - re-exported
     DirCompareAndSwap,
     _unlink_quietly,
 )
-from yeto_core.stores.files import FILE_MODE
+from yeto_core.stores.files import FILE_MODE, random_suffix
 from yeto_core.stores.files import mkstemp as _mkstemp
 from yeto_core.stores.fsync import fsync_dir
 from yeto_core.stores.keys import check_key, check_prefix
@@ -204,7 +204,13 @@ class DirStore(DirCompareAndSwap, ObjectStore):
                 cur = self._read_cas(path)
                 if self._create_version(key, path, (cur[1] if cur else 0) + 1, payload):
                     break
-        tmp = self._write_tmp(key, path, payload)
+        self._replace_into(key, self._write_tmp(key, path, payload), path)
+        if self.fsync:
+            fsync_dir(path.parent)
+
+    def _replace_into(self, key: str, tmp: str | Path, path: str | Path) -> None:
+        """Rename the temporary file ``tmp`` over ``path``; ``tmp`` is removed when that
+        fails (a prefix directory at ``path`` is refused as such)."""
         try:
             os.replace(tmp, path)
         except IsADirectoryError:
@@ -214,8 +220,6 @@ class DirStore(DirCompareAndSwap, ObjectStore):
         except BaseException:
             _unlink_quietly(tmp)
             raise
-        if self.fsync:
-            fsync_dir(path.parent)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         path = self._spath(key)
@@ -354,22 +358,14 @@ class DirStore(DirCompareAndSwap, ObjectStore):
             if exc.errno in _NO_LINK:
                 return False
             raise
-        tmp = path.parent / f".{path.name}{_TMP_MARK}{os.urandom(4).hex()}"
+        tmp = path.parent / f".{path.name}{_TMP_MARK}{random_suffix()}"
         try:
             os.link(src, tmp)
         except OSError as exc:
             if exc.errno in _NO_LINK:
                 return False
             raise
-        try:
-            os.replace(tmp, path)
-        except IsADirectoryError:
-            _unlink_quietly(tmp)
-            self._refuse_prefix_dir(key, path)
-            raise
-        except BaseException:
-            _unlink_quietly(tmp)
-            raise
+        self._replace_into(key, tmp, path)
         return True
 
     def put_many_if_absent(self, items: list[tuple[str, bytes]]) -> list[bool]:

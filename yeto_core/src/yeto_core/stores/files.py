@@ -33,15 +33,21 @@ _NAMES = random.Random()
 os.register_at_fork(after_in_child=_NAMES.seed)
 
 
+def random_suffix() -> str:
+    """8 random hex digits ending a temporary name (no system call: this runs for every
+    object written)."""
+    return f"{_NAMES.getrandbits(32):08x}"
+
+
 def mkstemp(*, prefix: str = "tmp", dir: Any = None) -> tuple[int, str]:
     """:func:`tempfile.mkstemp` (``prefix``, ``dir``), the file created with mode 0666
     less the umask (:data:`FILE_MODE`) directly: no ``fchmod`` after it.
 
-    The name ends in 8 random hex digits (no system call for them: this runs for every
-    object written); ``O_EXCL`` makes a name already taken fail and another is drawn."""
+    The name ends in :func:`random_suffix`; ``O_EXCL`` makes a name already taken fail
+    and another is drawn."""
     base = os.fspath(dir) if dir is not None else tempfile.gettempdir()
     for _ in range(100):
-        path = os.path.join(base, f"{prefix}{_NAMES.getrandbits(32):08x}")
+        path = os.path.join(base, prefix + random_suffix())
         try:
             return os.open(path, _FLAGS, 0o666), path
         except FileExistsError:
