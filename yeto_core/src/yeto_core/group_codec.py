@@ -162,35 +162,24 @@ def _plain_bytes(
         *accumulate(lens, initial=0),
         *[int(s.weight_version) for s in samples],
     )
-    # data offsets: prompt_lens, rewards, token_offsets, weight_versions, logprobs,
-    # tokens, loss_mask, status
-    o1 = 8 * n
-    o2 = o1 + 8 * n
-    o3 = o2 + 8 * (n + 1)
-    o4 = o3 + 8 * n
-    o5 = o4 + 4 * n_resp
-    o6 = o5 + 4 * n_tok
-    o7 = o6 + n_resp
-    o8 = o7 + n
-    meta = ",".join([f"{_json_str(k)}:{_json_str(metadata[k])}" for k in sorted(metadata)])
-    head = (
-        f'{{"__metadata__":{{{meta}}}'
-        f',"logprobs":{{"data_offsets":[{o4},{o5}],"dtype":"F32","shape":[{n_resp}]}}'
-        f',"loss_mask":{{"data_offsets":[{o6},{o7}],"dtype":"U8","shape":[{n_resp}]}}'
-        f',"prompt_lens":{{"data_offsets":[0,{o1}],"dtype":"I64","shape":[{n}]}}'
-        f',"rewards":{{"data_offsets":[{o1},{o2}],"dtype":"F64","shape":[{n}]}}'
-        f',"status":{{"data_offsets":[{o7},{o8}],"dtype":"U8","shape":[{n}]}}'
-        f',"token_offsets":{{"data_offsets":[{o2},{o3}],"dtype":"I64","shape":[{n + 1}]}}'
-        f',"tokens":{{"data_offsets":[{o5},{o6}],"dtype":"I32","shape":[{n_tok}]}}'
-        f',"weight_versions":{{"data_offsets":[{o3},{o4}],"dtype":"I64","shape":[{n}]}}}}'
-    ).encode()
-    head += b" " * (-len(head) % 8)
+    entries = []
+    offset = 0
+    for name, dtype, size, count in (
+        ("prompt_lens", "I64", 8, n),
+        ("rewards", "F64", 8, n),
+        ("token_offsets", "I64", 8, n + 1),
+        ("weight_versions", "I64", 8, n),
+        ("logprobs", "F32", 4, n_resp),
+        ("tokens", "I32", 4, n_tok),
+        ("loss_mask", "U8", 1, n_resp),
+        ("status", "U8", 1, n),
+    ):
+        entries.append((name, dtype, [count], offset, offset + size * count))
+        offset += size * count
     if sys.byteorder != "little":  # pragma: no cover - every supported host is little-endian
         tokens = [a.astype("<i4") for a in tokens]
         logprobs = [a.astype("<f4") for a in logprobs]
-    return b"".join(
-        [struct.pack("<Q", len(head)), head, scalars, *logprobs, *tokens, *loss_mask, status]
-    )
+    return _file_bytes(metadata, entries, [scalars, *logprobs, *tokens, *loss_mask, status])
 
 
 _ST_DTYPES = {
@@ -241,16 +230,15 @@ def _header_json(
     """``json.dumps(header, sort_keys=True, separators=(",", ":"))`` of the safetensors
     header, written out directly (the header of every payload; ``entries`` are
     ``(name, dtype, shape, start, end)`` with plain lowercase names)."""
-    out = ['{"__metadata__":{']
-    out.append(",".join([f"{_json_str(k)}:{_json_str(metadata[k])}" for k in sorted(metadata)]))
-    out.append("}")
-    for name, dtype, shape, start, end in sorted(entries):
-        dims = ",".join(map(str, shape))
-        out.append(
-            f',"{name}":{{"data_offsets":[{start},{end}],"dtype":"{dtype}","shape":[{dims}]}}'
-        )
-    out.append("}")
-    return "".join(out)
+    meta = ",".join([f"{_json_str(k)}:{_json_str(metadata[k])}" for k in sorted(metadata)])
+    tensors = "".join(
+        [
+            f',"{name}":{{"data_offsets":[{start},{end}],"dtype":"{dtype}",'
+            f'"shape":[{",".join(map(str, shape))}]}}'
+            for name, dtype, shape, start, end in sorted(entries)
+        ]
+    )
+    return f'{{"__metadata__":{{{meta}}}{tensors}}}'
 
 
 def _safetensors_bytes(arrays: dict[str, Any], metadata: dict[str, str]) -> bytes:
@@ -272,6 +260,14 @@ def _safetensors_bytes(arrays: dict[str, Any], metadata: dict[str, str]) -> byte
         entries.append((name, _ST_DTYPES[dtype], shape, offset, offset + n))
         buffers.extend(parts)
         offset += n
+    return _file_bytes(metadata, entries, buffers)
+
+
+def _file_bytes(
+    metadata: dict[str, str], entries: list[tuple[str, str, list[int], int, int]], buffers: Any
+) -> bytes:
+    """The file: the header's 8-byte little-endian length, the header padded with spaces
+    to a multiple of 8, then ``buffers`` (the tensors' bytes in ``entries``' order)."""
     head = _header_json(metadata, entries).encode()
     head += b" " * (-len(head) % 8)
     return b"".join([struct.pack("<Q", len(head)), head, *buffers])
