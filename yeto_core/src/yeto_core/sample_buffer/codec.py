@@ -67,11 +67,7 @@ def _append_record_json(r: dict[str, Any]) -> Optional[str]:
     at, digest, gid, host = r["appended_at"], r["digest"], r["group_id"], r["host"]
     inc, hi, lo, n = r["incarnation"], r["max_version"], r["min_version"], r["n_samples"]
     payload, pos, pid, seq = r["payload"], r["position"], r["prompt_id"], r["seq"]
-    span = ""
-    if packed:
-        length, offset = r["length"], r["offset"]
-        if type(length) is not int or type(offset) is not int:
-            return None
+    length, offset = (r["length"], r["offset"]) if packed else (0, 0)
     if not (
         type(at) is float
         and -_INF < at < _INF
@@ -86,20 +82,16 @@ def _append_record_json(r: dict[str, Any]) -> Optional[str]:
         and type(n) is int
         and type(pos) is int
         and type(seq) is int
+        and type(length) is int
+        and type(offset) is int
     ):
         return None
-    if packed:
-        span = f'"length":{length},'
-    body = (
-        f'{{"appended_at":{at!r},"digest":{_json_str(digest)},"group_id":{_json_str(gid)},'
-        f'"host":{_json_str(host)},"incarnation":{inc},{span}"max_version":{hi},'
-        f'"min_version":{lo},"n_samples":{n},'
-    )
-    if packed:
-        body += f'"offset":{offset},'
+    length_s, offset_s = (f'"length":{length},', f'"offset":{offset},') if packed else ("", "")
     return (
-        f'{body}"payload":{_json_str(payload)},"position":{pos},'
-        f'"prompt_id":{_json_str(pid)},"seq":{seq}}}'
+        f'{{"appended_at":{at!r},"digest":{_json_str(digest)},"group_id":{_json_str(gid)},'
+        f'"host":{_json_str(host)},"incarnation":{inc},{length_s}"max_version":{hi},'
+        f'"min_version":{lo},"n_samples":{n},{offset_s}"payload":{_json_str(payload)},'
+        f'"position":{pos},"prompt_id":{_json_str(pid)},"seq":{seq}}}'
     )
 
 
