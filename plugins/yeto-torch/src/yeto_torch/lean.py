@@ -34,6 +34,21 @@ import torch.nn.functional as F
 Cache = list[tuple[torch.Tensor, torch.Tensor]]
 
 
+def _hooked(module: torch.nn.Module) -> bool:
+    """Whether calling ``module`` would run a hook (its own or a global one)."""
+    g = torch.nn.modules.module
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or module._backward_hooks
+        or module._backward_pre_hooks
+        or g._global_forward_hooks
+        or g._global_forward_pre_hooks
+        or g._global_backward_hooks
+        or g._global_backward_pre_hooks
+    )
+
+
 def _supported(model: Any) -> bool:
     cfg = getattr(model, "config", None)
     if type(model).__name__ != "LlamaForCausalLM" or cfg is None:
@@ -71,19 +86,24 @@ class LeanLlama:
         )
         self.scale = self.head_dim**-0.5
         self._cos: Optional[torch.Tensor] = None  # [P, D] in the model's dtype
-        self._sin: Optional[torch.Tensor] = None
+        self._sin: Optional[torch.Tensor] = None  # its first half negated (see _rotate)
 
     def _rope(self, end: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self._cos is None or self._cos.shape[0] < end or self._cos.dtype != like.dtype:
             n = max(end, int(getattr(self.model.config, "max_position_embeddings", 0) or 0))
             pos = torch.arange(n, dtype=torch.long)[None, :]
             cos, sin = self.model.model.rotary_emb(like, pos)
-            self._cos, self._sin = cos[0], sin[0]
+            lead = sin.shape[-1] - sin.shape[-1] // 2  # the entries rotate_half negates
+            self._cos = cos[0]
+            self._sin = torch.cat((-sin[0, :, :lead], sin[0, :, lead:]), dim=-1)
         assert self._sin is not None
         return self._cos, self._sin
 
     @staticmethod
     def _norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
+        if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
+            # one call for the 7 tensor operations below (the same values: float32 in and out)
+            return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
         dtype = x.dtype
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
@@ -91,8 +111,18 @@ class LeanLlama:
 
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+        """``x * cos + rotate_half(x) * sin``: ``rotate_half(x)`` is ``cat(-x2, x1)``, here
+        ``roll(x) = cat(x2, x1)`` times a ``sin`` whose first half is negated (the same
+        products: negating a factor is exact)."""
+        return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
+
+    @staticmethod
+    def _linear(layer: Any, x: torch.Tensor) -> torch.Tensor:
+        """``layer(x)``, without the module call's own work for a plain ``nn.Linear``
+        without hooks (a LoRA wrapper, any other module or hook keeps the module call)."""
+        if type(layer) is torch.nn.Linear and not _hooked(layer):
+            return F.linear(x, layer.weight, layer.bias)
+        return layer(x)
 
     @torch.no_grad()
     def __call__(
@@ -129,6 +159,7 @@ class LeanLlama:
         if keep_from and (cache or last_only or not 0 < keep_from < t):
             raise ValueError(f"keep_from={keep_from}: needs no cache, no last_only, 0 < it < {t}")
         last = len(inner.layers) - 1
+        lin = self._linear
         x = inner.embed_tokens(ids)
         cos_all, sin_all = self._rope(past + t, x)
         cos = cos_all[past : past + t][None, None]
@@ -137,14 +168,14 @@ class LeanLlama:
         for i, layer in enumerate(inner.layers):
             attn = layer.self_attn
             h = self._norm(x, layer.input_layernorm)
-            k = attn.k_proj(h).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-            v = attn.v_proj(h).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+            k = lin(attn.k_proj, h).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+            v = lin(attn.v_proj, h).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
             k = self._rotate(k, cos, sin)
             trim = keep_from if i == last else 0
             if trim:  # from here on only the kept positions
                 x, h = x[:, trim:], h[:, trim:]
             tq = t - trim
-            q = attn.q_proj(h).view(b, tq, self.n_heads, self.head_dim).transpose(1, 2)
+            q = lin(attn.q_proj, h).view(b, tq, self.n_heads, self.head_dim).transpose(1, 2)
             q = self._rotate(q, cos[:, :, trim:], sin[:, :, trim:])
             if cache:
                 k = torch.cat((cache[i][0], k), dim=2)
@@ -162,11 +193,11 @@ class LeanLlama:
                 before = past + trim
                 mask = torch.ones(tq, before + tq, dtype=torch.bool).tril(diagonal=before)
                 o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
-            x = x + attn.o_proj(o.transpose(1, 2).reshape(b, tq, -1))
+            x = x + lin(attn.o_proj, o.transpose(1, 2).reshape(b, tq, -1))
             h = self._norm(x, layer.post_attention_layernorm)
             mlp = layer.mlp
-            x = x + mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h))
+            x = x + lin(mlp.down_proj, F.silu(lin(mlp.gate_proj, h)) * lin(mlp.up_proj, h))
         if last_only:
             x = x[:, -1:]
         x = self._norm(x, inner.norm)
-        return self.model.lm_head(x), new_cache
+        return lin(self.model.lm_head, x), new_cache
