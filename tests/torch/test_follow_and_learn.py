@@ -116,3 +116,31 @@ def test_rollback_serves_the_weights_from_before_the_last_load(sort_base, tmp_pa
     assert fresh.served_checksum() == served[1]
     fresh.rollback()
     assert fresh.served_checksum() == base
+
+
+@pytest.mark.parametrize("whole_max", [64 << 20, 0], ids=["read_whole", "load_file"])
+def test_both_ways_of_reading_a_weight_file_serve_the_release(
+    sort_base, tmp_path, monkeypatch, whole_max
+):
+    """A small weight file is read whole and parsed from memory, a large one loaded by
+    safetensors from the file: either way the engine serves the release's checksum."""
+    import yeto_torch.engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "_READ_WHOLE_MAX", whole_max)
+    read_whole = []
+    real = engine_mod.load_bytes
+    monkeypatch.setattr(engine_mod, "load_bytes", lambda b: read_whole.append(1) or real(b))
+    releases = ReleaseStore(DirStore(tmp_path / "store"))
+    engine = HFEngine(str(sort_base), seed=1)
+    follower = PolicyFollower(releases, engine, work_dir=tmp_path / "w")
+    be = TorchBackend(str(sort_base), lr=5e-4)
+    be.restore(None)
+    start = 0
+    while not be.train_round(rollout_batch(engine, SortDigits(), start, 8, 8, 0))["stepped"]:
+        start += 8
+        assert start < 400, "no round stepped"
+    rel = _publish(be, releases, tmp_path, 1)
+    assert rel.weight_checksum != engine.served_checksum()
+    assert follower.poll() == "loaded"
+    assert engine.served_checksum() == rel.weight_checksum
+    assert bool(read_whole) == bool(whole_max)

@@ -90,10 +90,11 @@ def sample(
             if bool(done.all()):
                 break
             step_in = nxt[:, None]
-        for row in range(b):
-            k = int(lengths[row])
-            reason = "stop" if bool(done[row]) else "length"
-            out[idxs[row // n]].append((toks[row, :k].tolist(), lps[row, :k].tolist(), reason))
+        # one conversion per tensor, not four per row
+        rows = zip(lengths.tolist(), done.tolist(), toks.tolist(), lps.tolist(), strict=True)
+        for row, (k, stopped, tok_row, lp_row) in enumerate(rows):
+            reason = "stop" if stopped else "length"
+            out[idxs[row // n]].append((tok_row[:k], lp_row[:k], reason))
     return out
 
 
