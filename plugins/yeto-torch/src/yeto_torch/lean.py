@@ -111,10 +111,11 @@ class LeanLlama:
 
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """``x * cos + rotate_half(x) * sin``: ``rotate_half(x)`` is ``cat(-x2, x1)``, here
-        ``roll(x) = cat(x2, x1)`` times a ``sin`` whose first half is negated (the same
-        products: negating a factor is exact)."""
-        return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
+        """``x * cos + rotate_half(x) * sin``: ``rotate_half(x)`` is ``cat(-x2, x1)`` (``x2``
+        from ``D // 2`` on), here ``roll(x) = cat(x2, x1)`` times a ``sin`` whose first
+        ``len(x2)`` entries are negated (the same products: negating a factor is exact)."""
+        d = x.shape[-1]
+        return x * cos + x.roll(d - d // 2, -1) * sin
 
     @staticmethod
     def _linear(layer: Any, x: torch.Tensor) -> torch.Tensor:
