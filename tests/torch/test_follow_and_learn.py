@@ -15,6 +15,17 @@ from yeto_torch.tasks import SortDigits
 from yeto_torch.testing import rollout_batch
 
 
+def _train_until_stepped(backend, engine, task, start, version):
+    """Train rounds of 8 prompts from ``start`` until one steps (has a group with a reward
+    spread); :returns: the prompt index after the last round trained."""
+    while True:
+        stepped = backend.train_round(rollout_batch(engine, task, start, 8, 8, version))["stepped"]
+        start += 8
+        assert start < 400, "no round stepped"
+        if stepped:
+            return start
+
+
 def _publish(backend, releases, tmp, version):
     out = tmp / f"rel{version}"
     info = dict(backend.publish_release(out))
@@ -93,11 +104,7 @@ def test_rollback_serves_the_weights_from_before_the_last_load(sort_base, tmp_pa
     served = []
     start = 0
     for v in (1, 2):
-        stepped = 0.0
-        while not stepped:  # until a round has a group with a reward spread
-            stepped = be.train_round(rollout_batch(engine, task, start, 8, 8, v - 1))["stepped"]
-            start += 8
-            assert start < 400, "no round stepped"
+        start = _train_until_stepped(be, engine, task, start, v - 1)
         rel = _publish(be, releases, tmp_path, v)
         assert follower.poll() == "loaded"
         served.append(engine.served_checksum())
@@ -135,10 +142,7 @@ def test_both_ways_of_reading_a_weight_file_serve_the_release(
     follower = PolicyFollower(releases, engine, work_dir=tmp_path / "w")
     be = TorchBackend(str(sort_base), lr=5e-4)
     be.restore(None)
-    start = 0
-    while not be.train_round(rollout_batch(engine, SortDigits(), start, 8, 8, 0))["stepped"]:
-        start += 8
-        assert start < 400, "no round stepped"
+    _train_until_stepped(be, engine, SortDigits(), 0, 0)
     rel = _publish(be, releases, tmp_path, 1)
     assert rel.weight_checksum != engine.served_checksum()
     assert follower.poll() == "loaded"
