@@ -212,58 +212,6 @@ def test_a_release_writer_publishes_from_the_upload_thread_what_the_training_thr
     assert got[True] == got[False]
 
 
-class _ScoringWriterBackend(_WriterBackend):
-    """Its writer also scores the copy it holds: the fingerprint moves to the upload
-    thread with the export. Records which threads score through the backend itself."""
-
-    scored_on: list[str] = []
-
-    def prompt_logprobs(self, prompts):
-        type(self).scored_on.append(threading.current_thread().name)
-        return super().prompt_logprobs(prompts)
-
-    def release_writer(self):
-        write = super().release_writer()
-        first = float(self.params[0])
-
-        class Writer:
-            def __call__(self, out_dir):
-                return write(out_dir)
-
-            def prompt_logprobs(self, prompts):  # the copy's scores, on the calling thread
-                type(self).threads.append(threading.current_thread().name)
-                return [[float(-abs(first) - 0.01 * t) for t in p[1:]] for p in prompts]
-
-        Writer.threads = _ScoringWriterBackend.writer_scored_on
-        return Writer()
-
-    writer_scored_on: list[str] = []
-
-
-def test_a_scoring_release_writer_records_the_fingerprint_on_the_upload_thread(tmp_path):
-    got = {}
-    for overlap in (False, True):
-        _ScoringWriterBackend.scored_on, _ScoringWriterBackend.writer_scored_on = [], []
-        store, lc, _ = _setup(
-            tmp_path, f"s{overlap}", overlap=overlap, backend_cls=_ScoringWriterBackend
-        )
-        lc.start(0)
-        assert lc.train(4) == 4
-        lc.drain(StopReason.FINISHED)
-        got[overlap] = [(r.version, r.info) for r in ReleaseStore(store).list()]
-        lc.release()
-        if overlap:  # rounds 1-4: scored from the copy, on the upload thread only
-            assert len(_ScoringWriterBackend.writer_scored_on) == 4
-            assert all(t.startswith("upload") for t in _ScoringWriterBackend.writer_scored_on)
-            assert len(_ScoringWriterBackend.scored_on) == 1  # the start's release
-        else:  # no upload thread: the backend scores every release itself
-            assert _ScoringWriterBackend.writer_scored_on == []
-            assert len(_ScoringWriterBackend.scored_on) == 5
-    fps = [json.dumps(i[fingerprint.INFO_KEY], sort_keys=True) for _, i in got[True]]
-    assert len(set(fps)) == 5  # each release's own weights
-    assert got[True] == got[False]
-
-
 class _BrokenWriter(_WriterBackend):
     def release_writer(self):
         write = super().release_writer()

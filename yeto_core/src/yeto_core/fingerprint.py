@@ -183,20 +183,11 @@ def for_backend(backend: Any) -> Optional[Fingerprint]:
     Needs ``backend.vocab_size`` and ``backend.prompt_logprobs`` (see
     :class:`~yeto_core.ports.TrainerBackend`); ``backend.weights_dtype`` picks the tolerance.
     """
-    return scored_by(backend.prompt_logprobs, backend.vocab_size, str(backend.weights_dtype))
-
-
-def scored_by(
-    score: Callable[[list[list[int]]], Optional[Sequence[Sequence[float]]]],
-    vocab_size: Optional[int],
-    dtype: str = "float32",
-) -> Optional[Fingerprint]:
-    """The fingerprint ``score`` (a ``prompt_logprobs`` function) gives the probe set of
-    ``vocab_size``, or None when the vocabulary is unknown or ``score`` returns None."""
-    if not vocab_size:
+    vocab = backend.vocab_size
+    if not vocab:
         return None
-    probes = probe_set(int(vocab_size))
-    out = score(probes)
+    probes = probe_set(int(vocab))
+    out = backend.prompt_logprobs(probes)
     if out is None:
         return None
-    return record(lambda _p: out, probes, dtype)
+    return record(lambda _p: out, probes, str(backend.weights_dtype))

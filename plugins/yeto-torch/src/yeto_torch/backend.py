@@ -340,7 +340,6 @@ class TorchBackend(TrainerBackend):
         self.base_checksum = ""
         self.moe_shape: Optional[tuple[int, int, int]] = None  # (layers, top_k, experts)
         self._leans: dict[int, Any] = {}  # id(model) -> its LeanLlama (None: its own forward)
-        self._scorer: Optional[_Scorer] = None  # scores release snapshots (release_writer)
 
     # -- set-up -----------------------------------------------------------------------
 
@@ -956,29 +955,12 @@ class TorchBackend(TrainerBackend):
             return None
         dt = self._export_dtype()
         tensors = export.snapshot_full(self.model, dtype=dt)
-        return _SnapshotRelease(
-            tensors, self.model, self.model_dir, dt, self._snapshot_scorer(tensors)
-        )
+        model, base = self.model, self.model_dir
 
-    def _snapshot_scorer(self, tensors: dict[str, torch.Tensor]) -> Optional[_Scorer]:
-        """The model that scores a snapshot's fingerprint on the upload thread, or None
-        (then the training thread scores it): only for a model on the host, whose
-        parameters are exactly the snapshot's tensors (a copy of the model, made once,
-        whose parameters are pointed at each snapshot in turn; no weights are copied)."""
-        model = self.model
-        if self._scorer is not None and self._scorer.source is model:
-            return self._scorer if self._scorer.fits(tensors) else None
-        if any(p.device.type != "cpu" for p in model.parameters()):
-            return None  # a forward on the host would cost more than it saves
-        import copy
+        def write(out_dir: Path) -> dict[str, Any]:
+            return export.write_full(tensors, model, base, Path(out_dir), dtype=dt)
 
-        dtype = self._export_dtype()
-        twin = copy.deepcopy(model)
-        if dtype is not None:
-            twin = twin.to(dtype)
-        twin.eval().requires_grad_(False)
-        self._scorer = _Scorer(model, twin)
-        return self._scorer if self._scorer.fits(tensors) else None
+        return write
 
     def _export_dtype(self) -> Optional[torch.dtype]:
         """The dtype a full export writes its weights in (None: the model's own)."""
@@ -992,62 +974,3 @@ class TorchBackend(TrainerBackend):
             for k, v in self.optimizer.state.get(p, {}).items():
                 out[f"opt.{k}.{n}"] = torch.as_tensor(v)
         return out
-
-
-class _Scorer:
-    """A copy of the trained model, in eval mode and the export dtype, that scores the
-    fingerprint probes under a snapshot's tensors (:meth:`TorchBackend.release_writer`)."""
-
-    def __init__(self, source: torch.nn.Module, twin: torch.nn.Module):
-        import threading
-
-        self.source = source
-        self.twin = twin
-        self.params = dict(twin.named_parameters())
-        self.lock = threading.Lock()
-
-    def fits(self, tensors: dict[str, torch.Tensor]) -> bool:
-        """Whether ``tensors`` are exactly the twin's parameters (names, shapes, dtypes)."""
-        if tensors.keys() != self.params.keys():
-            return False
-        return all(
-            t.shape == self.params[n].shape and t.dtype == self.params[n].dtype
-            for n, t in tensors.items()
-        )
-
-    def score(self, tensors: dict[str, torch.Tensor], prompts: Any) -> list[list[float]]:
-        from yeto_torch.sampling import prompt_logprobs
-
-        with self.lock, torch.no_grad():
-            for name, p in self.params.items():
-                p.data = tensors[name]  # the snapshot's own tensors: nothing is copied
-            return prompt_logprobs(self.twin, prompts)
-
-
-class _SnapshotRelease:
-    """:meth:`TorchBackend.release_writer`'s writer: the full release of one moment's
-    weights, written (and, with a scorer, fingerprinted) later on another thread."""
-
-    def __init__(
-        self,
-        tensors: dict[str, torch.Tensor],
-        model: torch.nn.Module,
-        base: Path,
-        dtype: Optional[torch.dtype],
-        scorer: Optional[_Scorer],
-    ):
-        self.tensors, self.model, self.base, self.dtype = tensors, model, base, dtype
-        self._scorer = scorer
-        if scorer is None:
-            self.prompt_logprobs = None  # the training thread scores (see the port)
-
-    def __call__(self, out_dir: Path) -> dict[str, Any]:
-        return export.write_full(
-            self.tensors, self.model, self.base, Path(out_dir), dtype=self.dtype
-        )
-
-    def prompt_logprobs(self, prompts: Any) -> list[list[float]]:  # type: ignore[misc]
-        """The probes' log-probs under this snapshot (what the backend's
-        ``prompt_logprobs`` returned when the snapshot was taken)."""
-        assert self._scorer is not None
-        return self._scorer.score(self.tensors, prompts)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from yeto_core import fingerprint
 from yeto_core.records import ReleaseInfo
@@ -25,11 +25,10 @@ class DriverPublishing:
         """Export this round's release and commit it to the release store.
 
         ``overlap``: the upload (files, manifest, pointer) runs on a background thread
-        while the next round is read and trained; the export and the fingerprint, which
-        need this moment's weights, stay here unless the backend offers a
+        while the next round is read and trained; the fingerprint, which needs the
+        weights, stays here, and so does the export unless the backend offers a
         :meth:`~yeto_core.ports.TrainerBackend.release_writer` (a copy of the weights
-        taken here, written to files on that thread, and scored there for the
-        fingerprint when the writer has ``prompt_logprobs``). At most one upload is pending;
+        taken here, written to files on that thread). At most one upload is pending;
         every wait point (the next publication, the end of :meth:`train`, :meth:`drain`)
         waits for it and raises its error, so when ``train`` returns every trained round
         is published, as without overlap.
@@ -51,13 +50,7 @@ class DriverPublishing:
             "version": self.counters.policy_version,
             "buffer_watermark": self.counters.buffer_watermark,
         }
-        # a writer that scores its own copy of the weights records the fingerprint on the
-        # upload thread (the same scores: the copy is of this moment's weights)
-        later = writer is not None and callable(getattr(writer, "prompt_logprobs", None))
-        scoring: Optional[tuple[Optional[int], str]] = None
-        if later:
-            scoring = (self.backend.vocab_size, str(self.backend.weights_dtype))
-        elif fingerprint.INFO_KEY not in written:
+        if fingerprint.INFO_KEY not in written:
             # scored under the weights of this moment (the next round changes them)
             with stage("trainer.publish.fingerprint"):
                 recorded = fingerprint.for_backend(self.backend)
@@ -69,30 +62,17 @@ class DriverPublishing:
                 from concurrent.futures import ThreadPoolExecutor
 
                 self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
-            self._upload_pending = self._uploader.submit(self._upload, out, info, writer, scoring)
+            self._upload_pending = self._uploader.submit(self._upload, out, info, writer)
         else:
             self._upload(out, info)
 
-    def _upload(
-        self,
-        out: Path,
-        info: dict[str, Any],
-        writer: Any = None,
-        scoring: Optional[tuple[Optional[int], str]] = None,
-    ) -> None:
+    def _upload(self, out: Path, info: dict[str, Any], writer: Any = None) -> None:
         """Commit the release in ``out`` (first written there by ``writer``, the backend's
-        :meth:`~yeto_core.ports.TrainerBackend.release_writer`, when given; ``scoring``:
-        the vocabulary size and weights dtype with which ``writer.prompt_logprobs``
-        records the fingerprint here)."""
+        :meth:`~yeto_core.ports.TrainerBackend.release_writer`, when given)."""
         assert self.releases is not None
         if writer is not None:  # ``info`` holds the driver's keys only
             with stage("trainer.publish.export"):
                 written = ReleaseInfo.coerce(writer(out)).as_dict()
-            if scoring is not None and fingerprint.INFO_KEY not in written:
-                with stage("trainer.publish.fingerprint"):
-                    recorded = fingerprint.scored_by(writer.prompt_logprobs, *scoring)
-                if recorded is not None:
-                    info = {**info, fingerprint.INFO_KEY: recorded.to_json()}
             info = _with_driver_keys(written, info)
         with stage("trainer.publish.upload"):
             rel = self.releases.publish(out, info, handoff=True)  # out is removed next

@@ -322,11 +322,6 @@ class TrainerBackend(Port):
         (``overlap_uploads``) then writes them there, so the training thread only copies
         the weights. The default, None: :meth:`publish_release` writes the release on the
         training thread.
-
-        The function may also have a method ``prompt_logprobs(prompts)``: the scores
-        :meth:`prompt_logprobs` returned when the copy was taken, computed from the copy.
-        The driver then records the release's policy fingerprint on that thread as well.
-        Without it (or when it is None) the training thread scores the fingerprint.
         """
         return None
 

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 
-from yeto_core import fingerprint, ports
+from yeto_core import ports
 from yeto_core.errors import YetoError
 from yeto_core.records import (
     Action,
@@ -372,20 +372,6 @@ class TrainerBackendContract:
         )
         for name in names:
             assert (later / name).read_bytes() == (now / name).read_bytes(), name
-
-    def test_a_scoring_release_writer_scores_the_weights_of_its_moment(self, make_backend):
-        b = make_backend()
-        b.restore(None)
-        b.train_round(self.batch(0))
-        writer = b.release_writer()
-        if writer is None or not callable(getattr(writer, "prompt_logprobs", None)):
-            pytest.skip("this backend's fingerprint is scored on the training thread")
-        ref = fingerprint.for_backend(b)
-        assert ref is not None, "a writer scores only for a backend that scores"
-        b.train_round(self.batch(1))  # the weights change after the copy was taken
-        assert fingerprint.for_backend(b) != ref, "the round changed nothing"
-        got = fingerprint.scored_by(writer.prompt_logprobs, b.vocab_size, str(b.weights_dtype))
-        assert got == ref
 
 
 #: The contract class of every port.
