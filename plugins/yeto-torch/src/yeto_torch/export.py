@@ -39,6 +39,52 @@ WEIGHTS = "model.safetensors"
 _SIDE_FILES: weakref.WeakKeyDictionary[torch.nn.Module, dict] = weakref.WeakKeyDictionary()
 
 
+#: safetensors' names of the dtypes :func:`save_weights` writes itself
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+
+
+def save_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """``save_file(tensors, path, metadata={"format": "pt"})``: the same bytes.
+
+    For tensors of one dtype, contiguous on the host and sharing no memory (every
+    snapshot a full export writes), the file is written here: the header, then each
+    tensor's bytes from its own memory, in name order (as ``save_file`` orders tensors
+    of one dtype), at about half ``save_file``'s CPU time (a trainer exports every
+    round). Any other set goes through ``save_file``.
+    """
+    dtypes = {t.dtype for t in tensors.values()}
+    plain = (
+        len(dtypes) == 1
+        and next(iter(dtypes)) in _SAFETENSORS_DTYPES
+        and all(t.device.type == "cpu" and t.is_contiguous() for t in tensors.values())
+        and len({t.data_ptr() for t in tensors.values() if t.numel()})
+        == sum(1 for t in tensors.values() if t.numel())
+    )
+    if not plain:
+        save_file(tensors, str(path), metadata={"format": "pt"})
+        return
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    blobs = []
+    offset = 0
+    for name in sorted(tensors):
+        t = tensors[name]
+        blob = t.detach().reshape(-1).view(torch.uint8).numpy()  # no copy
+        header[name] = {
+            "dtype": _SAFETENSORS_DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + blob.nbytes],
+        }
+        offset += blob.nbytes
+        blobs.append(blob)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # the data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(len(head).to_bytes(8, "little"))
+        f.write(head)
+        for blob in blobs:
+            f.write(blob)
+
+
 def export_full(
     model: torch.nn.Module,
     base_dir: Path,
@@ -76,7 +122,7 @@ def write_full(
     changes; written once per model and dtype, then as the same bytes)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out_dir / WEIGHTS), metadata={"format": "pt"})
+    save_weights(tensors, out_dir / WEIGHTS)
     key = (str(Path(base_dir).resolve()), str(dtype))
     side = _SIDE_FILES.get(model, {}).get(key)
     if side is None:
