@@ -34,6 +34,7 @@ def test_odd_tensor_sets_are_written_as_save_file_writes_them(tmp_path):
         "scalar_and_empty": {"a": torch.tensor(1.5), "b": torch.zeros(0, 3), "c": torch.ones(2)},
         "mixed_dtypes": {"a": torch.ones(3), "b": torch.ones(3, dtype=torch.bfloat16)},
         "names": {"z.w": torch.randn(2, generator=g), "a.b_1": torch.randn(7, 1, generator=g)},
+        "unicode": {"poids.é": torch.randn(3, generator=g), 'a"b': torch.randn(1, generator=g)},
     }
     for name, tensors in cases.items():
         (tmp_path / name).mkdir()

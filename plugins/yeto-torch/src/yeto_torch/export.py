@@ -76,7 +76,7 @@ def save_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
         }
         offset += blob.nbytes
         blobs.append(blob)
-    head = json.dumps(header, separators=(",", ":")).encode()
+    head = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
     head += b" " * (-len(head) % 8)  # the data starts 8-byte aligned
     with open(path, "wb") as f:
         f.write(len(head).to_bytes(8, "little"))
