@@ -46,8 +46,8 @@ _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float
 def save_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
     """``save_file(tensors, path, metadata={"format": "pt"})``: the same bytes.
 
-    For tensors of one dtype, contiguous on the host and sharing no memory (every
-    snapshot a full export writes), the file is written here: the header, then each
+    For tensors of one dtype, contiguous on the host and sharing no memory (the
+    weights of every export: a full snapshot, a LoRA adapter), the file is written here: the header, then each
     tensor's bytes from its own memory, in name order (as ``save_file`` orders tensors
     of one dtype), at about half ``save_file``'s CPU time (a trainer exports every
     round). Any other set goes through ``save_file``.
@@ -178,7 +178,7 @@ def export_lora(
     for name, m in mods.items():
         tensors[f"base_model.model.{name}.lora_A.weight"] = m.lora_A.detach().contiguous().clone()
         tensors[f"base_model.model.{name}.lora_B.weight"] = m.lora_B.detach().contiguous().clone()
-    save_file(tensors, str(out_dir / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    save_weights(tensors, out_dir / ADAPTER_WEIGHTS)
     first = next(iter(mods.values()))
     cfg = {
         "peft_type": "LORA",
