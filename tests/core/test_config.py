@@ -99,6 +99,14 @@ def test_run_dir_override(tmp_path: Path) -> None:
         ),
         (("groups_per_round = 2", "groups_per_round = 0"), "trainer.groups_per_round = 0"),
         (
+            ("groups_per_round = 2", "groups_per_round = 2\npublish_every = 0"),
+            "trainer.publish_every = 0; it must be in [1, 1000000]",
+        ),
+        (
+            ("groups_per_round = 2", "groups_per_round = 2\npublish_every = 2.5"),
+            "trainer.publish_every",
+        ),
+        (
             ("max_new_tokens = 3", "max_new_tokens = 3\ntop_p = 1.5"),
             "samplers[0].sampling.top_p = 1.5",
         ),
@@ -111,6 +119,18 @@ def test_bad_configs_name_the_toml_path(tmp_path: Path, edit, expected: str) -> 
         load_config(_write(tmp_path, GOOD.replace(old, new, 1)))
     assert expected in str(info.value)
     assert "run.toml" in str(info.value)
+
+
+def test_publish_every_is_read_and_refused_with_sync_rounds(tmp_path: Path) -> None:
+    every = GOOD.replace("groups_per_round = 2", "groups_per_round = 2\npublish_every = 3")
+    assert load_config(_write(tmp_path, every)).trainer.publish_every == 3
+    assert load_config(_write(tmp_path, GOOD)).trainer.publish_every == 1
+    sync = "min_round_s = 0.5\nsync_rounds = true"
+    assert load_config(_write(tmp_path, GOOD.replace("min_round_s = 0.5", sync)))
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, every.replace("min_round_s = 0.5", sync)))
+    assert "trainer.publish_every = 3 with sync_rounds on samplers[0]" in str(info.value)
+    assert "set trainer.publish_every = 1 or sync_rounds = false" in str(info.value)
 
 
 def test_missing_sections_and_bad_toml(tmp_path: Path) -> None:

@@ -48,6 +48,7 @@ Layout (all tables optional except ``model``, ``task``, ``samplers`` and ``train
     groups_per_round = 4
     max_policy_age = 2
     total_rounds = 0                   # rounds before the run finishes; 0: no limit
+    publish_every = 1                  # a policy release after every N-th round (and a command's last)
     price_per_hour = 0.0
     lifecycle = "remote"               # "remote": the trainer is an island; "driver": in the head
     provider = "local"                 # the island provider of the trainer island

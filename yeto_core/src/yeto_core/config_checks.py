@@ -152,6 +152,21 @@ def validate(config: RunConfig) -> list[str]:
     _positive(errors, "trainer.max_policy_age", t.max_policy_age, zero_ok=True)
     _positive(errors, "trainer.price_per_hour", t.price_per_hour, zero_ok=True)
     _positive(errors, "trainer.total_rounds", t.total_rounds, zero_ok=True)
+    if isinstance(t.publish_every, bool) or not isinstance(t.publish_every, int):
+        errors.append(f"trainer.publish_every = {t.publish_every!r}; it must be an integer >= 1")
+    elif not 1 <= t.publish_every <= 1_000_000:
+        errors.append(
+            f"trainer.publish_every = {t.publish_every!r}; it must be in [1, 1000000] "
+            "(1: a release after every round)"
+        )
+    elif t.publish_every > 1:
+        sync = [f"samplers[{i}]" for i, s in enumerate(config.samplers) if s.sync_rounds]
+        if sync:
+            errors.append(
+                f"trainer.publish_every = {t.publish_every} with sync_rounds on "
+                f"{', '.join(sync)}: a synchronous sampler waits for the release of every "
+                "round; set trainer.publish_every = 1 or sync_rounds = false"
+            )
     if not 0 <= config.seed < 2**63:
         errors.append(f"seed = {config.seed!r}; it must be an integer in [0, 2**63)")
     if not config.scheduler.name:

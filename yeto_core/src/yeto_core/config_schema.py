@@ -98,6 +98,9 @@ class TrainerConfig:
     provider_options: dict[str, Any] = attrs.field(factory=dict)
     #: The trainer's numeric precision; a convertible sampler group must match it.
     precision: str = ""
+    #: Publish a release after every N-th trained round (and after the last round of
+    #: every train command, so a held or stopped trainer's newest policy is out).
+    publish_every: int = 1
 
 
 @attrs.frozen

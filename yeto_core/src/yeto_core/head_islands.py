@@ -362,6 +362,7 @@ class HeadIslands:
             partial_last_round=True,
             ledger_set_aside_before=self.state.started_at,
             reader_options={"fenced_incarnations": StoreFences(self.store)},
+            publish_every=config.trainer.publish_every,
         )
 
 

@@ -231,6 +231,7 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         ledger_set_aside_before=head_started_at(store),
         reader_options={"fenced_incarnations": StoreFences(store)},
         overlap_uploads=True,  # a round's release upload overlaps the next round
+        publish_every=config.trainer.publish_every,
     )
     agent = IslandTrainerAgent(store, driver, incarnation)
     try:

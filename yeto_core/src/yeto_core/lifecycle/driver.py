@@ -106,6 +106,7 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         ledger_set_aside_before: Optional[float] = None,
         reader_options: Optional[Mapping[str, Any]] = None,
         overlap_uploads: bool = False,
+        publish_every: int = 1,
     ) -> None:
         self.backend_factory = backend_factory
         self.buffer = buffer
@@ -138,6 +139,15 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         self.overlap_uploads = bool(overlap_uploads)
         self._uploader: Any = None
         self._upload_pending: Any = None
+        if isinstance(publish_every, bool) or not isinstance(publish_every, int):
+            raise ValueError(f"publish_every must be an integer >= 1, got {publish_every!r}")
+        if publish_every < 1:
+            raise ValueError(f"publish_every must be an integer >= 1, got {publish_every!r}")
+        #: publish a release after every ``publish_every``-th trained round (counted over
+        #: the run: ``trained_rounds``), and after the last round of every ``train`` call
+        self.publish_every = publish_every
+        #: the newest trained version has no release yet (``publish_every`` > 1)
+        self._unpublished = False
         #: rounds the backend refused for a non-finite loss or gradient norm, in a row
         self.nonfinite_in_a_row = 0
         #: the last ``_train_one`` found too few groups (a command with ``for_s`` waits)
@@ -332,6 +342,9 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
                     done += 1
                     if for_s is not None and time.monotonic() - began >= for_s:
                         break
+                if self._unpublished:  # the newest version is released before the hold
+                    with stage("trainer.publish"):
+                        self._publish(overlap=self.overlap_uploads)
             except BaseException:
                 self._wait_upload()
                 raise
@@ -412,8 +425,12 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
             trained_groups=c.trained_groups + len(batch.groups),
             skipped_groups=c.skipped_groups + sum(counts.values()),
         )
-        with stage("trainer.publish"):
-            self._publish(overlap=self.overlap_uploads)
+        published = self.counters.trained_rounds % self.publish_every == 0
+        if published:
+            with stage("trainer.publish"):
+                self._publish(overlap=self.overlap_uploads)
+        else:
+            self._unpublished = True
         PROFILE.count("trainer.rounds")
         with stage("trainer.round_event"):
             self._event(
@@ -424,6 +441,7 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
                 skipped_counts=counts,
                 padded_samples=len(batch.padding),
                 watermark_before=batch.watermark_before,
+                published=published,
                 metrics={k: float(v) for k, v in metrics.items()},
                 **attrs.asdict(self.counters),
             )

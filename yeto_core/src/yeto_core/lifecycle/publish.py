@@ -1,7 +1,8 @@
 """Publishing the driver's releases: :class:`DriverPublishing`, a mixin of
 :class:`~yeto_core.lifecycle.driver.DriverLifecycle`.
 
-After every trained round (and at start) the backend exports a release, which
+After every trained round (every ``publish_every``-th, and the last of each ``train``
+call, with ``publish_every`` > 1; and at start) the backend exports a release, which
 is fingerprinted and committed to the :class:`~yeto_core.release.ReleaseStore`,
 in this thread or (``overlap_uploads``) on a background upload thread.
 """
@@ -30,9 +31,10 @@ class DriverPublishing:
         :meth:`~yeto_core.ports.TrainerBackend.release_writer` (a copy of the weights
         taken here, written to files on that thread). At most one upload is pending;
         every wait point (the next publication, the end of :meth:`train`, :meth:`drain`)
-        waits for it and raises its error, so when ``train`` returns every trained round
-        is published, as without overlap.
+        waits for it and raises its error, so when ``train`` returns its newest round is
+        published (every round with ``publish_every = 1``), as without overlap.
         """
+        self._unpublished = False
         if self.releases is None:
             return
         assert self.backend is not None
