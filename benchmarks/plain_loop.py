@@ -14,7 +14,7 @@ one trainer process pass safetensors files through a directory.
   files only as the round it fills needs them (the others stay in ``groups/``,
   so the samplers' backlog cap binds), drops groups more than
   ``--max-policy-age`` versions older than the policy the round trains, trains
-  one GRPO step, exports a release
+  one GRPO step, exports a release after every ``--publish-every``-th round
   (``releases/v<N>``, renamed into place) and appends one JSON line per round
   (time, per-group mean rewards) to ``rounds.jsonl``.
 
@@ -155,9 +155,10 @@ def trainer(args: argparse.Namespace) -> None:
             )
             backend.train_round(batch)
             version += 1
-            out = rdir / f".v{version}.tmp"
-            backend.publish_release(out)
-            os.replace(out, rdir / f"v{version}")
+            if version % args.publish_every == 0:
+                out = rdir / f".v{version}.tmp"
+                backend.publish_release(out)
+                os.replace(out, rdir / f"v{version}")
             rewards = [sum(s.reward for s in g.samples) / len(g.samples) for g in batch.groups]
             ages = [
                 batch.policy_version - min(s.weight_version for s in g.samples)
@@ -206,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--groups-per-round", type=int, default=16)
     ap.add_argument("--max-policy-age", type=int, default=3)
+    ap.add_argument("--publish-every", type=int, default=1, help="a release every N-th round")
     ap.add_argument(
         "--trainer-cpus", default="", help="pin the trainer process to these CPUs ('0', '0-1')"
     )

@@ -71,6 +71,9 @@ def test_sync_mode_makes_one_round_per_sampler_call_and_waits_for_versions(
         assert config.trainer.backend_options == {"lr": 0.0005, "threads": 1}
         if sync:  # the islands' calls together make exactly one round
             assert sampler.count * sampler.prompts_per_call == config.trainer.groups_per_round
+        # --publish-every: the async trainer's; a sync island waits for every round's release
+        every = _load_e2e_config(tmp_path, mode, publish_every=2).trainer.publish_every
+        assert (config.trainer.publish_every, every) == (1, 1 if sync else 2)
     for throttle in (0.3, 0.0):  # --async-min-round-s: only the async samplers' throttle
         text = e2e_config(
             tmp_path,
@@ -275,8 +278,11 @@ def test_repeat_runs_both_modes_per_repetition_interleaved_each_with_its_seed_an
 
     calls: list[tuple[str, Path, int]] = []
 
+    every: dict[str, object] = {}
+
     def run_mode(mode: str, *, work: Path, seed: int, **kw: object) -> dict:
         calls.append((mode, work, seed))
+        every[mode] = kw.get("publish_every", 1)
         return {"mode": mode, "seed": seed}
 
     combined: dict = {}
@@ -297,11 +303,15 @@ def test_repeat_runs_both_modes_per_repetition_interleaved_each_with_its_seed_an
     ]
     assert combined["seeds"] == [5, 6, 7]
     assert [r["pair"][0]["seed"] for r in combined["reports"]] == [5, 6, 7]
-    assert json.loads(result.output.strip().splitlines()[-1])["rounds_per_tick"] == 32
+    report = json.loads(result.output.strip().splitlines()[-1])
+    assert report["rounds_per_tick"] == 32
+    # the async run and the plain loop publish alike (--publish-every, 2 by default)
+    assert every == {"async": 2, "sync": 1}
+    assert report["publish_every"] == {"async": 2, "sync": 1, "plain": 2}
 
 
 @pytest.mark.timeout(500)
-def test_plain_loop_reports_time_from_its_first_group(sort4_base: Path) -> None:
+def test_plain_loop_reports_time_from_its_first_group(sort4_base: Path, tmp_path: Path) -> None:
     """benchmarks/plain_loop.py end to end with a tiny target (no timing asserts).
 
     Regression: t0 was taken from the group files seen at the parent's polls, after
@@ -322,6 +332,10 @@ def test_plain_loop_reports_time_from_its_first_group(sort4_base: Path) -> None:
             str(min(os.sched_getaffinity(0))),
             "--sampler-cpus",
             ",".join(map(str, sorted(os.sched_getaffinity(0)))),
+            "--publish-every",
+            "2",
+            "--work",
+            str(tmp_path),
         ],
         capture_output=True,
         text=True,
@@ -336,6 +350,10 @@ def test_plain_loop_reports_time_from_its_first_group(sort4_base: Path) -> None:
     # so groups read early and trained later were older than max_policy_age (3).
     assert report["max_trained_age"] is not None and report["max_trained_age"] <= 3, report
     assert all(t >= 0 for t, _ in report["reward_curve"]), report["reward_curve"][:3]
+    # --publish-every 2: releases of the even versions only
+    released = sorted(int(p.name[1:]) for p in (tmp_path / "releases").glob("v*"))
+    if report["rounds_trained"] >= 2:
+        assert released and all(v % 2 == 0 for v in released), released
 
 
 def test_measured_store_on_a_store_base_counts_through_the_wrapper(tmp_path: Path) -> None:

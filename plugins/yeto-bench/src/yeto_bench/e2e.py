@@ -73,21 +73,23 @@ BASELINES = {
     "each, 16 groups per round split evenly over their calls, 8 answers per prompt, no "
     "throttle, backlog cap 64) append while the torch trainer island trains rounds of 16 "
     "groups under S1 (policy-age gate 3), with durability (fsynced buffer, ledger, "
-    "consumed.json), a release per round (export, fingerprint, manifest) that the samplers "
-    "fetch, verify and load; head tick 0.1 s, up to rounds_per_tick rounds per train command (the JSON's `rounds_per_tick`), a command ending after the round that passes 2 s (train_for_s); every wait wakes on the store's "
+    "consumed.json), a release (export, fingerprint, manifest) after every publish_every-th "
+    "round (the JSON's `publish_every`) and after each train command's last round, that the "
+    "samplers fetch, verify and load; head tick 0.1 s, up to rounds_per_tick rounds per train command (the JSON's `rounds_per_tick`), a command ending after the round that passes 2 s (train_for_s); every wait wakes on the store's "
     "watch (inotify on the dir store) or its poll interval; the sampler islands pinned off the "
     "first CPU, which the trainer island's training thread has to itself (the JSON's `cpus`; "
     "none with --no-pin)",
     "sync": "the same run with samplers[].sync_rounds (each island waits, woken by its follower's "
     "load, until it serves the policy trained on its previous call; the islands' calls make one "
-    "round), "
+    "round), a release after every round, "
     "the always-on scheduler and the same head settings (tick 0.1 s, the same rounds_per_tick)",
     "plain": "benchmarks/plain_loop.py: as many sampler processes as yeto's islands and 1 "
     "trainer process of the same "
     "engine/backend classes and hyperparameters passing group files and releases through a "
     "directory; bounded queue (backlog cap 64, files taken only as a round needs them), "
-    "policy-age gate at training time; no durability, no scheduler, no verification; its "
-    "trainer and samplers pinned to the same CPUs as yeto's",
+    "policy-age gate at training time; its trainer exports a release after every "
+    "publish_every-th round, as yeto's async run does; no durability, no scheduler, no "
+    "verification; its trainer and samplers pinned to the same CPUs as yeto's",
 }
 
 
@@ -116,10 +118,12 @@ def e2e_config(
     store: str = "",
     rounds_per_tick: int = 32,
     pin: bool = True,
+    publish_every: int = 1,
 ) -> str:
     """The TOML of one e2e run (``mode``: ``async`` or ``sync``; ``store``: its URL, empty:
     the run dir's ``store/``; ``pin``: the trainer island on one CPU, the samplers on
-    the others, :func:`cpu_split`)."""
+    the others, :func:`cpu_split`; ``publish_every``: the trainer's, async only: a sync
+    island waits for the release of every round)."""
     if mode not in ("async", "sync"):
         raise ValueError(f"mode {mode!r}; use async or sync")
     if groups_per_round % samplers:
@@ -158,6 +162,7 @@ def e2e_config(
         silence_s=120,
         store=store,
         cpus=cpu_split() if pin else None,
+        publish_every=None if sync or publish_every == 1 else publish_every,
     )
 
 
@@ -252,6 +257,7 @@ def run_mode(
     store_base: str = "",
     pin: bool = True,
     samplers: int = 2,
+    publish_every: int = 1,
 ) -> dict[str, Any]:
     """One run of ``mode`` until the target (or the timeout); its figures."""
     import os
@@ -278,6 +284,7 @@ def run_mode(
             rounds_per_tick=rounds_per_tick,
             pin=pin,
             samplers=samplers,
+            publish_every=publish_every,
         )
     )
     launched = time.time()
@@ -429,6 +436,7 @@ def run_plain_loop(
     pin: bool = True,
     samplers: int = 2,
     groups_per_round: int = 16,
+    publish_every: int = 1,
 ) -> dict[str, Any]:
     """``benchmarks/plain_loop.py`` as a subprocess; its JSON (or the reason it failed).
 
@@ -456,6 +464,8 @@ def run_plain_loop(
         str(groups_per_round // samplers),
         "--groups-per-round",
         str(groups_per_round),
+        "--publish-every",
+        str(publish_every),
     ]
     split = cpu_split() if pin else None
     if split is not None:
@@ -763,6 +773,14 @@ def combine(reports: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
     help="Sampler islands of both modes (and the plain loop's sampler processes); "
     "16 groups per round must split evenly over them.",
 )
+@click.option(
+    "--publish-every",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="The async run's trainer.publish_every and the plain loop's: a release after every "
+    "N-th round (yeto's also after each train command's last). Sync publishes every round.",
+)
 def command(seaweedfs: bool, **options: Any) -> None:
     """Asynchronous vs synchronous GRPO: time to a target reward (prints JSON)."""
     with contextlib.ExitStack() as stack:
@@ -813,6 +831,7 @@ def _command(
     store_base: str,
     no_pin: bool = False,
     samplers: int = 2,
+    publish_every: int = 2,
 ) -> None:
     base = Path(base_dir or f"runs/base/{task}").absolute()
     script = Path(plain_loop) if plain_loop else Path("benchmarks/plain_loop.py")
@@ -837,7 +856,12 @@ def _command(
                 samplers=samplers,
             )
             a = run_mode(
-                "async", work=work, async_min_round_s=async_min_round_s, **stores, **common
+                "async",
+                work=work,
+                async_min_round_s=async_min_round_s,
+                publish_every=publish_every,
+                **stores,
+                **common,
             )
             s = run_mode("sync", work=work, **stores, **common)
             plain = (
@@ -846,6 +870,7 @@ def _command(
                     min_round_s=async_min_round_s,
                     pin=not no_pin,
                     samplers=samplers,
+                    publish_every=publish_every,
                     **common,
                 )
                 if use_plain
@@ -867,6 +892,7 @@ def _command(
         if no_pin or (split := cpu_split()) is None
         else {"trainer": split[0], "samplers": split[1]},
         samplers=samplers,
+        publish_every={"async": publish_every, "sync": 1, "plain": publish_every},
         store={
             "wrapper": "faulty (counting, no faults)"
             if store_latency_ms is not None or remote_store or store_base

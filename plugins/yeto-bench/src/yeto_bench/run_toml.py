@@ -37,16 +37,19 @@ def bench_run_toml(
     trainer_options: dict | None = None,
     base_options: dict | None = None,
     cpus: tuple[list[int], list[int]] | None = None,
+    publish_every: int | None = None,
 ) -> str:
     """The TOML text; ``sync_rounds=None`` leaves the key out, ``scheduler_options`` is a
     TOML inline table body line (``options = {...}``) or empty; ``trainer_options`` are
     added to ``trainer.backend_options`` and ``base_options`` to ``model.base_options``
     (strings, numbers, booleans); ``cpus`` (the trainer's, the samplers') pins the islands
-    (the ``local`` provider's ``provider_options.cpus``)."""
+    (the ``local`` provider's ``provider_options.cpus``); ``publish_every`` None leaves
+    ``trainer.publish_every`` out (a release after every round)."""
     sync_line = (
         "" if sync_rounds is None else f"sync_rounds = {'true' if sync_rounds else 'false'}\n"
     )
     options_line = f"{scheduler_options}\n" if scheduler_options else ""
+    every_line = "" if publish_every is None else f"publish_every = {int(publish_every)}\n"
     store_line = f"store = {json.dumps(store)}\n" if store else ""
     extra = "".join(f", {k} = {json.dumps(v)}" for k, v in (trainer_options or {}).items())
     trainer_pin = sampler_pin = ""
@@ -85,7 +88,7 @@ backend_options = {{ lr = {float(lr)}, threads = 1{extra} }}
 groups_per_round = {int(groups_per_round)}
 max_policy_age = {int(max_policy_age)}
 total_rounds = {int(total_rounds)}
-{trainer_pin}
+{every_line}{trainer_pin}
 [scheduler]
 name = {json.dumps(scheduler)}
 tick_s = {float(tick_s)}
