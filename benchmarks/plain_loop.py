@@ -190,6 +190,10 @@ def _steps_per_s(rounds, t0, hit):
     return round(steps / (until - t0), 3) if until > t0 else None
 
 
+def _mean(values: list[int]):
+    return round(sum(values) / len(values), 3) if values else None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base-dir", required=True)
@@ -298,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                 "max_trained_age": max(
                     (a for r in rounds for a in r.get("ages", [])), default=None
                 ),
+                "mean_trained_age": _mean([a for r in rounds for a in r.get("ages", [])]),
                 "reward_curve": curve[:: max(1, len(curve) // 50)],
             },
             sort_keys=True,

@@ -27,6 +27,7 @@ KEYS = {
     "trainer_busy_s",
     "reward_curves",
     "overhead_vs_plain_loop",
+    "mean_policy_lag",
 }
 
 
@@ -123,7 +124,7 @@ def test_both_modes_keep_the_samplers_off_the_trainers_first_cpu(
 
 
 def test_policy_lag_is_zero_for_synchronous_rounds() -> None:
-    from yeto_bench.e2e import policy_lag
+    from yeto_bench.e2e import policy_lag, policy_lags
     from yeto_core.records import Event
 
     def rnd(k: int, positions: list[int]) -> Event:
@@ -133,6 +134,7 @@ def test_policy_lag_is_zero_for_synchronous_rounds() -> None:
     sync = [rnd(1, [0, 1]), rnd(2, [2, 3])]
     assert policy_lag(sync, {0: 0, 1: 0, 2: 1, 3: 1}) == 0
     assert policy_lag(sync, {0: 0, 1: 0, 2: 0, 3: 1}) == 1  # round 2 trained a v0 group
+    assert policy_lags(sync, {0: 0, 1: 0, 2: 0, 3: 1}) == [0, 0, 1, 0]  # per trained group
     assert policy_lag([], {}) is None
 
 
@@ -186,6 +188,7 @@ def _run(t: float) -> dict:
         "trainer_paid_s": t,
         "trainer_busy_s": t / 2,
         "max_policy_lag": 1,
+        "mean_policy_lag": t / 100,
         "reward_curve": [[0.0, 0.1]],
         "rounds_trained": 3,
         "groups_appended": 48,
@@ -195,7 +198,7 @@ def _run(t: float) -> dict:
 
 def test_combine_keeps_single_run_keys_as_medians() -> None:
     def rep(a: float, s: float, p: float | None) -> dict:
-        plain = None if p is None else {"time_to_target_s": p}
+        plain = None if p is None else {"time_to_target_s": p, "mean_trained_age": p / 100}
         return one_report(_run(a), _run(s), plain, task="sort4", target=0.8, timeout_s=240)
 
     one = rep(60, 90, 50)
@@ -207,6 +210,8 @@ def test_combine_keeps_single_run_keys_as_medians() -> None:
     assert both["async_time_to_target_s"] == 60.0 and both["sync_time_to_target_s"] == 90.0
     assert both["overhead_vs_plain_loop_median"] == 1.171  # 1.2, 8/7: rep 2 had no plain loop
     assert both["trainer_paid_s"] == {"async": 60.0, "sync": 90.0}
+    # medians over the repetitions that have one (rep 2 ran no plain loop)
+    assert both["mean_policy_lag"] == {"async": 0.6, "sync": 0.9, "plain": 0.6}
     assert [r["seed"] for r in both["repetitions"]] == [0, 1, 2]
     assert [r["speedup"] for r in both["repetitions"]] == [1.5, 1.0, 2.5]
 
@@ -349,6 +354,7 @@ def test_plain_loop_reports_time_from_its_first_group(sort4_base: Path, tmp_path
     # Regression: the age gate ran when a file was read, not when its round trained,
     # so groups read early and trained later were older than max_policy_age (3).
     assert report["max_trained_age"] is not None and report["max_trained_age"] <= 3, report
+    assert 0 <= report["mean_trained_age"] <= report["max_trained_age"], report
     assert all(t >= 0 for t, _ in report["reward_curve"]), report["reward_curve"][:3]
     # --publish-every 2: releases of the even versions only
     released = sorted(int(p.name[1:]) for p in (tmp_path / "releases").glob("v*"))

@@ -17,7 +17,8 @@ gate 3) and the same seeds:
   publishes release n, the samplers load it and generate round n+1. No
   throttle (generation and training alternate, so none is needed).
   ``max_policy_lag`` (trained-from version minus the oldest group's version,
-  over all rounds) is 0 in this mode.
+  over all rounds) is 0 in this mode. ``mean_policy_lag`` is the same difference
+  averaged over every trained group (the plain loop's too: how stale each trains).
 
 Time to target: the first moment the rolling mean reward over the last 64
 trained groups (in training order, from the trainer's ``round_trained``
@@ -344,7 +345,7 @@ def run_mode(
     until = start + hit if hit is not None else max((t for t, _ in rounds), default=start)
     steps = sum(1 for t, _ in rounds if t <= until + 1e-9)
     paid, busy = trainer_seconds(run_dir, per_round, appended_at)
-    lag = policy_lag(trained, min_version)
+    lags = policy_lags(trained, min_version)
     from yeto_bench.money import run_money
 
     money = run_money(run_dir, store_url=store_url)
@@ -352,7 +353,8 @@ def run_mode(
         "usd_total": money["usd_total"],
         "usd_per_trained_group": money["usd_per_trained_group"],
         "profile": stage_profiles(store, rounds=len(trained)),
-        "max_policy_lag": lag,
+        "max_policy_lag": max(lags) if lags else None,
+        "mean_policy_lag": round(statistics.fmean(lags), 3) if lags else None,
         "time_to_target_s": hit,
         "startup_s": round((t0 or launched) - launched, 2),
         "trainer_paid_s": paid,
@@ -393,14 +395,19 @@ def policy_lag(trained: list[Any], min_version: dict[int, int]) -> Optional[int]
     Round ``k`` (``trained_rounds``, 1-based) is trained from version ``k - 1``;
     synchronous GRPO has lag 0 on every round. None when no round was trained.
     """
-    lags = [
+    lags = policy_lags(trained, min_version)
+    return max(lags) if lags else None
+
+
+def policy_lags(trained: list[Any], min_version: dict[int, int]) -> list[int]:
+    """(version trained from - the group's oldest sample version) of every trained group."""
+    return [
         int(e.data["trained_rounds"]) - 1 - min_version[int(p)]
         for e in trained
         if e.data.get("trained_rounds") is not None
         for p in e.data.get("positions", ())
         if int(p) in min_version
     ]
-    return max(lags) if lags else None
 
 
 def store_may_hold_groups(run_dir: Path, store_base: str = "") -> bool:
@@ -586,6 +593,11 @@ def one_report(
         "trainer_paid_s": {"async": a["trainer_paid_s"], "sync": s["trainer_paid_s"]},
         "trainer_busy_s": {"async": a["trainer_busy_s"], "sync": s["trainer_busy_s"]},
         "max_policy_lag": {"async": a["max_policy_lag"], "sync": s["max_policy_lag"]},
+        "mean_policy_lag": {
+            "async": a.get("mean_policy_lag"),
+            "sync": s.get("mean_policy_lag"),
+            "plain": (plain or {}).get("mean_trained_age"),
+        },
         **_money(a, s),
         "reward_curves": {"async": a["reward_curve"], "sync": s["reward_curve"]},
         "runs": {
@@ -675,6 +687,10 @@ def combine(reports: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
         "trainer_paid_s": per_mode("trainer_paid_s", lambda v: round(statistics.median(v), 2)),
         "trainer_busy_s": per_mode("trainer_busy_s", lambda v: round(statistics.median(v), 2)),
         "max_policy_lag": per_mode("max_policy_lag", max),
+        "mean_policy_lag": {
+            m: _median([v for r in reports if (v := r["mean_policy_lag"].get(m)) is not None])
+            for m in ("async", "sync", "plain")
+        },
         "usd_total": per_mode("usd_total", lambda v: round(statistics.median(v), 6)),
         "usd_per_trained_group": per_mode(
             "usd_per_trained_group", lambda v: round(statistics.median(v), 8)
