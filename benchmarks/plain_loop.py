@@ -221,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default=None, help="(internal) the exchange directory")
     ap.add_argument("--role", default=None, help="(internal) sampler-<i> or trainer")
     args = ap.parse_args(argv)
+    if args.publish_every < 1:
+        ap.error(f"--publish-every {args.publish_every}: give 1 or more (1: a release per round)")
     args.base_dir = Path(args.base_dir).absolute()
     if args.role:  # pinned like yeto's islands (yeto_core.island_env.pin_cpus)
         cpus = args.trainer_cpus if args.role == "trainer" else args.sampler_cpus
