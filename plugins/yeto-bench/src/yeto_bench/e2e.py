@@ -687,26 +687,28 @@ def combine(reports: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
         "trainer_paid_s": per_mode("trainer_paid_s", lambda v: round(statistics.median(v), 2)),
         "trainer_busy_s": per_mode("trainer_busy_s", lambda v: round(statistics.median(v), 2)),
         "max_policy_lag": per_mode("max_policy_lag", max),
-        "mean_policy_lag": {
-            m: _median([v for r in reports if (v := r["mean_policy_lag"].get(m)) is not None])
-            for m in ("async", "sync", "plain")
-        },
+        "mean_policy_lag": _medians(reports, "mean_policy_lag"),
         "usd_total": per_mode("usd_total", lambda v: round(statistics.median(v), 6)),
         "usd_per_trained_group": per_mode(
             "usd_per_trained_group", lambda v: round(statistics.median(v), 8)
         ),
         "prices": first.get("prices"),
         "reward_curves": first["reward_curves"],
-        "optimizer_steps_per_s": {
-            m: _median([v for r in reports if (v := r["optimizer_steps_per_s"].get(m)) is not None])
-            for m in ("async", "sync", "plain")
-        },
+        "optimizer_steps_per_s": _medians(reports, "optimizer_steps_per_s"),
         "profile": first.get("profile"),
         "runs": first["runs"],
         "baselines": BASELINES,
         "plain_loop": first["plain_loop"],
         "aggregate": agg,
         "repetitions": [dict(r, seed=sd) for r, sd in zip(reports, seeds, strict=True)],
+    }
+
+
+def _medians(reports: list[dict[str, Any]], key: str) -> dict[str, Optional[float]]:
+    """Per mode (async, sync, plain), the median of ``key`` over the repetitions that have it."""
+    return {
+        m: _median([v for r in reports if (v := r[key].get(m)) is not None])
+        for m in ("async", "sync", "plain")
     }
 
 

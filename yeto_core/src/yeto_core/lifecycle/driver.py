@@ -139,15 +139,17 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         self.overlap_uploads = bool(overlap_uploads)
         self._uploader: Any = None
         self._upload_pending: Any = None
-        if isinstance(publish_every, bool) or not isinstance(publish_every, int):
-            raise ValueError(f"publish_every must be an integer >= 1, got {publish_every!r}")
-        if publish_every < 1:
+        if (
+            isinstance(publish_every, bool)
+            or not isinstance(publish_every, int)
+            or publish_every < 1
+        ):
             raise ValueError(f"publish_every must be an integer >= 1, got {publish_every!r}")
         #: publish a release after every ``publish_every``-th trained round (counted over
         #: the run: ``trained_rounds``), and after the last round of every ``train`` call
         self.publish_every = publish_every
-        #: the newest trained version has no release yet (``publish_every`` > 1)
-        self._unpublished = False
+        #: the policy version of the last release this driver exported (None: none yet)
+        self._released_version: Optional[int] = None
         #: rounds the backend refused for a non-finite loss or gradient norm, in a row
         self.nonfinite_in_a_row = 0
         #: the last ``_train_one`` found too few groups (a command with ``for_s`` waits)
@@ -342,7 +344,8 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
                     done += 1
                     if for_s is not None and time.monotonic() - began >= for_s:
                         break
-                if self._unpublished:  # the newest version is released before the hold
+                if self._released_version != self.counters.policy_version:
+                    # the newest version is released before the hold
                     with stage("trainer.publish"):
                         self._publish(overlap=self.overlap_uploads)
             except BaseException:
@@ -429,8 +432,6 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         if published:
             with stage("trainer.publish"):
                 self._publish(overlap=self.overlap_uploads)
-        else:
-            self._unpublished = True
         PROFILE.count("trainer.rounds")
         with stage("trainer.round_event"):
             self._event(

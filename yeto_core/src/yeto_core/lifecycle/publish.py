@@ -34,7 +34,7 @@ class DriverPublishing:
         waits for it and raises its error, so when ``train`` returns its newest round is
         published (every round with ``publish_every = 1``), as without overlap.
         """
-        self._unpublished = False
+        self._released_version = self.counters.policy_version
         if self.releases is None:
             return
         assert self.backend is not None
