@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from yeto_bench.buffer import _record, make_group
-from yeto_core.group_codec import encode_group
-from yeto_core.sample_buffer import FileSampleBuffer, encode_record
+from yeto_core.buffer.group_codec import encode_group
+from yeto_core.buffer.sample_buffer import FileSampleBuffer, encode_record
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.stores.fsync import fsync_dir
 

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from yeto_bench.e2e import e2e_config
-from yeto_core.local_islands import _proc_stat
+from yeto_core.providers.local import _proc_stat
 
 
 def _environ(pid: int) -> dict[str, str]:

@@ -5,7 +5,7 @@ one trainer process pass safetensors files through a directory.
 
 - a sampler (the ``hf`` engine of yeto_torch) generates ``--prompts-per-call``
   groups of ``--group-size`` answers per call, scores them with the task, and
-  writes them as one safetensors file per group (``yeto_core.group_codec``,
+  writes them as one safetensors file per group (``yeto_core.buffer.group_codec``,
   written to a temporary name, then renamed) into ``groups/``; it waits while
   ``--backlog-cap`` groups wait for the trainer, keeps at least
   ``--min-round-s`` per call, and loads the newest release from
@@ -57,7 +57,7 @@ def _newest_release(d: Path) -> tuple[int, Path] | None:
 def sampler(args: argparse.Namespace, index: int) -> None:
     import numpy as np
 
-    from yeto_core.group_codec import encode_group
+    from yeto_core.buffer.group_codec import encode_group
     from yeto_core.records import Sample, SampleGroup, SampleStatus, SamplingParams
     from yeto_torch.engine import HFEngine
     from yeto_torch.tasks import AddOneDigit, AddTwoDigits, SortDigits
@@ -117,7 +117,7 @@ def sampler(args: argparse.Namespace, index: int) -> None:
 
 
 def trainer(args: argparse.Namespace) -> None:
-    from yeto_core.group_codec import decode_group
+    from yeto_core.buffer.group_codec import decode_group
     from yeto_core.records import Batch
     from yeto_torch.backend import TorchBackend
 
@@ -224,10 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.publish_every < 1:
         ap.error(f"--publish-every {args.publish_every}: give 1 or more (1: a release per round)")
     args.base_dir = Path(args.base_dir).absolute()
-    if args.role:  # pinned like yeto's islands (yeto_core.island_env.pin_cpus)
+    if args.role:  # pinned like yeto's islands (yeto_core.providers.env.pin_cpus)
         cpus = args.trainer_cpus if args.role == "trainer" else args.sampler_cpus
         if cpus:
-            from yeto_core.island_env import parse_cpus
+            from yeto_core.providers.env import parse_cpus
 
             os.sched_setaffinity(0, parse_cpus(cpus))
     if args.role == "trainer":

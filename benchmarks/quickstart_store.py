@@ -37,10 +37,10 @@ from yeto_bench.e2e import (
     store_may_hold_groups,
 )
 from yeto_bench.head_proc import start_head, stop_head
-from yeto_core.event_stream import read_events
+from yeto_core.buffer.sample_buffer import open_buffer
+from yeto_core.events.stream import read_events
 from yeto_core.plugins import get_plugins
-from yeto_core.sample_buffer import open_buffer
-from yeto_core.trainer_loop import Journal
+from yeto_core.trainer.loop import Journal
 
 
 def main() -> None:
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace, work: Path, base: str) -> None:
                 out.write(json.dumps(rec) + "\n")
         print(f"index: {args.index_out}")
     if args.events_out:  # the store may be gone after this run (SeaweedFS): keep its events
-        from yeto_core.event_stream import read_all
+        from yeto_core.events.stream import read_all
 
         with open(args.events_out, "w") as out:
             for island, events in sorted(read_all(store).items()):

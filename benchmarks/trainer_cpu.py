@@ -30,9 +30,9 @@ def main() -> None:
 
     import torch
 
-    from yeto_core import fingerprint
-    from yeto_core.policy_follower import PolicyFollower
-    from yeto_core.release import ReleaseStore
+    from yeto_core.release.store import ReleaseStore
+    from yeto_core.sampler import fingerprint
+    from yeto_core.sampler.follower import PolicyFollower
     from yeto_core.stores.dir_store import DirStore
     from yeto_torch.backend import TorchBackend
     from yeto_torch.engine import HFEngine

@@ -83,8 +83,8 @@ echo "== figures"
 python - "$OUT" "$run_rc" "$doctor_rc" "$((t1 - t0))" <<'PY'
 import json, sys
 from pathlib import Path
-from yeto_core.event_stream import read_events
-from yeto_core.ledger import BatchLedger
+from yeto_core.events.stream import read_events
+from yeto_core.buffer.ledger import BatchLedger
 from yeto_core.stores.dir_store import DirStore
 
 out, run_rc, doctor_rc, wall = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])

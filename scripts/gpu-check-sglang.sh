@@ -64,7 +64,7 @@ save_tiny_llama(work / "tiny", seed=0)
 save_tiny_moe(work / "moe", seed=3)
 EOF
 
-free_port() { "$YETO_PYTHON" -c "from yeto_core.engine_server import free_port; print(free_port())"; }
+free_port() { "$YETO_PYTHON" -c "from yeto_core.sampler.engine_server import free_port; print(free_port())"; }
 
 start_server() {  # name model port flags...
   local name="$1" model="$2" port="$3"; shift 3

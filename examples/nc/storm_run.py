@@ -31,8 +31,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=0, help="total_rounds (default: the example's)")
     ap.add_argument("--storm", default=str(HERE / "storm.json"), help="the scenario file")
     args = ap.parse_args()
-    from yeto_core.dispenser import dispense_report
-    from yeto_core.event_stream import read_events
+    from yeto_core.buffer.dispenser import dispense_report
+    from yeto_core.events.stream import read_events
     from yeto_core.plugins import Plugins
     from yeto_nc.testing import BufferProgress, Marketplace
 

@@ -10,9 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from yeto_core.group_codec import decode_group, encode_group
+from yeto_core.buffer.group_codec import decode_group, encode_group
+from yeto_core.buffer.sample_buffer.codec import decode_record, encode_record
 from yeto_core.records import Sample, SampleGroup, SampleStatus, SamplingParams
-from yeto_core.sample_buffer.codec import decode_record, encode_record
 
 
 def _large() -> SampleGroup:

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from yeto_core.sample_buffer import FileSampleBuffer, decode_record, encode_record
+from yeto_core.buffer.sample_buffer import FileSampleBuffer, decode_record, encode_record
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.groups import build_group, build_sample
 
@@ -56,7 +56,7 @@ def test_a_payload_already_at_the_key_is_what_the_record_names(tmp_path):
     that are there, not of the group just encoded."""
     import hashlib
 
-    from yeto_core.group_codec import encode_group
+    from yeto_core.buffer.group_codec import encode_group
 
     store = DirStore(tmp_path / "s", fsync=False)
     buf = FileSampleBuffer(store, layout="jsonl")

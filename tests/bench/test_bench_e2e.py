@@ -42,7 +42,7 @@ def test_time_to_target_needs_a_full_window_and_counts_from_t0() -> None:
 
 def _load_e2e_config(tmp_path: Path, mode: str, **options):
     """The run config ``e2e_config`` writes for ``mode`` (``options`` added), loaded."""
-    from yeto_core.config import load_config
+    from yeto_core.config.load import load_config
 
     name = "-".join([mode, *(f"{k}={v}" for k, v in sorted(options.items()))])
     path = tmp_path / f"{name}.toml"

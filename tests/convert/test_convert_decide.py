@@ -1,10 +1,10 @@
-"""The conversion decision is a pure function of its inputs (yeto_core.convertible)."""
+"""The conversion decision is a pure function of its inputs (yeto_core.conversion.convertible)."""
 
 from __future__ import annotations
 
 import attrs
 
-from yeto_core.convertible import (
+from yeto_core.conversion.convertible import (
     IDLE,
     SAMPLER,
     TRAINER,

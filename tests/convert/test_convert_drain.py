@@ -1,5 +1,5 @@
 """P0-S on a sampler island: a stop finishes the in-flight groups within the bound, else
-abandons them and counts them; a group is never half-appended (yeto_core.sampler_drain)."""
+abandons them and counts them; a group is never half-appended (yeto_core.sampler.drain)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import threading
 from typing import Any
 
 from yeto_core.records import SamplingParams
-from yeto_core.sampler_drain import DrainGuard
-from yeto_core.sampler_loop import SamplerLoop
+from yeto_core.sampler.drain import DrainGuard
+from yeto_core.sampler.loop import SamplerLoop
 from yeto_core.testing.fake_backend import MemoryBuffer
 from yeto_core.testing.fakes import DigitsTask, WeightFileEngine
 
@@ -154,10 +154,11 @@ def test_a_call_in_progress_at_the_bound_lands_whole_through_the_ports_default_c
 def test_a_sampler_stopped_while_its_engine_starts_reports_nothing_in_flight(tmp_path) -> None:
     import types
 
-    from yeto_core import hookimpl, run_store
-    from yeto_core.event_stream import read_events
-    from yeto_core.island_env import island_launch
-    from yeto_core.island_main import Terminated, run_island
+    from yeto_core import hookimpl
+    from yeto_core.config import run_store
+    from yeto_core.events.stream import read_events
+    from yeto_core.islands.main import Terminated, run_island
+    from yeto_core.providers.env import island_launch
     from yeto_core.stores.dir_store import DirStore
     from yeto_core.testing.fake_island import plugins_with_fakes
     from yeto_core.testing.fake_run import fake_run_config

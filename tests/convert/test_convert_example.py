@@ -19,8 +19,8 @@ import pytest
 
 pytest.importorskip("yeto_torch")
 
-from yeto_core.conversion import TO_SAMPLER_STEPS, TO_TRAINER_STEPS
-from yeto_core.ledger import BatchLedger
+from yeto_core.buffer.ledger import BatchLedger
+from yeto_core.conversion.local import TO_SAMPLER_STEPS, TO_TRAINER_STEPS
 from yeto_core.stores.dir_store import DirStore
 
 ROOT = Path(__file__).resolve().parents[2]

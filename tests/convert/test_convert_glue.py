@@ -1,5 +1,5 @@
 """The head's glue: the converting lifecycle (start = to_trainer, release = to_sampler)
-and the gate around S1 (yeto_core.conversion_head), with in-memory parts."""
+and the gate around S1 (yeto_core.conversion.head), with in-memory parts."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from typing import Any, Optional
 import attrs
 import pytest
 
-from yeto_core.conversion import LocalConversion, SlotOps
-from yeto_core.conversion_head import ConversionGate, ConvertingLifecycle
-from yeto_core.convertible import SAMPLER, NodeView
+from yeto_core.conversion.convertible import SAMPLER, NodeView
+from yeto_core.conversion.head import ConversionGate, ConvertingLifecycle
+from yeto_core.conversion.local import LocalConversion, SlotOps
 from yeto_core.records import Action, LifecycleState, SchedulerInputs
-from yeto_core.s1 import S1Scheduler
 from yeto_core.stores.dir_store import DirStore
-from yeto_core.trainer_loop import Journal
+from yeto_core.trainer.loop import Journal
+from yeto_core.trainer.s1 import S1Scheduler
 
 S = LifecycleState
 

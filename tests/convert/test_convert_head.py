@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from yeto_core.conversion import TO_SAMPLER_STEPS, TO_TRAINER_STEPS
-from yeto_core.ledger import BatchLedger
-from yeto_core.run import EXIT_OK
+from yeto_core.buffer.ledger import BatchLedger
+from yeto_core.conversion.local import TO_SAMPLER_STEPS, TO_TRAINER_STEPS
+from yeto_core.head.run import EXIT_OK
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_run import fake_head, fake_run_config
 
@@ -69,7 +69,7 @@ def test_the_trainer_runs_on_a_converted_node_and_gives_it_back(tmp_path: Path) 
 
 _HEAD = """
 import json, sys
-from yeto_core.config import config_from_dict
+from yeto_core.config.load import config_from_dict
 from yeto_core.testing.fake_run import fake_head
 config = config_from_dict(json.loads(open(sys.argv[1]).read()))
 sys.exit(fake_head(config).run(lambda m: None))
@@ -95,7 +95,7 @@ def test_a_head_killed_while_the_slot_trains_is_resolved_by_the_next_head(tmp_pa
     import sys
     import time
 
-    from yeto_core.config import config_to_dict
+    from yeto_core.config.load import config_to_dict
 
     config = _convertible_config(tmp_path, total_rounds=4)
     cfg = tmp_path / "cfg.json"

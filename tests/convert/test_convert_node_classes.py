@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from yeto_core.config import parse_config
+from yeto_core.config.load import parse_config
 from yeto_core.errors import ConfigError
 
 

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import pytest
 
-from yeto_core.conversion import (
+from yeto_core.conversion.local import (
     TO_SAMPLER_STEPS,
     TO_TRAINER_STEPS,
     LocalConversion,

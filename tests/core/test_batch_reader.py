@@ -11,7 +11,7 @@ import attrs
 import numpy as np
 import pytest
 
-from yeto_core.batch_reader import (
+from yeto_core.buffer.batch_reader import (
     BatchReader,
     EndOfData,
     ReaderBatch,
@@ -20,9 +20,9 @@ from yeto_core.batch_reader import (
     check_group,
     padding_template,
 )
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.errors import ConfigError
 from yeto_core.records import RoundSpec, SampleGroup
-from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fakes import Clock
 from yeto_core.testing.groups import build_group

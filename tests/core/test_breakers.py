@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from yeto_core.breakers import Breakers, BreakersConfig, validate_breakers
+from yeto_core.config.breakers import BreakersConfig, validate_breakers
+from yeto_core.head.breakers import Breakers
 from yeto_core.records import Event
 
 

@@ -20,15 +20,15 @@ from pathlib import Path
 
 import pytest
 
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.records import RoundSpec
-from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 
 CHILD = r"""
 import os, sys, time
 import numpy as np
 from yeto_core.records import Sample, SampleGroup
-from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 
 root, layout, side, start, count, host = sys.argv[1:7]

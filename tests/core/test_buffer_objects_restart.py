@@ -15,9 +15,9 @@ import threading
 import numpy as np
 import pytest
 
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.errors import StoreError
 from yeto_core.records import RoundSpec, Sample, SampleGroup
-from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from yeto_core import reader_batches
-from yeto_core.reader_batches import _sample_problem, check_group
+from yeto_core.buffer import reader_batches
+from yeto_core.buffer.reader_batches import _sample_problem, check_group
 from yeto_core.records import Sample, SampleGroup
 
 VOCAB = 16

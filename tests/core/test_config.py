@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from yeto_core.config import config_from_dict, config_to_dict, load_config, parse_config
+from yeto_core.config.load import config_from_dict, config_to_dict, load_config, parse_config
 from yeto_core.errors import ConfigError
 
 GOOD = """

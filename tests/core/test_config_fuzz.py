@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from yeto_core.cli import main as yeto_main
-from yeto_core.config import parse_config
+from yeto_core.config.load import parse_config
 from yeto_core.errors import ConfigError
 
 BASE: dict[str, Any] = {

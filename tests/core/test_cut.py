@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from yeto_core.cut import ConsistentCut, CutStore
 from yeto_core.errors import ConfigError, CutError
 from yeto_core.records import Trigger
 from yeto_core.stores.dir_store import DirStore
+from yeto_core.trainer.cut import ConsistentCut, CutStore
 
 
 @pytest.fixture

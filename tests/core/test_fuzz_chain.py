@@ -45,23 +45,23 @@ from hypothesis.stateful import (
 )
 
 from yeto_core import serde
-from yeto_core.batch_reader import (
+from yeto_core.buffer.batch_reader import (
     BatchReader,
     EndOfData,
     ReaderBatch,
     SamplerWaitTimeout,
     UnconvertibleRoundError,
 )
-from yeto_core.cut import ConsistentCut, CutStore
-from yeto_core.ledger import BatchLedger, LedgerError
-from yeto_core.ledger_replay import replay
-from yeto_core.policy_follower import PolicyFollower
+from yeto_core.buffer.ledger import BatchLedger, LedgerError
+from yeto_core.buffer.ledger_replay import replay
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.records import Event, LocalRelease, Sample, SampleGroup, Trigger
-from yeto_core.release import Release, ReleaseStore
-from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.release.store import Release, ReleaseStore
+from yeto_core.sampler.follower import PolicyFollower
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import FakeBackend
 from yeto_core.testing.fakes import Clock, WeightFileEngine
+from yeto_core.trainer.cut import ConsistentCut, CutStore
 
 G = 2
 VOCAB = 50

@@ -68,10 +68,31 @@ def test_a_lower_layer_importing_a_higher_one_is_caught(tmp_path):
         ROOT / "yeto_core/src/yeto_core", dest, ignore=shutil.ignore_patterns("__pycache__")
     )
     records = dest / "records.py"
-    records.write_text(records.read_text() + "\nfrom yeto_core import run  # noqa\n")
+    records.write_text(records.read_text() + "\nfrom yeto_core.head import run  # noqa\n")
     result = _lint(tmp_path)
     assert result.returncode != 0, result.stdout
     assert "yeto_core layers" in result.stdout and "BROKEN" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "bad"),
+    [
+        ("ports/base.py", "from yeto_core.buffer import ledger"),
+        ("hookspecs.py", "from yeto_core.stores import dir_store"),
+    ],
+)
+def test_the_kernel_importing_the_rest_of_the_core_is_caught(tmp_path, module, bad):
+    """A kernel module (ports, hookspecs, records, errors, serde, the registry) importing a role
+    subpackage breaks the kernel contract, even where the layers would allow it."""
+    dest = tmp_path / "yeto_core"
+    shutil.copytree(
+        ROOT / "yeto_core/src/yeto_core", dest, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    target = dest / module
+    target.write_text(target.read_text() + f"\n{bad}  # noqa\n")
+    result = _lint(tmp_path)
+    assert result.returncode != 0, result.stdout
+    assert "the kernel" in result.stdout and "BROKEN" in result.stdout
 
 
 def test_yeto_core_has_no_import_cycle():

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from yeto_core.errors import ConfigError
-from yeto_core.island_env import ENV_CPUS, island_launch, parse_cpus
-from yeto_core.local_islands import IslandError, LocalIslands
+from yeto_core.providers.env import ENV_CPUS, island_launch, parse_cpus
+from yeto_core.providers.local import IslandError, LocalIslands
 from yeto_core.stores.dir_store import DirStore
 
 ALLOWED = sorted(os.sched_getaffinity(0))
@@ -81,7 +81,7 @@ def test_cpus_this_machine_does_not_offer_are_refused_before_a_launch(tmp_path):
 
 _PINNED = r"""
 import json, os, subprocess, sys, threading
-from yeto_core.island_env import pin_cpus
+from yeto_core.providers.env import pin_cpus
 pinned = pin_cpus(os.environ)
 seen = {}
 t = threading.Thread(target=lambda: seen.update(thread=sorted(os.sched_getaffinity(0))))
@@ -116,7 +116,7 @@ def test_the_island_entry_pins_before_anything_else():
     # no store, no role: an entry that read those first would fail on them instead
     env = {k: v for k, v in os.environ.items() if not k.startswith("YETO_")}
     out = subprocess.run(
-        [sys.executable, "-m", "yeto_core.island_main"],
+        [sys.executable, "-m", "yeto_core.islands.main"],
         env={**env, ENV_CPUS: "4096"},
         capture_output=True,
         text=True,

@@ -9,7 +9,7 @@ import sys
 
 SCRIPT = """
 import atexit, sys, time
-from yeto_core import island_main
+from yeto_core.islands import main as island_main
 
 island_main._install_sigterm()
 

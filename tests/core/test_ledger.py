@@ -8,15 +8,15 @@ from typing import Any
 import attrs
 import pytest
 
-from yeto_core.batch_reader import BatchReader
-from yeto_core.cut import ConsistentCut, CutStore
-from yeto_core.ledger import BatchLedger, LedgerError
-from yeto_core.ledger_replay import replay
+from yeto_core.buffer.batch_reader import BatchReader
+from yeto_core.buffer.ledger import BatchLedger, LedgerError
+from yeto_core.buffer.ledger_replay import replay
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.records import Trigger
-from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import FakeBackend, make_group
 from yeto_core.testing.fakes import Clock
+from yeto_core.trainer.cut import ConsistentCut, CutStore
 
 G = 4
 

@@ -20,15 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from yeto_core.cut import CutStore
-from yeto_core.ledger import BatchLedger, LedgerError
-from yeto_core.ledger_replay import replay
-from yeto_core.lifecycle import DriverLifecycle
+from yeto_core.buffer.ledger import BatchLedger, LedgerError
+from yeto_core.buffer.ledger_replay import replay
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.records import LifecycleState, StopReason
-from yeto_core.release import ReleaseStore
-from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.release.store import ReleaseStore
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import FakeBackend, make_group
+from yeto_core.trainer.cut import CutStore
+from yeto_core.trainer.lifecycle import DriverLifecycle
 
 G = 4
 

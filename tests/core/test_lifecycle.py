@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from yeto_core.cut import CutStore
 from yeto_core.errors import IllegalTransitionError
-from yeto_core.lifecycle import LEAVE_CODES, DriverLifecycle, TrainerFailedError
 from yeto_core.records import LifecycleState, StopReason, Trigger
-from yeto_core.release import ReleaseStore
+from yeto_core.release.store import ReleaseStore
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import FakeBackend, MemoryBuffer, make_group
+from yeto_core.trainer.cut import CutStore
+from yeto_core.trainer.lifecycle import LEAVE_CODES, DriverLifecycle, TrainerFailedError
 
 S = LifecycleState
 

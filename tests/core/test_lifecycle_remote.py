@@ -11,14 +11,14 @@ import time
 
 import pytest
 
-from yeto_core.cut import CutStore
-from yeto_core.ledger import BatchLedger
-from yeto_core.lifecycle import DriverLifecycle, RemoteTrainerLifecycle
+from yeto_core.buffer.ledger import BatchLedger
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.records import LifecycleState, StopReason, Trigger
-from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import FakeBackend, make_group
 from yeto_core.testing.fakes import ScriptIslands, launch_for
+from yeto_core.trainer.cut import CutStore
+from yeto_core.trainer.lifecycle import DriverLifecycle, RemoteTrainerLifecycle
 
 S = LifecycleState
 N, G = 12, 4
@@ -26,10 +26,10 @@ N, G = 12, 4
 TRAINER = """
 import os, sys
 from pathlib import Path
-from yeto_core.cut import CutStore
-from yeto_core.lifecycle import DriverLifecycle, IslandTrainerAgent
-from yeto_core.release import ReleaseStore
-from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.trainer.cut import CutStore
+from yeto_core.trainer.lifecycle import DriverLifecycle, IslandTrainerAgent
+from yeto_core.release.store import ReleaseStore
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import FakeBackend
 
@@ -167,8 +167,8 @@ class _WatchedStore(DirStore):
 def test_the_agent_closes_its_command_watch_when_it_returns_or_fails(tmp_path):
     """Not left to the garbage collector: a SIGTERM after the trainer left would raise
     inside the watch's finalizer (a traceback in the island's log)."""
-    from yeto_core.lifecycle import IslandTrainerAgent
-    from yeto_core.lifecycle.states import TrainerCounters, TrainerFailedError
+    from yeto_core.trainer.lifecycle import IslandTrainerAgent
+    from yeto_core.trainer.lifecycle.states import TrainerCounters, TrainerFailedError
 
     class _Driver:
         start_seconds = 0.1

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from yeto_core.island_env import island_launch
-from yeto_core.local_islands import IslandError, LocalIslands, _group_alive, _proc_stat
 from yeto_core.plugins import Plugins
+from yeto_core.providers.env import island_launch
+from yeto_core.providers.local import IslandError, LocalIslands, _group_alive, _proc_stat
 from yeto_core.stores.dir_store import DirStore
 
 
@@ -163,7 +163,7 @@ def _forge_record(islands: LocalIslands, handle: str, pid: int, start_time: str)
         "pid": pid,
         "pgid": pid,
         "start_time": start_time,
-        "command": ["python", "-m", "yeto_core.island_main"],
+        "command": ["python", "-m", "yeto_core.islands.main"],
         "launched_at": 0.0,
     }
     islands._record_path(handle).write_text(json.dumps(record))
@@ -195,7 +195,7 @@ def test_orphan_release_spares_a_process_group_that_is_no_longer_the_islands(tmp
 
 def test_orphan_release_still_kills_an_island_that_is_really_the_previous_heads(tmp_path):
     """The identity check keeps real orphans killable: the leader or the handle marker match."""
-    from yeto_core.local_islands import _start_time
+    from yeto_core.providers.local import _start_time
 
     # Leader matches by start time (YETO_HANDLE absent): ours.
     leader = _own_session_sleeper()

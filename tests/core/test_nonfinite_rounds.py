@@ -3,16 +3,17 @@ the ``nonfinite_rounds`` breaker stops the run after N in a row."""
 
 from __future__ import annotations
 
-from yeto_core.breakers import Breakers, BreakersConfig
-from yeto_core.cut import CutStore
-from yeto_core.event_stream import EventStream
-from yeto_core.island_main import trainer_event_bridge
-from yeto_core.ledger import BatchLedger
-from yeto_core.lifecycle import DriverLifecycle
+from yeto_core.buffer.ledger import BatchLedger
+from yeto_core.config.breakers import BreakersConfig
+from yeto_core.events.stream import EventStream
+from yeto_core.head.breakers import Breakers
+from yeto_core.islands.main import trainer_event_bridge
 from yeto_core.records import Event, StopReason
-from yeto_core.release import ReleaseStore
+from yeto_core.release.store import ReleaseStore
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import FakeBackend, MemoryBuffer, make_group
+from yeto_core.trainer.cut import CutStore
+from yeto_core.trainer.lifecycle import DriverLifecycle
 
 BAD = {4, 5, 6, 7}  # positions whose rounds come out non-finite (rounds 3 and 4)
 

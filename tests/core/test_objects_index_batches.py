@@ -16,10 +16,10 @@ import threading
 
 import pytest
 
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
+from yeto_core.buffer.sample_buffer.codec import decode_record, encode_record
 from yeto_core.errors import SampleBufferError
 from yeto_core.records import CORRUPT_INDEX_HOST
-from yeto_core.sample_buffer import FileSampleBuffer
-from yeto_core.sample_buffer.codec import decode_record, encode_record
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.groups import build_group
 

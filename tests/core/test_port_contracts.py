@@ -14,14 +14,11 @@ from pathlib import Path
 import pytest
 
 from yeto_core import ports
-from yeto_core.conversion import LocalConversion, NoConversion, SlotOps
-from yeto_core.cut import CutStore
-from yeto_core.lifecycle import DriverLifecycle, RemoteTrainerLifecycle
-from yeto_core.local_islands import LocalIslands
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
+from yeto_core.conversion.local import LocalConversion, NoConversion, SlotOps
+from yeto_core.providers.local import LocalIslands
 from yeto_core.records import LocalRelease
-from yeto_core.release import ReleaseStore
-from yeto_core.s1 import AlwaysOnScheduler, S1Scheduler
-from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.release.store import ReleaseStore
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.contracts import (
     ConversionContract,
@@ -37,6 +34,9 @@ from yeto_core.testing.contracts import (
 from yeto_core.testing.examples import example_class
 from yeto_core.testing.fake_backend import FakeBackend, MemoryBuffer
 from yeto_core.testing.fakes import DigitsTask, ScriptIslands, WeightFileEngine, launch_for
+from yeto_core.trainer.cut import CutStore
+from yeto_core.trainer.lifecycle import DriverLifecycle, RemoteTrainerLifecycle
+from yeto_core.trainer.s1 import AlwaysOnScheduler, S1Scheduler
 
 # -- ObjectStore ---------------------------------------------------------------------------
 
@@ -109,10 +109,10 @@ class TestDriverLifecycle(TrainerLifecycleContract):
 _TRAINER = """
 import os, sys
 from pathlib import Path
-from yeto_core.cut import CutStore
-from yeto_core.lifecycle import DriverLifecycle, IslandTrainerAgent
-from yeto_core.release import ReleaseStore
-from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.trainer.cut import CutStore
+from yeto_core.trainer.lifecycle import DriverLifecycle, IslandTrainerAgent
+from yeto_core.release.store import ReleaseStore
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import FakeBackend
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import attrs
 
 from yeto_core import hookimpl
-from yeto_core.config import parse_config
+from yeto_core.config.load import parse_config
+from yeto_core.config.preflight import run_preflight
 from yeto_core.plugins import Plugins
 from yeto_core.ports import SamplerEngine, Task, TrainerBackend
-from yeto_core.preflight import run_preflight
 
 
 class _Engine(SamplerEngine):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from yeto_core.errors import ReleaseError
-from yeto_core.release import ReleaseStore
+from yeto_core.release.store import ReleaseStore
 from yeto_core.stores.dir_store import DirStore
 
 
@@ -203,7 +203,7 @@ def test_the_pointer_and_manifest_bytes_are_parsed_once_and_changes_are_seen(
         parsed.append(bytes(raw))
         return real(raw, *a, **kw)
 
-    monkeypatch.setattr("yeto_core.release.serde.loads", counting)
+    monkeypatch.setattr("yeto_core.release.store.serde.loads", counting)
     assert rs.latest() == r1
     assert rs.latest() == r1
     rs.fetch(rs.latest(), tmp_path / "dl1")

@@ -7,7 +7,7 @@ import math
 import os
 from pathlib import Path
 
-from yeto_core.run_dir import json_safe, write_json_atomic
+from yeto_core.head.run_dir import json_safe, write_json_atomic
 
 
 def test_non_finite_numbers_become_null_never_nan_literals(tmp_path: Path) -> None:

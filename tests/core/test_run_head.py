@@ -16,8 +16,8 @@ import attrs
 import pytest
 from click.testing import CliRunner
 
-from yeto_core.local_islands import _group_alive
-from yeto_core.run import EXIT_OK, EXIT_WALL_CLOCK, Head, backstop_reason
+from yeto_core.head.run import EXIT_OK, EXIT_WALL_CLOCK, Head, backstop_reason
+from yeto_core.providers.local import _group_alive
 from yeto_core.testing.fake_run import fake_head, fake_run_config
 
 
@@ -93,13 +93,13 @@ _HEAD_SCRIPT = textwrap.dedent(
 
 
 def _config_from_json(path: str):
-    from yeto_core.config import config_from_dict
+    from yeto_core.config.load import config_from_dict
 
     return config_from_dict(json.loads(Path(path).read_text()))
 
 
 def _start_head(config, tmp_path: Path) -> subprocess.Popen:
-    from yeto_core.config import config_to_dict
+    from yeto_core.config.load import config_to_dict
 
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps(config_to_dict(config)))
@@ -202,9 +202,9 @@ def test_a_tripped_breaker_stops_the_run_cleanly_with_its_exit_code(
 
     import attrs
 
-    from yeto_core import run as run_module
-    from yeto_core.breakers import BreakersConfig
-    from yeto_core.run import EXIT_BREAKER
+    from yeto_core.config.breakers import BreakersConfig
+    from yeto_core.head import run as run_module
+    from yeto_core.head.run import EXIT_BREAKER
 
     threads: list[str] = []
     monkeypatch.setattr(run_module, "is_remote", lambda store: True)
@@ -315,6 +315,6 @@ def test_a_head_that_gave_up_leaves_the_run_resumable_not_finished(tmp_path: Pat
 
 def _journal(config) -> list[dict]:
     from yeto_core.stores.dir_store import DirStore
-    from yeto_core.trainer_loop import Journal
+    from yeto_core.trainer.loop import Journal
 
     return Journal(DirStore(Path(config.run_dir) / "store")).read()

@@ -6,11 +6,11 @@ import threading
 
 import pytest
 
-from yeto_core.cost import CostLedger, CostLine, island_costs
-from yeto_core.event_stream import EventStream, read_all, read_events
-from yeto_core.island_main import run_with_pauses
+from yeto_core.cost.ledger import CostLedger, CostLine, island_costs
+from yeto_core.events.stream import EventStream, read_all, read_events
+from yeto_core.events.summary import summarize
+from yeto_core.islands.main import run_with_pauses
 from yeto_core.records import Event
-from yeto_core.run_summary import summarize
 from yeto_core.stores.dir_store import DirStore
 
 

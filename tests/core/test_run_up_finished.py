@@ -37,7 +37,7 @@ def test_run_up_takes_a_run_dir_like_every_command(tmp_path) -> None:
     from click.testing import CliRunner
 
     from yeto_core.cli import cli
-    from yeto_core.config import config_to_dict
+    from yeto_core.config.load import config_to_dict
     from yeto_core.testing.fake_run import fake_run_config
 
     config = fake_run_config(tmp_path, name="from-run-dir")

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from yeto_core.records import Action, LifecycleState
-from yeto_core.s1 import (
+from yeto_core.trainer.s1 import (
     AlwaysOnScheduler,
     S1Scheduler,
     SchedulerInputs,

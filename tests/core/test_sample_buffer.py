@@ -9,18 +9,18 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from yeto_core.batch_reader import BatchReader
-from yeto_core.errors import SampleBufferError
-from yeto_core.group_codec import decode_group, encode_group
-from yeto_core.plugins import Plugins
-from yeto_core.records import CORRUPT_INDEX_HOST, RoundSpec, Sample, SampleGroup, SampleStatus
-from yeto_core.sample_buffer import (
+from yeto_core.buffer.batch_reader import BatchReader
+from yeto_core.buffer.group_codec import decode_group, encode_group
+from yeto_core.buffer.sample_buffer import (
     FileSampleBuffer,
     GroupEntry,
     decode_record,
     encode_record,
     plan_round,
 )
+from yeto_core.errors import SampleBufferError
+from yeto_core.plugins import Plugins
+from yeto_core.records import CORRUPT_INDEX_HOST, RoundSpec, Sample, SampleGroup, SampleStatus
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.groups import build_group, build_sample
 
@@ -346,7 +346,7 @@ def test_backlog_reads_only_new_index_bytes(store, monkeypatch):
         read.append(n)
         return real(fd, n, off)
 
-    monkeypatch.setattr("yeto_core.sample_buffer.jsonl_index.os.pread", spy)
+    monkeypatch.setattr("yeto_core.buffer.sample_buffer.jsonl_index.os.pread", spy)
     buf.append(make_group("new"))
     assert head.backlog().groups == 51
     line_len = len((store.root / "buffer/index.jsonl").read_bytes().splitlines()[-1]) + 1

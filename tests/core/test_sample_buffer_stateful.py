@@ -19,8 +19,8 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.records import RoundSpec, SampleGroup
-from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.groups import build_group
 

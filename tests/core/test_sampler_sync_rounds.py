@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from yeto_core.policy_follower import PolicyFollower
 from yeto_core.records import SamplingParams
-from yeto_core.release import ReleaseStore
-from yeto_core.sampler_loop import SamplerLoop
+from yeto_core.release.store import ReleaseStore
+from yeto_core.sampler.follower import PolicyFollower
+from yeto_core.sampler.loop import SamplerLoop
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import MemoryBuffer
 from yeto_core.testing.fakes import DigitsTask, WeightFileEngine

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from yeto_core.fences import StoreFences, write_fence
+from yeto_core.buffer.fences import StoreFences, write_fence
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
+from yeto_core.head.run import HEAD_FENCES_REFRESH_S
 from yeto_core.records import LifecycleState, SchedulerInputs
-from yeto_core.run import HEAD_FENCES_REFRESH_S
-from yeto_core.s1 import s1_decide
-from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.testing.fake_run import fake_head, fake_run_config
 from yeto_core.testing.groups import build_group
+from yeto_core.trainer.s1 import s1_decide
 
 
 def _append(head, host: str, incarnation: int, n: int, start: int = 0) -> None:

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from yeto_core.head_lease import LeasedStore
+from yeto_core.head.lease import LeasedStore
 from yeto_core.ports.store import ObjectStore
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.stores.retrying import RetryingStore

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from yeto_core import event_stream
-from yeto_core.event_stream import EventStream, StreamsReader, read_all, stream_key
+from yeto_core.events import stream as event_stream
+from yeto_core.events.stream import EventStream, StreamsReader, read_all, stream_key
 from yeto_core.stores.dir_store import DirStore
 
 

@@ -7,15 +7,15 @@ from typing import Any, Optional
 
 import pytest
 
-from yeto_core.cut import CutStore
-from yeto_core.lifecycle import DriverLifecycle
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.ports import TrainerLifecycle
 from yeto_core.records import Action, Backlog, Decision, LifecycleState
-from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import FakeBackend, make_group
 from yeto_core.testing.fakes import Clock
-from yeto_core.trainer_loop import Journal, LoopConfig, TrainerLoop
+from yeto_core.trainer.cut import CutStore
+from yeto_core.trainer.lifecycle import DriverLifecycle
+from yeto_core.trainer.loop import Journal, LoopConfig, TrainerLoop
 
 S = LifecycleState
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from yeto_core.cut import CutStore
-from yeto_core.lifecycle import DriverLifecycle
 from yeto_core.ports import TrainerLifecycle
 from yeto_core.records import LifecycleState, StopReason, Trigger
-from yeto_core.release import ReleaseStore
-from yeto_core.s1 import S1Scheduler
+from yeto_core.release.store import ReleaseStore
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import FakeBackend, MemoryBuffer, make_group
 from yeto_core.testing.fakes import Clock
-from yeto_core.trainer_loop import Journal, LoopConfig, TrainerLoop, TrainerLoopGaveUp
+from yeto_core.trainer.cut import CutStore
+from yeto_core.trainer.lifecycle import DriverLifecycle
+from yeto_core.trainer.loop import Journal, LoopConfig, TrainerLoop, TrainerLoopGaveUp
+from yeto_core.trainer.s1 import S1Scheduler
 
 N = 18
 # one round per train command: these tests step the head tick by tick

@@ -15,15 +15,15 @@ from typing import Any, Optional
 import attrs
 import pytest
 
-from yeto_core.lifecycle import RemoteTrainerLifecycle
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.ports import TrainerLifecycle
 from yeto_core.records import Action, Backlog, LifecycleState, StopReason, Trigger
-from yeto_core.s1 import S1Scheduler
-from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import make_group
 from yeto_core.testing.fakes import Clock, ScriptIslands, launch_for
-from yeto_core.trainer_loop import Journal, LoopConfig, TrainerLoop
+from yeto_core.trainer.lifecycle import RemoteTrainerLifecycle
+from yeto_core.trainer.loop import Journal, LoopConfig, TrainerLoop
+from yeto_core.trainer.s1 import S1Scheduler
 
 S = LifecycleState
 CFG = LoopConfig(groups_per_round=2, a_hard=2, start_seconds_fallback=300.0)
@@ -186,10 +186,10 @@ def test_stop_releases_a_failed_trainer(tmp_path: Path) -> None:
 TRAINER = """
 import os, sys
 from pathlib import Path
-from yeto_core.cut import CutStore
-from yeto_core.lifecycle import DriverLifecycle, IslandTrainerAgent
-from yeto_core.release import ReleaseStore
-from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.trainer.cut import CutStore
+from yeto_core.trainer.lifecycle import DriverLifecycle, IslandTrainerAgent
+from yeto_core.release.store import ReleaseStore
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import FakeBackend
 

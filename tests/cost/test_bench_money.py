@@ -7,8 +7,8 @@ import pytest
 from yeto_bench.chaos import campaign_report
 from yeto_bench.e2e import combine, one_report
 from yeto_bench.money import BENCH_PRICES, run_money
-from yeto_core.cost import CostLedger
-from yeto_core.event_stream import EventStream
+from yeto_core.cost.ledger import CostLedger
+from yeto_core.events.stream import EventStream
 from yeto_core.stores.dir_store import DirStore
 
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from yeto_core.cost_guard import (
+from yeto_core.cost.guard import (
     Burn,
     GuardAction,
     GuardedScheduler,
@@ -16,7 +16,7 @@ from yeto_core.cost_guard import (
     stop_cost,
 )
 from yeto_core.records import Action, LifecycleState
-from yeto_core.s1 import S1Scheduler, SchedulerInputs
+from yeto_core.trainer.s1 import S1Scheduler, SchedulerInputs
 
 A = GuardAction
 
@@ -194,7 +194,7 @@ def test_following_the_guard_never_exceeds_the_budget(
 def test_preflight_fails_a_budget_that_cannot_pay_for_one_stop_of_the_fleet(tmp_path) -> None:
     import attrs
 
-    from yeto_core.preflight import Report, check_consistency
+    from yeto_core.config.preflight import Report, check_consistency
     from yeto_core.testing.fake_run import fake_run_config
 
     config = fake_run_config(tmp_path)  # 2 x 36 $/h + 72 $/h, budget $100

@@ -11,9 +11,9 @@ import attrs
 import pytest
 from click.testing import CliRunner
 
-from yeto_core.config import CostConfig
-from yeto_core.event_stream import read_events
-from yeto_core.run import EXIT_BUDGET
+from yeto_core.config.load import CostConfig
+from yeto_core.events.stream import read_events
+from yeto_core.head.run import EXIT_BUDGET
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_run import fake_head, fake_run_config
 

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import attrs
 import pytest
 
-from yeto_core.config import CostConfig
-from yeto_core.cost import CostLedger, read_store_lines
-from yeto_core.cost_guard import HeadCostGuard
+from yeto_core.config.load import CostConfig
+from yeto_core.cost.guard import HeadCostGuard
+from yeto_core.cost.ledger import CostLedger, read_store_lines
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_run import fake_run_config
 

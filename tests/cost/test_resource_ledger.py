@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from yeto_core.cost import (
+from yeto_core.cost.ledger import (
     CostLedger,
     CostLine,
     cost_figures,

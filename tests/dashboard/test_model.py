@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from yeto_core.cost import CostLine
-from yeto_core.event_stream import EventStream
+from yeto_core.cost.ledger import CostLine
+from yeto_core.events.stream import EventStream
 from yeto_core.records import Event
 from yeto_core.stores.dir_store import DirStore
-from yeto_core.trainer_loop import Journal
+from yeto_core.trainer.loop import Journal
 
 pytest.importorskip("yeto_dashboard")
 
@@ -356,8 +356,8 @@ def test_a_store_with_a_run_id_opens_without_a_run_dir_and_exports_offline(tmp_p
     assert d["meta"]["state"].startswith("unknown")
     assert d["islands"]["rows"] == []  # no config, no sampler stream
     # the head writes the resolved config into the store too: its islands and prices show
-    from yeto_core.config import load_config
-    from yeto_core.run_store import write_config
+    from yeto_core.config.load import load_config
+    from yeto_core.config.run_store import write_config
 
     toml = tmp_path / "c.toml"
     toml.write_text(

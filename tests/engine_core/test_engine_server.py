@@ -10,7 +10,12 @@ import time
 
 import pytest
 
-from yeto_core.engine_server import INFRA_FAILED, EngineServer, InfraFailedError, http_get_status
+from yeto_core.sampler.engine_server import (
+    INFRA_FAILED,
+    EngineServer,
+    InfraFailedError,
+    http_get_status,
+)
 
 SERVER = textwrap.dedent(
     """

@@ -9,10 +9,10 @@ from pathlib import Path
 import attrs
 import pytest
 
-from yeto_core import fingerprint as fp
-from yeto_core.policy_follower import PolicyFollower
 from yeto_core.ports import SamplerEngine
-from yeto_core.release import ReleaseStore
+from yeto_core.release.store import ReleaseStore
+from yeto_core.sampler import fingerprint as fp
+from yeto_core.sampler.follower import PolicyFollower
 from yeto_core.stores.dir_store import DirStore
 
 
@@ -177,7 +177,7 @@ def test_verify_served_reports_a_server_that_lost_the_policy(follow, tmp_path):
 
 
 def test_the_island_s_recording_backend_passes_the_fingerprint_through():
-    from yeto_core.island_main import RecordingBackend
+    from yeto_core.islands.main import RecordingBackend
     from yeto_core.ports import TrainerBackend
 
     class Backend(TrainerBackend):

@@ -17,16 +17,16 @@ import pytest
 
 testing = pytest.importorskip("yeto_s3.testing", reason="yeto-s3 is not installed")
 
+from yeto_core.buffer.sample_buffer import FileSampleBuffer  # noqa: E402
 from yeto_core.plugins import get_plugins  # noqa: E402
 from yeto_core.records import RoundSpec  # noqa: E402
-from yeto_core.sample_buffer import FileSampleBuffer  # noqa: E402
 
 CHILD = r"""
 import os, sys, time
 import numpy as np
 from yeto_core.plugins import get_plugins
 from yeto_core.records import Sample, SampleGroup
-from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 
 url, host, count, go, side = sys.argv[1:6]
 store = get_plugins().open_store(url)  # credentials from YETO_STORE_S3_* only

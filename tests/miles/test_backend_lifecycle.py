@@ -18,13 +18,13 @@ import attrs
 import pytest
 from conftest import HERE, group
 
-from yeto_core.cut import CutStore
-from yeto_core.ledger import BatchLedger
-from yeto_core.lifecycle import DriverLifecycle, TrainerFailedError
+from yeto_core.buffer.ledger import BatchLedger
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.records import StopReason
-from yeto_core.release import ReleaseStore
-from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.release.store import ReleaseStore
 from yeto_core.stores.dir_store import DirStore
+from yeto_core.trainer.cut import CutStore
+from yeto_core.trainer.lifecycle import DriverLifecycle, TrainerFailedError
 from yeto_miles.backend import MilesBackend, weight_checksum
 
 G, N = 2, 3

@@ -22,8 +22,8 @@ from conftest import EXPERTS, LAYERS, TOP_K, VOCAB, group
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from yeto_core.batch_reader import BatchReader, EndOfData
-from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.buffer.batch_reader import BatchReader, EndOfData
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 from yeto_miles import rollout
 from yeto_miles.rollout import Bridge, is_padding

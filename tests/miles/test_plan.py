@@ -9,7 +9,7 @@ import shlex
 from click.testing import CliRunner
 
 from yeto_core.cli import cli
-from yeto_core.config import load_config
+from yeto_core.config.load import load_config
 from yeto_miles.plugin import plan_backend
 
 CONFIG = """

@@ -10,7 +10,7 @@ from conftest import group
 
 types_mod = pytest.importorskip("miles.utils.types")
 
-from yeto_core.batch_reader import make_padding  # noqa: E402
+from yeto_core.buffer.batch_reader import make_padding  # noqa: E402
 from yeto_miles.doctor import compare, describe, recorded  # noqa: E402
 from yeto_miles.rollout import is_padding, to_miles_groups  # noqa: E402
 

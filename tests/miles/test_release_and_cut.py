@@ -10,11 +10,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from yeto_core.cut import CutStore
 from yeto_core.errors import CutError
 from yeto_core.records import Trigger
-from yeto_core.release import ReleaseStore
+from yeto_core.release.store import ReleaseStore
 from yeto_core.stores.dir_store import DirStore
+from yeto_core.trainer.cut import CutStore
 from yeto_miles.backend import (
     STATE_FILE,
     MilesBackend,
@@ -104,7 +104,7 @@ def test_cut_around_megatron_iter_dir(tmp_path, base_dir):
     state = json.loads((out / STATE_FILE).read_text())
     assert state["rollout_id"] == 6 and state["trained_rounds"] == 7 and not state["from_base"]
     cuts = CutStore(store)
-    from yeto_core.cut import ConsistentCut
+    from yeto_core.trainer.cut import ConsistentCut
 
     rec = cuts.commit(out, ConsistentCut(Trigger.SCHEDULED, 7, 7, 21, incarnation=1))
     manifest = f"cuts/{rec.cut_id}/manifest.json"

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from conftest import EXPERTS, LAYERS, TOP_K, VOCAB, group
 
-from yeto_core.batch_reader import BatchReader
+from yeto_core.buffer.batch_reader import BatchReader
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.records import SampleStatus
-from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 from yeto_miles import rollout
 from yeto_miles.rollout import PAD_KEY, Bridge, BridgeError, is_padding, padding_metrics

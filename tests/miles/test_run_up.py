@@ -71,7 +71,7 @@ def test_run_up_trains_through_miles(tmp_path):
     assert s["groups_trained"] >= 6 and s["trainer_starts"] >= 1
     assert s["groups_trained"] + sum(s["groups_skipped"].values()) == s["groups_appended"]
     assert s["releases_published"] >= 4 and s["sampler_versions_loaded"] >= 2
-    from yeto_core.ledger import BatchLedger
+    from yeto_core.buffer.ledger import BatchLedger
     from yeto_core.stores.dir_store import DirStore
 
     check = BatchLedger(DirStore(run_dir / "store")).check()

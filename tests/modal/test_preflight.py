@@ -6,7 +6,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from yeto_core.preflight import Report
+from yeto_core.config.preflight import Report
 from yeto_modal.plugin import check_plan, check_store_layout
 from yeto_modal.prices import hourly_usd
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import tomllib
 
-from yeto_core.config import parse_config
+from yeto_core.config.load import parse_config
 from yeto_core.testing.contracts import IslandProviderContract
 from yeto_modal.provider import ModalIslands
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from yeto_bench.scale import CountingStore, measure
-from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 
 

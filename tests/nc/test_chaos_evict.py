@@ -10,7 +10,7 @@ from pathlib import Path
 
 from yeto_bench.chaos import chaos_config
 from yeto_bench.chaos_evict import evict_config
-from yeto_core.config import parse_config
+from yeto_core.config.load import parse_config
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-from yeto_core.dispenser import CLAIMS, StoreDispenser, claim_key, dispense_report, mark_gone
-from yeto_core.fences import write_fence
+from yeto_core.buffer.dispenser import CLAIMS, StoreDispenser, claim_key, dispense_report, mark_gone
+from yeto_core.buffer.fences import write_fence
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.records import Sample, SampleGroup, SamplingParams
-from yeto_core.sample_buffer import FileSampleBuffer
-from yeto_core.sampler_loop import SamplerLoop
+from yeto_core.sampler.loop import SamplerLoop
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fakes import DigitsTask, WeightFileEngine
 
@@ -66,7 +66,7 @@ def test_concurrent_claimers_get_disjoint_ranges(tmp_path: Path) -> None:
 CLAIMER = """
 import json, sys
 from pathlib import Path
-from yeto_core.dispenser import StoreDispenser
+from yeto_core.buffer.dispenser import StoreDispenser
 from yeto_core.stores.dir_store import DirStore
 root, name, n, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 d = StoreDispenser(DirStore(root), island=name, incarnation=0, range_size=2)

@@ -29,11 +29,11 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from yeto_core.batch_reader import BatchReader
-from yeto_core.dispenser import StoreDispenser, dispense_report, mark_gone
-from yeto_core.fences import StoreFences, write_fence
+from yeto_core.buffer.batch_reader import BatchReader
+from yeto_core.buffer.dispenser import StoreDispenser, dispense_report, mark_gone
+from yeto_core.buffer.fences import StoreFences, write_fence
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.records import Sample, SampleGroup
-from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fakes import Clock
 

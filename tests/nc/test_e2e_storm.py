@@ -25,8 +25,8 @@ import pytest
 
 pytest.importorskip("yeto_torch")
 
-from yeto_core.dispenser import dispense_report
-from yeto_core.event_stream import read_events
+from yeto_core.buffer.dispenser import dispense_report
+from yeto_core.events.stream import read_events
 from yeto_core.plugins import Plugins
 from yeto_nc.client import TERMINAL, LeaseClient
 from yeto_nc.testing import BufferProgress, Marketplace

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from yeto_core.config import parse_config
-from yeto_core.event_stream import read_events
-from yeto_core.fences import StoreFences, fenced, write_fence
+from yeto_core.buffer.fences import StoreFences, fenced, write_fence
+from yeto_core.config.load import parse_config
+from yeto_core.events.stream import read_events
+from yeto_core.head.run import MAX_SAMPLER_RESTARTS, Head
 from yeto_core.plugins import Plugins
 from yeto_core.ports import IslandProvider
 from yeto_core.records import Event, IslandLaunch, IslandStatus
-from yeto_core.run import MAX_SAMPLER_RESTARTS, Head
 from yeto_core.stores.dir_store import DirStore
 
 
@@ -141,7 +141,7 @@ def test_a_standby_lost_before_it_took_over_is_fenced_and_dropped(tmp_path):
 
 
 def test_a_verified_release_marks_the_incarnation_gone_for_the_dispenser(tmp_path):
-    from yeto_core.dispenser import StoreDispenser
+    from yeto_core.buffer.dispenser import StoreDispenser
 
     config = parse_config(
         {
@@ -203,7 +203,7 @@ def _pool_head(tmp_path, provider, **backstops):
 
 
 def test_pool_islands_leave_on_a_full_backlog_and_join_when_it_drains(tmp_path):
-    from yeto_core.head_islands import POOL_LEAVE_AFTER_S
+    from yeto_core.head.islands import POOL_LEAVE_AFTER_S
 
     provider = Pooled()
     head, now = _pool_head(tmp_path, provider)
@@ -244,7 +244,7 @@ def test_pool_islands_leave_when_the_budget_would_run_out(tmp_path):
 
 
 def test_orphans_of_an_earlier_head_are_marked_gone_for_the_dispenser(tmp_path):
-    from yeto_core.dispenser import gone_key
+    from yeto_core.buffer.dispenser import gone_key
 
     class Orphaned(Losing):
         PLUGIN_NAME = "orphaned"
@@ -271,7 +271,7 @@ def test_orphans_of_an_earlier_head_are_marked_gone_for_the_dispenser(tmp_path):
 def test_a_pool_with_min_zero_keeps_one_island(tmp_path):
     """With no island left, unconsumable groups (stale, fenced) could hold the backlog up
     and nothing would refill it: a chaos run stalled that way until the silence backstop."""
-    from yeto_core.head_islands import POOL_LEAVE_AFTER_S
+    from yeto_core.head.islands import POOL_LEAVE_AFTER_S
 
     class ZeroMin(Pooled):
         def pool_bounds(self, options):

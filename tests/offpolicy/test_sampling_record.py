@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
-from yeto_core.config import parse_config
-from yeto_core.group_codec import decode_group, encode_group
-from yeto_core.preflight import Report
+from yeto_core.buffer.group_codec import decode_group, encode_group
+from yeto_core.config.load import parse_config
+from yeto_core.config.preflight import Report
 from yeto_core.records import Completion, Sample, SampleGroup, SamplingParams
-from yeto_core.sampler_loop import SamplerLoop
+from yeto_core.sampler.loop import SamplerLoop
 from yeto_torch import plugin
 
 

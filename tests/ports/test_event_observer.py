@@ -18,8 +18,8 @@ import pytest
 
 yeto_example_memory = pytest.importorskip("yeto_example_memory")
 
-from yeto_core.event_stream import read_all  # noqa: E402
-from yeto_core.run import EXIT_OK  # noqa: E402
+from yeto_core.events.stream import read_all  # noqa: E402
+from yeto_core.head.run import EXIT_OK  # noqa: E402
 from yeto_core.testing.fake_island import plugins_with_fakes  # noqa: E402
 from yeto_core.testing.fake_run import fake_head, fake_run_config  # noqa: E402
 

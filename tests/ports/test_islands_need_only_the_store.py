@@ -201,7 +201,7 @@ def test_the_quickstart_runs_on_s3_through_a_third_party_provider(tmp_path: Path
 
 
 def test_the_example_run_config_selects_the_tempdir_provider() -> None:
-    from yeto_core.config import load_config
+    from yeto_core.config.load import load_config
 
     config = load_config(ROOT / "examples" / "third_party_plugin" / "run.toml")
     assert {s.provider for s in config.samplers} == {"tempdir"}

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from yeto_core.manifest import digest_dir
-from yeto_core.release_delta import DeltaError, apply_delta, build_delta, tensor_checksums
+from yeto_core.release.delta import DeltaError, apply_delta, build_delta, tensor_checksums
+from yeto_core.stores.manifest import digest_dir
 from yeto_torch.delta import NumpyZstdCodec
 
 

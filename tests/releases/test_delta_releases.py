@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from yeto_core import fingerprint, serde
-from yeto_core.policy_follower import PolicyFollower
-from yeto_core.release import Release, ReleaseStore
+from yeto_core import serde
+from yeto_core.release.store import Release, ReleaseStore
+from yeto_core.sampler import fingerprint
+from yeto_core.sampler.follower import PolicyFollower
 from yeto_core.stores.dir_store import DirStore
 from yeto_torch.backend import TorchBackend
 from yeto_torch.delta import NumpyZstdCodec

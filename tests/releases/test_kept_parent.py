@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from yeto_core.release import ReleaseStore
+from yeto_core.release.store import ReleaseStore
 from yeto_core.stores.dir_store import DirStore
 from yeto_torch.delta import NumpyZstdCodec
 

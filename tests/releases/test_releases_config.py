@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from yeto_core.config import parse_config
+from yeto_core.config.load import parse_config
+from yeto_core.config.preflight import run_preflight
 from yeto_core.errors import ConfigError
 from yeto_core.plugins import Plugins
-from yeto_core.preflight import run_preflight
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart" / "run.toml"
 

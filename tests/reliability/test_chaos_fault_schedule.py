@@ -68,7 +68,7 @@ def test_a_clock_fault_on_an_island_that_wrote_nothing_after_it_is_not_reached(t
     (the run was finishing) was counted undetected, though no event on the skewed clock
     existed for the head to see. One the island did write after is still undetected."""
     from yeto_bench.chaos_faults import evaluate
-    from yeto_core.event_stream import EventStream
+    from yeto_core.events.stream import EventStream
     from yeto_core.stores.dir_store import DirStore
 
     store = DirStore(tmp_path / "s", fsync=False)
@@ -86,7 +86,7 @@ def test_an_index_record_flipped_after_the_reader_read_it_is_raced_not_used(tmp_
     record before the flip and trained it in a round that committed after it; the bench
     counted that as a corrupted group used. A payload trained after its flip still is."""
     from yeto_bench.chaos_faults import evaluate
-    from yeto_core.event_stream import EventStream
+    from yeto_core.events.stream import EventStream
     from yeto_core.stores.dir_store import DirStore
 
     store = DirStore(tmp_path / "s", fsync=False)
@@ -107,7 +107,7 @@ def test_a_release_flipped_after_every_sampler_had_loaded_it_is_raced_not_undete
     from (the nearest full release, after the flip) is still checked: a refusal naming it
     is a detection, a load from it is a use."""
     from yeto_bench.chaos_faults import evaluate
-    from yeto_core.event_stream import EventStream
+    from yeto_core.events.stream import EventStream
     from yeto_core.stores.dir_store import DirStore
 
     store = DirStore(tmp_path / "s", fsync=False)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from yeto_core.clock_skew import ClockSkewWatch
+from yeto_core.head.clock_skew import ClockSkewWatch
 from yeto_core.records import Event
 
 
@@ -40,7 +40,7 @@ def test_an_island_whose_clock_jumps_back_keeps_flushing_its_stream(tmp_path):
     """Found by `yeto bench chaos --faults clock`: the flush window was measured on the
     wall clock, so a sampler whose clock jumped back minutes flushed nothing until it
     stopped (the head saw none of its events)."""
-    from yeto_core.event_stream import EventStream, read_events
+    from yeto_core.events.stream import EventStream, read_events
     from yeto_core.stores.dir_store import DirStore
 
     store = DirStore(tmp_path)

@@ -13,7 +13,7 @@ import os
 import stat
 from pathlib import Path
 
-from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.groups import build_group
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from yeto_core.cut import CutStore
-from yeto_core.event_stream import read_events
-from yeto_core.run import EXIT_FAILED
+from yeto_core.events.stream import read_events
+from yeto_core.head.run import EXIT_FAILED
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_run import fake_head, fake_run_config
+from yeto_core.trainer.cut import CutStore
 
 
 def _flip_largest_shard(store: DirStore) -> str:

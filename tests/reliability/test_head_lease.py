@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from yeto_core.head_lease import (
+from yeto_core.head.lease import (
     LEASE_KEY,
     HeadBusyError,
     HeadFencedError,

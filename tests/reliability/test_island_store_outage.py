@@ -18,13 +18,14 @@ import types
 
 import pytest
 
-from yeto_core import hookimpl, run_store
+from yeto_core import hookimpl
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
+from yeto_core.config import run_store
 from yeto_core.errors import NotFoundError, StoreError
-from yeto_core.event_stream import read_events
-from yeto_core.island_env import island_launch
-from yeto_core.island_main import run_island
+from yeto_core.events.stream import read_events
+from yeto_core.islands.main import run_island
 from yeto_core.ports import ObjectStore
-from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.providers.env import island_launch
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.stores.retrying import RetryingStore, transient
 from yeto_core.testing.fake_island import plugins_with_fakes

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from yeto_core.batch_reader import BatchReader
+from yeto_core.buffer.batch_reader import BatchReader
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
+from yeto_core.buffer.sample_buffer.codec import decode_record, encode_record
 from yeto_core.errors import SampleBufferError
 from yeto_core.records import CORRUPT_INDEX_HOST
-from yeto_core.sample_buffer import FileSampleBuffer
-from yeto_core.sample_buffer.codec import decode_record, encode_record
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.groups import build_group
 
@@ -70,8 +70,8 @@ def test_replay_names_a_trained_position_whose_index_record_was_damaged_later(tm
     """Regression (the campaign's replay mismatch): a group trained, then its index record
     flipped, made ``yeto ledger replay`` fail with "object store key must be a non-empty
     string" (the quarantined stand-in has no payload). It now names the position."""
-    from yeto_core.ledger import LedgerError, LedgerRound
-    from yeto_core.ledger_replay import rebuild_batch
+    from yeto_core.buffer.ledger import LedgerError, LedgerRound
+    from yeto_core.buffer.ledger_replay import rebuild_batch
 
     store = _buffer(tmp_path, 3)
     _flip(store, "buffer/index/000000000001.json", b'"g1"', b'"gX"')

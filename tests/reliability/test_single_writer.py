@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from yeto_core.cut import ConsistentCut, CutStore
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.errors import CutError, ReleaseError, SampleBufferError
 from yeto_core.records import RoundSpec, Sample, SampleGroup, Trigger
-from yeto_core.release import ReleaseStore
-from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.release.store import ReleaseStore
+from yeto_core.trainer.cut import ConsistentCut, CutStore
 
 
 @pytest.fixture
@@ -149,7 +149,7 @@ def test_the_run_summary_survives_a_quarantined_index_line_and_a_damaged_payload
     import math
     from pathlib import Path
 
-    from yeto_core.run import Head
+    from yeto_core.head.run import Head
     from yeto_core.stores.dir_store import DirStore
 
     store = DirStore(tmp_path / "s", fsync=False)

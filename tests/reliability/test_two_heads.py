@@ -14,15 +14,15 @@ from pathlib import Path
 
 import attrs
 
-from yeto_core.head_lease import read_lease
-from yeto_core.run import EXIT_BUSY, EXIT_FENCED, EXIT_OK
+from yeto_core.head.lease import read_lease
+from yeto_core.head.run import EXIT_BUSY, EXIT_FENCED, EXIT_OK
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_run import fake_head, fake_run_config
 
 _SCRIPT = textwrap.dedent(
     """
     import json, sys
-    from yeto_core.config import config_from_dict
+    from yeto_core.config.load import config_from_dict
     from yeto_core.testing.fake_run import fake_head
     config = config_from_dict(json.loads(open({cfg!r}).read()))
     sys.exit(fake_head(config).run(lambda m: print(m, flush=True)))
@@ -36,7 +36,7 @@ def _config(tmp_path: Path, lease_s: float = 30.0):
 
 
 def _start(config, tmp_path: Path, name: str) -> subprocess.Popen:
-    from yeto_core.config import config_to_dict
+    from yeto_core.config.load import config_to_dict
 
     cfg = tmp_path / f"{name}.json"
     cfg.write_text(json.dumps(config_to_dict(config)))

@@ -25,9 +25,9 @@ from sgl_helpers import (
     token_logits,
 )
 
-from yeto_core import fingerprint as fp
 from yeto_core.errors import ReleaseError
 from yeto_core.records import SamplingParams
+from yeto_core.sampler import fingerprint as fp
 
 PROMPTS = ["3142:", "9087:", "5511:"]
 

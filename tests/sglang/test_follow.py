@@ -11,13 +11,13 @@ import pytest
 import torch
 from sgl_helpers import hf_model, make_full_release, prompt_scores
 
-from yeto_core import fingerprint as fp
-from yeto_core.batch_reader import BatchReader
-from yeto_core.policy_follower import PolicyFollower
+from yeto_core.buffer.batch_reader import BatchReader
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.records import LocalRelease, SamplingParams
-from yeto_core.release import ReleaseStore
-from yeto_core.sample_buffer import FileSampleBuffer
-from yeto_core.sampler_loop import SamplerLoop
+from yeto_core.release.store import ReleaseStore
+from yeto_core.sampler import fingerprint as fp
+from yeto_core.sampler.follower import PolicyFollower
+from yeto_core.sampler.loop import SamplerLoop
 from yeto_core.stores.dir_store import DirStore
 
 
@@ -179,8 +179,8 @@ def test_a_launched_server_is_supervised_and_gets_the_current_release_back(
 
 
 def test_preflight_refuses_what_sglang_refuses(tiny_base) -> None:
-    from yeto_core.config import parse_config
-    from yeto_core.preflight import Report
+    from yeto_core.config.load import parse_config
+    from yeto_core.config.preflight import Report
     from yeto_sglang import plugin
 
     def run(engine_options, backend_options=None):

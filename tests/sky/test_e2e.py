@@ -1,7 +1,7 @@
 """End to end: the quickstart task with provider = "sky", islands as local processes.
 
 The head runs in this process; the seam's double runs each cluster's run
-command (``python3 -m yeto_core.island_main`` with only the store URL, the ids
+command (``python3 -m yeto_core.islands.main`` with only the store URL, the ids
 and the store's credentials) in an empty directory against a loopback S3
 server. A first head is left mid-run as a killed head would leave it; a
 second head on the same run dir tears down the first head's clusters, trains
@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("yeto_torch")
 pytest.importorskip("yeto_s3")
 pytest.importorskip(
-    "yeto_core.island_env", reason="needs the ports API (islands need only the store)"
+    "yeto_core.providers.env", reason="needs the ports API (islands need only the store)"
 )
 
 from sky_double import LocalCloud
@@ -128,12 +128,12 @@ def _wait(predicate, timeout_s, what):
 
 
 def test_sky_run_learns_through_a_preemption_and_a_restarted_head(s3, tmp_path):
-    from yeto_core.config import parse_config
-    from yeto_core.event_stream import read_events
-    from yeto_core.head_lease import lease_lapsed, read_lease
+    from yeto_core.config.load import parse_config
+    from yeto_core.config.preflight import run_preflight
+    from yeto_core.events.stream import read_events
+    from yeto_core.head.lease import lease_lapsed, read_lease
+    from yeto_core.head.run import Head
     from yeto_core.plugins import get_plugins
-    from yeto_core.preflight import run_preflight
-    from yeto_core.run import Head
 
     try:
         import tomllib

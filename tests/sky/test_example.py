@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("yeto_s3")
-pytest.importorskip("yeto_core.island_env", reason="needs the ports API (provider keys)")
+pytest.importorskip("yeto_core.providers.env", reason="needs the ports API (provider keys)")
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "sky" / "run.toml"

@@ -10,13 +10,13 @@ import attrs
 import pytest
 from sky_double import LocalCloud
 
-from yeto_core.config import parse_config
-from yeto_core.event_stream import read_events
-from yeto_core.fences import fenced
-from yeto_core.head_islands import _CostedProvider
+from yeto_core.buffer.fences import fenced
+from yeto_core.config.load import parse_config
+from yeto_core.events.stream import read_events
+from yeto_core.head.islands import _CostedProvider
+from yeto_core.head.run import MAX_SAMPLER_RESTARTS, Head
 from yeto_core.plugins import Plugins
 from yeto_core.records import IslandLaunch
-from yeto_core.run import MAX_SAMPLER_RESTARTS, Head
 from yeto_sky.provider import LOST, RUNNING, SkyIslands
 
 PROBE_DIR = Path(__file__).parent / "probe"

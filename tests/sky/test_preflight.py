@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from yeto_core.preflight import Report
+from yeto_core.config.preflight import Report
 from yeto_sky import plugin
 
 
@@ -44,7 +44,7 @@ def test_each_island_task_is_shown_with_its_resources_and_price():
     s0 = checks["sky.task[sampler-0]"]
     assert "cluster demo-sampler-0-i0 (spot, aws/us-east-1, {'L4': 1})" in s0.detail
     assert "~$0.31/h from SkyPilot catalog aws/vms.csv us-east-1 g6.xlarge (spot)" in s0.detail
-    assert "run: exec python3 -m yeto_core.island_main" in s0.detail
+    assert "run: exec python3 -m yeto_core.islands.main" in s0.detail
     assert "sky.task[sampler-1]" in checks
     t = checks["sky.task[trainer]"]
     assert "(on-demand, gcp, {'H100': 1})" in t.detail and "table 2025-06" in t.detail

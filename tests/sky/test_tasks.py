@@ -32,7 +32,7 @@ def _task(resources, **options):
 def test_task_names_the_cluster_and_runs_the_island_with_only_store_and_ids():
     t = _task({"infra": "aws/us-east-1", "accelerators": "L4:1", "use_spot": True}, setup="true")
     assert t.cluster == "demo-sampler-0-i2"
-    assert t.config["run"] == "exec python3 -m yeto_core.island_main"
+    assert t.config["run"] == "exec python3 -m yeto_core.islands.main"
     assert set(t.config["envs"]) == {
         "YETO_STORE",
         "YETO_RUN_ID",

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.errors import SampleBufferError
 from yeto_core.records import RoundSpec, Sample, SampleGroup
-from yeto_core.sample_buffer import FileSampleBuffer
-from yeto_core.sampler_loop import SamplerLoop
+from yeto_core.sampler.loop import SamplerLoop
 from yeto_core.stores.dir_store import DirStore
 
 
@@ -199,9 +199,9 @@ def test_load_many_reads_each_pack_once(tmp_path):
 def test_old_records_without_a_pack_still_load(tmp_path):
     """Records written before packs (one object per group, no offset/length keys) load,
     next to packed ones, and a reader takes them in one round."""
-    from yeto_core.group_codec import encode_group
-    from yeto_core.sample_buffer import encode_record
-    from yeto_core.sample_buffer.append import _digest
+    from yeto_core.buffer.group_codec import encode_group
+    from yeto_core.buffer.sample_buffer import encode_record
+    from yeto_core.buffer.sample_buffer.append import _digest
 
     root = tmp_path / "s"
     store = DirStore(root)
@@ -261,8 +261,8 @@ def test_a_pack_key_holding_other_bytes_falls_back_to_one_object_per_group(tmp_p
     store = DirStore(tmp_path / "s")
     buf = FileSampleBuffer(store, layout="jsonl")
     batch = [group(i) for i in range(3)]
-    from yeto_core.group_codec import encode_group
-    from yeto_core.sample_buffer.append import _digest
+    from yeto_core.buffer.group_codec import encode_group
+    from yeto_core.buffer.sample_buffer.append import _digest
 
     key = buf.pack_key([_digest(encode_group(g)) for g in batch])
     store.put_if_absent(key, b"a damaged copy")
@@ -276,7 +276,7 @@ def test_a_group_encodes_to_the_same_bytes_every_time_and_safetensors_reads_them
     """The pack's name is its content's: one group must encode to one byte string."""
     from safetensors.numpy import load, save
 
-    from yeto_core.group_codec import encode_group
+    from yeto_core.buffer.group_codec import encode_group
 
     g = group(5)
     data = encode_group(g)
@@ -301,7 +301,7 @@ CHILD = r"""
 import os, sys
 import numpy as np
 from yeto_core.records import Sample, SampleGroup
-from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 
 root, side, start = sys.argv[1:4]

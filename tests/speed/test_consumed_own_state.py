@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from yeto_core.batch_reader import BatchReader
+from yeto_core.buffer.batch_reader import BatchReader
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.errors import SampleBufferError
-from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.testing.fakes import Clock, RemoteLookingDirStore
 from yeto_core.testing.groups import build_group
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from yeto_core.event_stream import EventStream, read_events, stream_key
+from yeto_core.events.stream import EventStream, read_events, stream_key
 from yeto_core.stores.dir_store import DirStore
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 from yeto_core.errors import StoreError
-from yeto_core.event_stream import EventStream, read_events
+from yeto_core.events.stream import EventStream, read_events
 from yeto_core.testing.fakes import RemoteLookingDirStore
 
 

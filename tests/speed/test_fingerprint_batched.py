@@ -34,7 +34,7 @@ def _one_by_one(model, prompts):
 
 
 def test_probes_of_one_length_take_one_forward_with_the_same_logprobs():
-    from yeto_core import fingerprint
+    from yeto_core.sampler import fingerprint
     from yeto_torch.sampling import prompt_logprobs
 
     model = CountingModel()

@@ -4,8 +4,8 @@ age out before the trainer reaches it (a single-threaded simulation: counts, no 
 from __future__ import annotations
 
 from yeto_core.records import RoundSpec, SamplingParams
-from yeto_core.sampler_loop import SamplerLoop
-from yeto_core.sampler_room import SeenReleases
+from yeto_core.sampler.loop import SamplerLoop
+from yeto_core.sampler.room import SeenReleases
 from yeto_core.testing.fake_backend import MemoryBuffer
 from yeto_core.testing.fakes import DigitsTask, WeightFileEngine, digits_sampler
 
@@ -187,7 +187,7 @@ def test_a_commit_whose_release_never_comes_stops_holding_the_room_back():
     publish left the watermark a round past the newest release. The islands counted that
     release as coming and held the backlog at A_hard rounds; S1 waits for A_hard + 1
     with the trainer stopped; nothing moved until the silence backstop stopped the run."""
-    from yeto_core.sampler_room import PENDING_RELEASE_S
+    from yeto_core.sampler.room import PENDING_RELEASE_S
 
     buf = MemoryBuffer()
     now = {"t": 0.0}

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from yeto_core.batch_reader import BatchReader
-from yeto_core.ledger import BatchLedger, LedgerError
-from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.buffer.batch_reader import BatchReader
+from yeto_core.buffer.ledger import BatchLedger, LedgerError
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import make_group
 from yeto_core.testing.fakes import Clock

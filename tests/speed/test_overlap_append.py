@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.records import SamplingParams
-from yeto_core.sample_buffer import FileSampleBuffer
-from yeto_core.sampler_drain import DrainGuard
-from yeto_core.sampler_loop import SamplerLoop
+from yeto_core.sampler.drain import DrainGuard
+from yeto_core.sampler.loop import SamplerLoop
 from yeto_core.testing.fake_backend import MemoryBuffer
 from yeto_core.testing.fakes import (
     DigitsTask,

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from safetensors.numpy import save_file
 
-from yeto_core import fingerprint
-from yeto_core.cut import CutStore
-from yeto_core.lifecycle import DriverLifecycle, TrainerFailedError
 from yeto_core.records import StopReason
-from yeto_core.release import ReleaseStore
+from yeto_core.release.store import ReleaseStore
+from yeto_core.sampler import fingerprint
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import FakeBackend, MemoryBuffer, make_group
+from yeto_core.trainer.cut import CutStore
+from yeto_core.trainer.lifecycle import DriverLifecycle, TrainerFailedError
 
 
 def _setup(tmp_path, name, *, overlap, releases_cls=ReleaseStore, backend_cls=FakeBackend):

@@ -11,8 +11,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from yeto_core.batch_reader import BatchReader
-from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.buffer.batch_reader import BatchReader
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.stage_profile import PROFILE
 from yeto_core.testing.fakes import Clock, RemoteLookingDirStore
 from yeto_core.testing.groups import build_group
@@ -116,10 +116,10 @@ def test_on_a_local_store_nothing_is_read_ahead(tmp_path):
 
 def _driver_run(root: Path, *, remote: bool):
     """A trainer (DriverLifecycle, fake backend) over 5 rounds of 4 groups on ``root``."""
-    from yeto_core.cut import CutStore
-    from yeto_core.lifecycle import DriverLifecycle
-    from yeto_core.release import ReleaseStore
+    from yeto_core.release.store import ReleaseStore
     from yeto_core.testing.fake_backend import FakeBackend, make_group
+    from yeto_core.trainer.cut import CutStore
+    from yeto_core.trainer.lifecycle import DriverLifecycle
 
     store = Remote(root / "store", remote=remote)
     FileSampleBuffer(store, layout="objects").append_many(

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from yeto_core.cut import CutStore
-from yeto_core.lifecycle import DriverLifecycle
 from yeto_core.records import StopReason
-from yeto_core.release import ReleaseStore
+from yeto_core.release.store import ReleaseStore
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import FakeBackend, MemoryBuffer, make_group
+from yeto_core.trainer.cut import CutStore
+from yeto_core.trainer.lifecycle import DriverLifecycle
 
 
 def _setup(tmp_path, name, *, every, overlap=True, groups=24):

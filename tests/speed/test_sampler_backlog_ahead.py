@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional
 
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.records import RoundSpec
-from yeto_core.sample_buffer import FileSampleBuffer
 from yeto_core.testing.fake_backend import MemoryBuffer
 from yeto_core.testing.fakes import RemoteLookingDirStore, digits_sampler
 

@@ -16,8 +16,8 @@ from typing import Any, Optional
 
 import pytest
 
-from yeto_core.batch_reader import BatchReader
-from yeto_core.sample_buffer import FileSampleBuffer
+from yeto_core.buffer.batch_reader import BatchReader
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fakes import Clock, RemoteLookingDirStore
 from yeto_core.testing.groups import build_group
@@ -221,7 +221,7 @@ def test_a_crash_between_payloads_and_records_leaves_whole_objects_then_dedups(
     before or between its index puts leaves whole objects, in order; the restarted
     sampler's same call appends the rest once."""
     if chunk is not None:
-        monkeypatch.setattr("yeto_core.sample_buffer.append.OBJECTS_BATCH_RECORDS", chunk)
+        monkeypatch.setattr("yeto_core.buffer.sample_buffer.append.OBJECTS_BATCH_RECORDS", chunk)
     store = RemoteDir(tmp_path / "s")
     buf = FileSampleBuffer(store, layout="objects")
     real = _crash_at_index_put(store, after=0 if chunk is None else 1)
@@ -268,7 +268,7 @@ def test_a_backlog_reads_consumed_index_and_data_end_in_one_round_trip(tmp_path)
 def test_the_ledger_lists_only_after_its_newest_key_and_still_sees_another_writer(tmp_path):
     import attrs
 
-    from yeto_core.ledger import BatchLedger, LedgerError
+    from yeto_core.buffer.ledger import BatchLedger, LedgerError
 
     store = RemoteDir(tmp_path / "s")
     buf = FileSampleBuffer(store, layout="objects")
@@ -324,7 +324,7 @@ def test_a_take_reads_consumed_json_once_per_select(tmp_path):
 
 
 def test_a_channel_poll_is_one_get_of_the_next_message_not_a_listing(tmp_path):
-    from yeto_core.lifecycle.remote import Channel
+    from yeto_core.trainer.lifecycle.remote import Channel
 
     store = RemoteDir(tmp_path / "s")
     head, trainer = Channel(store, 3, "commands"), Channel(store, 3, "commands")
@@ -393,7 +393,7 @@ def test_a_release_s_files_are_fetched_with_overlapping_gets_and_still_checked(t
     import hashlib
 
     from yeto_core.errors import ReleaseError
-    from yeto_core.release import ReleaseStore
+    from yeto_core.release.store import ReleaseStore
 
     store = RemoteDir(tmp_path / "s")
     releases = ReleaseStore(store)

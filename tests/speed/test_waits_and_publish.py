@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from yeto_core.ports.store import SleepWatch
-from yeto_core.release import ReleaseStore
+from yeto_core.release.store import ReleaseStore
 from yeto_core.stores.dir_store import DirStore
 
 
@@ -78,7 +78,7 @@ def test_a_publications_work_does_not_grow_with_the_history(tmp_path, monkeypatc
     """The publisher finds the earlier releases of the version it publishes in its view
     by version, not by parsing every release id it knows (which cost ~2.6 ms more per
     publication at 3,000 releases, growing without bound)."""
-    from yeto_core import release as release_mod
+    from yeto_core.release import store as release_mod
 
     store = DirStore(tmp_path / "s", fsync=False)
     rs = ReleaseStore(store)
@@ -139,7 +139,7 @@ def test_a_foreign_publication_refreshes_the_publishers_view(tmp_path):
 
 
 def test_the_sync_sampler_is_woken_by_the_load_itself(tmp_path):
-    from yeto_core.policy_follower import PolicyFollower
+    from yeto_core.sampler.follower import PolicyFollower
 
     class Engine:
         def served_checksum(self):

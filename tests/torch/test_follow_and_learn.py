@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from yeto_core.policy_follower import PolicyFollower
-from yeto_core.release import ReleaseStore
+from yeto_core.release.store import ReleaseStore
+from yeto_core.sampler.follower import PolicyFollower
 from yeto_core.stores.dir_store import DirStore
 from yeto_torch.backend import TorchBackend
 from yeto_torch.engine import HFEngine

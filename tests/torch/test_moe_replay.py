@@ -277,9 +277,9 @@ class VariedReward:
 def test_routed_experts_flow_from_the_hf_engine_through_the_buffer_into_the_trainer(
     moe_base, tmp_path, monkeypatch
 ):
-    from yeto_core.batch_reader import BatchReader
-    from yeto_core.sample_buffer import FileSampleBuffer
-    from yeto_core.sampler_loop import SamplerLoop
+    from yeto_core.buffer.batch_reader import BatchReader
+    from yeto_core.buffer.sample_buffer import FileSampleBuffer
+    from yeto_core.sampler.loop import SamplerLoop
     from yeto_core.stores.dir_store import DirStore
     from yeto_torch.engine import HFEngine
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from yeto_core import fingerprint as fp
-from yeto_core.engine_server import INFRA_FAILED, InfraFailedError
-from yeto_core.policy_follower import PolicyFollower
 from yeto_core.records import LocalRelease, SamplingParams
-from yeto_core.release import ReleaseStore
+from yeto_core.release.store import ReleaseStore
+from yeto_core.sampler import fingerprint as fp
+from yeto_core.sampler.engine_server import INFRA_FAILED, InfraFailedError
+from yeto_core.sampler.follower import PolicyFollower
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.contracts import SamplerEngineContract
 from yeto_torch import lora as lora_mod
@@ -223,8 +223,8 @@ def test_lora_release_load_and_unload(follow, vllm_engine, sort_base, tmp_path):
 def test_killed_server_is_restarted_and_the_island_keeps_appending(
     follow, vllm_engine, sort_base, tmp_path
 ):
-    from yeto_core.sample_buffer import FileSampleBuffer
-    from yeto_core.sampler_loop import SamplerLoop
+    from yeto_core.buffer.sample_buffer import FileSampleBuffer
+    from yeto_core.sampler.loop import SamplerLoop
 
     releases, follower, events = follow
     publish_full(releases, perturbed(sort_base, seed=5), sort_base, tmp_path / "r1", 1)

@@ -27,10 +27,10 @@ import numpy as np
 import pytest
 import torch
 
-from yeto_core.batch_reader import BatchReader
+from yeto_core.buffer.batch_reader import BatchReader
+from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.records import SamplingParams
-from yeto_core.sample_buffer import FileSampleBuffer
-from yeto_core.sampler_loop import SamplerLoop
+from yeto_core.sampler.loop import SamplerLoop
 from yeto_core.stores.dir_store import DirStore
 
 MODE = os.environ.get("YETO_VLLM_MOE", "")

@@ -17,21 +17,21 @@ def yeto_register_object_stores(register):
 
 @hookimpl
 def yeto_register_island_providers(register):
-    from yeto_core.local_islands import LocalIslands
+    from yeto_core.providers.local import LocalIslands
 
     register(LocalIslands)
 
 
 @hookimpl
 def yeto_register_sample_buffers(register):
-    from yeto_core.sample_buffer import FileSampleBuffer
+    from yeto_core.buffer.sample_buffer import FileSampleBuffer
 
     register(FileSampleBuffer)
 
 
 @hookimpl
 def yeto_register_trainer_schedulers(register):
-    from yeto_core.s1 import AlwaysOnScheduler, S1Scheduler
+    from yeto_core.trainer.s1 import AlwaysOnScheduler, S1Scheduler
 
     register(S1Scheduler)
     register(AlwaysOnScheduler)
@@ -39,7 +39,7 @@ def yeto_register_trainer_schedulers(register):
 
 @hookimpl
 def yeto_register_trainer_lifecycles(register):
-    from yeto_core.lifecycle import DriverLifecycle, RemoteTrainerLifecycle
+    from yeto_core.trainer.lifecycle import DriverLifecycle, RemoteTrainerLifecycle
 
     register(DriverLifecycle)
     register(RemoteTrainerLifecycle)
@@ -47,7 +47,7 @@ def yeto_register_trainer_lifecycles(register):
 
 @hookimpl
 def yeto_register_conversions(register):
-    from yeto_core.conversion import LocalConversion, NoConversion
+    from yeto_core.conversion.local import LocalConversion, NoConversion
 
     register(NoConversion)
     register(LocalConversion)

@@ -102,7 +102,7 @@ def yeto_register_tasks(register: Register) -> None:
 
 @_hookspec
 def yeto_release_codecs() -> Any:
-    """Provide release codecs (:class:`~yeto_core.release_delta.DeltaCodec` instances).
+    """Provide release codecs (:class:`~yeto_core.release.delta.DeltaCodec` instances).
 
     A codec turns a tensor's change between two releases into a delta chunk and back
     (docs/releases.md). The core checks every result; the codec only moves bytes.

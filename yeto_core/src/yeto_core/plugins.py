@@ -378,7 +378,7 @@ class Plugins:
     def release_codec(self, name: Optional[str] = None) -> Any:
         """The release codec named ``name`` (None: the first one any plugin provides).
 
-        :returns: a :class:`~yeto_core.release_delta.DeltaCodec`, or None when no plugin
+        :returns: a :class:`~yeto_core.release.delta.DeltaCodec`, or None when no plugin
             provides one (then every release is published full).
         """
         for impl in self.pm.hook.yeto_release_codecs.get_hookimpls():

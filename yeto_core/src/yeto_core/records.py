@@ -16,7 +16,7 @@ these records, a builtin, or a :class:`pathlib.Path`:
 
 JSON goes through :mod:`yeto_core.serde`. Arrays (token ids, log-probs, masks,
 routed experts) never travel as JSON: they go into one safetensors payload per
-group (see :mod:`yeto_core.group_codec`).
+group (see :mod:`yeto_core.buffer.group_codec`).
 """
 
 from __future__ import annotations
@@ -428,7 +428,7 @@ class IslandLaunch:
 
     Run the island as ``python -m {entry_module}`` with ``env`` (plus what the
     machine itself needs, such as ``PATH``), or in process with
-    ``yeto_core.island_main.run_island(env)``.
+    ``yeto_core.islands.main.run_island(env)``.
     """
 
     run_id: str
@@ -438,7 +438,7 @@ class IslandLaunch:
     incarnation: int
     env: Mapping[str, str] = attrs.field(factory=dict)
     options: Mapping[str, Any] = attrs.field(factory=dict)
-    entry_module: str = "yeto_core.island_main"
+    entry_module: str = "yeto_core.islands.main"
 
     @property
     def handle(self) -> str:

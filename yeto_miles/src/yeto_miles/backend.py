@@ -20,12 +20,12 @@ from typing import Any, Optional
 
 import attrs
 
+from yeto_core.config.run_store import read_config
 from yeto_core.errors import ConfigError, CutError, ReleaseError
-from yeto_core.hf_release import copy_tokenizer_files, restore_dropped_keys
 from yeto_core.plugins import get_plugins
 from yeto_core.ports import TrainerBackend
 from yeto_core.records import ReleaseInfo, Trigger
-from yeto_core.run_store import read_config
+from yeto_core.release.hf import copy_tokenizer_files, restore_dropped_keys
 from yeto_miles import inventory
 from yeto_miles.rollout import Bridge
 

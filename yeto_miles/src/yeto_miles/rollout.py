@@ -15,9 +15,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from yeto_core.batch_reader import make_padding
+from yeto_core.buffer.batch_reader import make_padding
+from yeto_core.buffer.group_codec import decode_group, encode_group
 from yeto_core.errors import NotFoundError, YetoError
-from yeto_core.group_codec import decode_group, encode_group
 from yeto_core.plugins import get_plugins
 from yeto_core.records import Sample as YetoSample
 

@@ -25,7 +25,7 @@ def island(env: Mapping[str, str]) -> int:
         for name in json.loads(os.environ.get(ENV_MOUNTS) or "{}").values():
             reload_mount(VolumeSeam(name, os.environ.get("MODAL_ENVIRONMENT")))
     try:
-        runpy.run_module(os.environ.get(ENV_ENTRY) or "yeto_core.island_main", run_name="__main__")
+        runpy.run_module(os.environ.get(ENV_ENTRY) or "yeto_core.islands.main", run_name="__main__")
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0

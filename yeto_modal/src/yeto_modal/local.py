@@ -12,7 +12,7 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    from yeto_core.config import config_from_dict
+    from yeto_core.config.load import config_from_dict
     from yeto_core.plugins import get_plugins
     from yeto_modal.app import build, plan
 

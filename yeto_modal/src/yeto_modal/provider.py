@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from yeto_core.errors import YetoError
+from yeto_core.head.run_dir import write_json_atomic
 from yeto_core.ports import IslandProvider
 from yeto_core.records import Event, IslandStatus
-from yeto_core.run_dir import write_json_atomic
 from yeto_modal import app as modal_app
 from yeto_modal.entry import ENV_ENTRY, ENV_MOUNTS
 
@@ -74,8 +74,8 @@ class CallSeam:
 
 
 def _load_config(store_url: str) -> Any:
+    from yeto_core.config.run_store import read_config
     from yeto_core.plugins import get_plugins
-    from yeto_core.run_store import read_config
 
     return read_config(get_plugins().open_store(store_url))
 
@@ -129,7 +129,7 @@ class ModalIslands(IslandProvider):
     def app_for(self, launch: Any) -> Any:
         """Build and deploy the run's app once (credentials from the launch's variables)."""
         if self.built is None:
-            from yeto_core.config import config_to_dict
+            from yeto_core.config.load import config_to_dict
             from yeto_core.plugins import get_plugins
 
             config = self.load_config(launch.store_url)

@@ -3,7 +3,7 @@
 ``provider = "nc"`` in a ``[[samplers]]`` table; its ``provider_options``
 are the pool's settings (:class:`PoolOptions`). :meth:`NcIslands.launch`
 picks the cheapest offer that passes the filter, requests a lease running
-``python -m yeto_core.island_main`` with the launch's environment, and tries
+``python -m yeto_core.islands.main`` with the launch's environment, and tries
 the next offer (and again, until ``launch_timeout_s``) when a request is
 refused. :meth:`NcIslands.status` maps the lease's state
 (``evicted``/``expired`` -> ``IslandStatus.LOST``: the head fences that
@@ -56,7 +56,7 @@ class PoolOptions:
     :ivar image: the node image (passed through to the marketplace).
     :ivar command: the island command on the node (default: this interpreter,
         ``-m <entry module>``; a real node names its own, e.g. ``["python", "-m",
-        "yeto_core.island_main"]``).
+        "yeto_core.islands.main"]``).
     """
 
     url: str = ""

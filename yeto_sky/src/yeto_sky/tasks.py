@@ -86,7 +86,7 @@ def build_task(
     incarnation: int,
     env: Mapping[str, str],
     options: Mapping[str, Any],
-    entry_module: str = "yeto_core.island_main",
+    entry_module: str = "yeto_core.islands.main",
     where: str = "provider_options",
 ) -> IslandTask:
     """The SkyPilot task of one island incarnation, validated by ``sky.Task.from_yaml_config``.

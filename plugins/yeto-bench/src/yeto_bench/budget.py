@@ -2,12 +2,12 @@
 
 A fleet of sampler islands (each at its price per hour) and one trainer (at its
 price) runs a trace on a simulated clock, as in :mod:`yeto_bench.scheduler`, with
-the real parts of the head: the real :class:`~yeto_core.trainer_loop.TrainerLoop`
-and S1 behind the guard's :class:`~yeto_core.cost_guard.GuardedScheduler`, the
-real :class:`~yeto_core.lifecycle.DriverLifecycle` (fake CPU backend, real cuts
+the real parts of the head: the real :class:`~yeto_core.trainer.loop.TrainerLoop`
+and S1 behind the guard's :class:`~yeto_core.cost.guard.GuardedScheduler`, the
+real :class:`~yeto_core.trainer.lifecycle.DriverLifecycle` (fake CPU backend, real cuts
 in a temporary dir store), the real resource ledger
-(:class:`~yeto_core.cost.CostLedger`, in that store) and the guard's pure policy
-(:func:`~yeto_core.cost_guard.guard_decide`), fed as the head feeds it.
+(:class:`~yeto_core.cost.ledger.CostLedger`, in that store) and the guard's pure policy
+(:func:`~yeto_core.cost.guard.guard_decide`), fed as the head feeds it.
 
 Only the fleet is simulated: arrival ``i`` of the trace comes from sampler
 ``i mod N`` (a released sampler's arrivals never come), a sampler outage sends
@@ -31,8 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from yeto_bench.scheduler import HOUR, SimLifecycle, _Sim
-from yeto_core.cost import CostLedger, cost_figures
-from yeto_core.cost_guard import (
+from yeto_core.cost.guard import (
     Burn,
     GuardAction,
     GuardedScheduler,
@@ -40,14 +39,15 @@ from yeto_core.cost_guard import (
     Reaction,
     guard_decide,
 )
-from yeto_core.cut import CutStore
-from yeto_core.lifecycle import DriverLifecycle
+from yeto_core.cost.ledger import CostLedger, cost_figures
 from yeto_core.records import LifecycleState, StopReason
-from yeto_core.release import ReleaseStore
-from yeto_core.s1 import S1Scheduler
+from yeto_core.release.store import ReleaseStore
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import FakeBackend, make_group
-from yeto_core.trainer_loop import Journal, LoopConfig, TrainerLoop
+from yeto_core.trainer.cut import CutStore
+from yeto_core.trainer.lifecycle import DriverLifecycle
+from yeto_core.trainer.loop import Journal, LoopConfig, TrainerLoop
+from yeto_core.trainer.s1 import S1Scheduler
 
 S = LifecycleState
 

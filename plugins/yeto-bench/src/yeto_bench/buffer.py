@@ -45,9 +45,9 @@ import click
 import numpy as np
 
 from yeto_core import serde
-from yeto_core.group_codec import encode_group
+from yeto_core.buffer.group_codec import encode_group
+from yeto_core.buffer.sample_buffer import ConsumedState, FileSampleBuffer, encode_record
 from yeto_core.records import RoundSpec, Sample, SampleGroup
-from yeto_core.sample_buffer import ConsumedState, FileSampleBuffer, encode_record
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.stores.fsync import fsync_dir
 

@@ -180,11 +180,11 @@ def check_run(
     ``corrupted``: payload keys the bench damaged on purpose (``--faults corrupt``): a
     load failure there is the damage being detected, not a torn record.
     """
-    from yeto_core.cut import CutStore
-    from yeto_core.event_stream import read_events
-    from yeto_core.ledger import BatchLedger, LedgerError
+    from yeto_core.buffer.ledger import BatchLedger, LedgerError
+    from yeto_core.buffer.sample_buffer import open_buffer
+    from yeto_core.events.stream import read_events
     from yeto_core.plugins import get_plugins
-    from yeto_core.sample_buffer import open_buffer
+    from yeto_core.trainer.cut import CutStore
 
     store = get_plugins().open_store(store_url or str(run_dir / "store"))
     problems: list[str] = []
@@ -390,7 +390,7 @@ def _replay_refused_bench_damage(stderr: str, damaged_trained: Any) -> bool:
 
 def _bench_damaged_only_cut(store: Any, corrupted: Any) -> bool:
     """Whether every committed cut of the run is one the bench damaged on purpose."""
-    from yeto_core.cut import CutStore
+    from yeto_core.trainer.cut import CutStore
 
     cuts = [c.cut_id for c in CutStore(store).list()]
     return bool(cuts) and all(any(k.startswith(f"cuts/{c}/") for k in corrupted) for c in cuts)
@@ -644,7 +644,7 @@ def run_campaign(
         )
         if fault_kinds:
             from yeto_bench.chaos_faults import evaluate
-            from yeto_core.event_stream import read_events
+            from yeto_core.events.stream import read_events
 
             rounds = [e for e in read_events(store_handle, "trainer") if e.kind == "round_trained"]
             evaluate(

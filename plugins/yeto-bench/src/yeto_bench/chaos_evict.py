@@ -124,10 +124,10 @@ class Simulator:
 
 def pool_checks(run_dir: Path) -> dict[str, Any]:
     """The pool's invariants from the store: fences, dispenser holds, dispense positions."""
-    from yeto_core.dispenser import dispense_report
-    from yeto_core.event_stream import read_events
+    from yeto_core.buffer.dispenser import dispense_report
+    from yeto_core.buffer.sample_buffer import open_buffer
+    from yeto_core.events.stream import read_events
     from yeto_core.plugins import get_plugins
-    from yeto_core.sample_buffer import open_buffer
 
     store = get_plugins().open_store(str(run_dir / "store"))
     head = read_events(store, "head")

@@ -87,7 +87,7 @@ def _wait(pred: Callable[[], bool], deadline_s: float, step_s: float = 0.05) -> 
 
 
 def _lease(store: Any) -> Optional[dict[str, Any]]:
-    from yeto_core.head_lease import read_lease
+    from yeto_core.head.lease import read_lease
 
     try:
         return read_lease(store)
@@ -210,7 +210,7 @@ CLOCK_REPORT_WAIT_S = 60.0
 
 
 def _stream_length(store: Any, island: str) -> int:
-    from yeto_core.event_stream import read_events
+    from yeto_core.events.stream import read_events
 
     try:
         return len(read_events(store, island))
@@ -219,7 +219,7 @@ def _stream_length(store: Any, island: str) -> int:
 
 
 def _clock_reported(store: Any, island: str) -> bool:
-    from yeto_core.event_stream import read_events
+    from yeto_core.events.stream import read_events
 
     try:
         events = read_events(store, "head")
@@ -251,7 +251,7 @@ AHEAD = 8
 
 
 def _newest_entry(store: Any) -> Any:
-    from yeto_core.sample_buffer import open_buffer
+    from yeto_core.buffer.sample_buffer import open_buffer
 
     buf = open_buffer(store, read_only=True)
     try:
@@ -326,7 +326,7 @@ def _position(line: bytes) -> Optional[int]:
 def _watermark(store: Any) -> int:
     """The first position no lineage trained yet (a restore moves the watermark back, and a
     group trained once must stay readable for ``yeto ledger replay``)."""
-    from yeto_core.event_stream import read_events
+    from yeto_core.events.stream import read_events
 
     try:
         wm = int(json.loads(store.get("buffer/consumed.json"))["watermark"])
@@ -422,7 +422,7 @@ def evaluate(
     first): ``not_reached``. One trained in a round written before the flip was trained
     intact (``raced``); ``used`` counts only rounds after it.
     """
-    from yeto_core.event_stream import read_all
+    from yeto_core.events.stream import read_all
 
     streams = read_all(store)
     events = [e for evs in streams.values() for e in evs]

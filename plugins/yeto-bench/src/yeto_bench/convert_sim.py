@@ -10,13 +10,13 @@ groups (every group of the trace):
 - ``convertible``: three nodes held, two fixed samplers and one convertible node
   that samples at the per-node rate of the trace (every second arrival of the
   trace is one it would produce) and runs the trainer when S1, gated by the real
-  :func:`~yeto_core.convertible.decide_conversion`, converts it (``conversion_s``
+  :func:`~yeto_core.conversion.convertible.decide_conversion`, converts it (``conversion_s``
   to drain its sampler and start the trainer warm; ``back_s`` to sample again).
   A conversion applies the P0-S rule to the node's group in flight: finished if
   it completes within ``drain_bound_s``, else abandoned and counted.
 
-The decisions are the real pure functions (:func:`~yeto_core.s1.s1_decide` and
-:func:`~yeto_core.convertible.decide_conversion`); the fleet, the clock (1 s
+The decisions are the real pure functions (:func:`~yeto_core.trainer.s1.s1_decide` and
+:func:`~yeto_core.conversion.convertible.decide_conversion`); the fleet, the clock (1 s
 steps) and the trainer (``round_s`` per round of ``groups_per_round`` groups, a
 round's groups older than ``a_hard`` versions consumed as stale) are simulated.
 Figures: GPU-seconds paid, the time to train the trace's groups, stale and
@@ -28,7 +28,7 @@ from __future__ import annotations
 import collections
 from typing import Any, Optional
 
-from yeto_core.convertible import (
+from yeto_core.conversion.convertible import (
     IDLE,
     SAMPLER,
     TRAINER,
@@ -37,7 +37,7 @@ from yeto_core.convertible import (
     decide_conversion,
 )
 from yeto_core.records import LifecycleState, SchedulerInputs
-from yeto_core.s1 import always_on_decide, s1_decide
+from yeto_core.trainer.s1 import always_on_decide, s1_decide
 
 S = LifecycleState
 FLEETS = ("fixed_split", "s1", "convertible")

@@ -216,7 +216,7 @@ def trainer_seconds(run_dir: Path, rounds: list[dict[str, Any]], appended_at: di
     Paid: trainer incarnations' lifetimes (``cost.jsonl``). Busy: per round, from
     the later of the previous release and the round's last group to its release.
     """
-    from yeto_core.cost import read_lines
+    from yeto_core.cost.ledger import read_lines
 
     starts: dict[str, float] = {}
     paid = 0.0
@@ -263,9 +263,9 @@ def run_mode(
     """One run of ``mode`` until the target (or the timeout); its figures."""
     import os
 
-    from yeto_core.event_stream import read_events
+    from yeto_core.buffer.sample_buffer import open_buffer
+    from yeto_core.events.stream import read_events
     from yeto_core.plugins import get_plugins
-    from yeto_core.sample_buffer import open_buffer
 
     run_dir = work / mode
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -378,7 +378,7 @@ def stage_profiles(store: Any, *, rounds: int) -> dict[str, Any]:
     the trainer's stages add up to (at most) its time per round; a sampler's say
     what it spent per trained round of the run.
     """
-    from yeto_core.event_stream import read_all
+    from yeto_core.events.stream import read_all
     from yeto_core.stage_profile import EVENT_KIND, summarize
 
     out: dict[str, Any] = {}
@@ -417,8 +417,8 @@ def store_may_hold_groups(run_dir: Path, store_base: str = "") -> bool:
 
 
 def _first_appended(store_url: str) -> Optional[float]:
+    from yeto_core.buffer.sample_buffer import open_buffer
     from yeto_core.plugins import get_plugins
-    from yeto_core.sample_buffer import open_buffer
 
     try:
         buf = open_buffer(get_plugins().open_store(store_url), read_only=True)

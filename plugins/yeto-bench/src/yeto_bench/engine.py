@@ -76,11 +76,11 @@ def run(
 ) -> dict[str, Any]:
     import torch
 
-    from yeto_core import fingerprint as fp
     from yeto_core.plugins import Plugins
-    from yeto_core.policy_follower import PolicyFollower
     from yeto_core.records import SamplingParams
-    from yeto_core.release import ReleaseStore
+    from yeto_core.release.store import ReleaseStore
+    from yeto_core.sampler import fingerprint as fp
+    from yeto_core.sampler.follower import PolicyFollower
     from yeto_core.stores.dir_store import DirStore
     from yeto_torch import model as tiny
     from yeto_torch.export import export_full

@@ -25,7 +25,7 @@ def start_head(toml: Path, run_dir: Path, env: Optional[dict[str, str]] = None) 
 
 def stop_head(head: subprocess.Popen, run_dir: Path, reason: str, wait_s: float = 180.0) -> None:
     """Ask a running head to stop cleanly; SIGKILL it if it has not exited in ``wait_s``."""
-    from yeto_core.run import request_down
+    from yeto_core.head.run import request_down
 
     if head.poll() is not None:
         return

@@ -162,9 +162,9 @@ def run_one(
 ) -> dict[str, Any]:
     """One run to ``rounds`` trained rounds (or the timeout); its figures (of its first
     ``rounds`` rounds: the trainer may train a few more before the run stops)."""
-    from yeto_core.event_stream import read_events
+    from yeto_core.buffer.sample_buffer import open_buffer
+    from yeto_core.events.stream import read_events
     from yeto_core.plugins import get_plugins
-    from yeto_core.sample_buffer import open_buffer
 
     work.mkdir(parents=True, exist_ok=True)
     toml = work / "run.toml"

@@ -18,7 +18,7 @@ BENCH_PRICES = {"sampler": 2.0, "trainer": 8.0}
 
 def priced_usd(lines: list[Any], prices: Mapping[str, float], trainer: str = "trainer") -> float:
     """Island-seconds of every incarnation times its role's price (open ones to the last record)."""
-    from yeto_core.cost import incarnation_costs
+    from yeto_core.cost.ledger import incarnation_costs
 
     now = max((ln.time for ln in lines), default=0.0)
     usd = 0.0
@@ -32,8 +32,8 @@ def run_money(
     run_dir: Path, *, store_url: Optional[str] = None, prices: Mapping[str, float] = BENCH_PRICES
 ) -> dict[str, Any]:
     """``usd_total``, ``groups_trained`` and ``usd_per_trained_group`` of one run."""
-    from yeto_core.cost import COST_FILE, read_lines, read_store_lines
-    from yeto_core.event_stream import read_events
+    from yeto_core.cost.ledger import COST_FILE, read_lines, read_store_lines
+    from yeto_core.events.stream import read_events
     from yeto_core.plugins import get_plugins
 
     store = get_plugins().open_store(store_url or str(Path(run_dir) / "store"))

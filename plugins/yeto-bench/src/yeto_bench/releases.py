@@ -125,7 +125,7 @@ def compressed_size(d: Path, level: int = 1) -> int:
 
 
 def _digests(d: Path) -> dict[str, str]:
-    from yeto_core.manifest import digest_dir
+    from yeto_core.stores.manifest import digest_dir
 
     return {f.name: f.sha256 for f in digest_dir(d)}
 
@@ -139,9 +139,9 @@ def run_lr(
     progress: Any,
 ) -> dict[str, Any]:
     """Train ``rounds`` rounds at ``lr``; publish each full and as a delta; follow both."""
-    from yeto_core import fingerprint
-    from yeto_core.policy_follower import PolicyFollower
-    from yeto_core.release import ReleaseStore
+    from yeto_core.release.store import ReleaseStore
+    from yeto_core.sampler import fingerprint
+    from yeto_core.sampler.follower import PolicyFollower
     from yeto_core.stores.dir_store import DirStore
     from yeto_torch.backend import TorchBackend
     from yeto_torch.delta import NumpyZstdCodec

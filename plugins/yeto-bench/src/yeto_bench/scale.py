@@ -4,7 +4,7 @@ Per island count (``--islands 1,10,100,1000``) one fresh store: the loopback S3
 server (moto, through yeto-s3, index layout ``objects``) when installed, else a
 ``dir`` store with per-host shards (``--store dir``, layout ``shards``, the head
 merging). Every island is a lightweight appender (no model): its own buffer
-object (host ``i<k>``) and its own :class:`~yeto_core.dispenser.StoreDispenser`;
+object (host ``i<k>``) and its own :class:`~yeto_core.buffer.dispenser.StoreDispenser`;
 ``--workers`` threads step the islands round-robin (a step: claim
 ``prompts_per_call`` dispense positions, append that many tiny groups, ack). The
 head thread ticks every ``--tick-s`` (the buffer's backlog, catching up the index
@@ -120,10 +120,10 @@ def measure(
     clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Any]:
     """One island count on one fresh store (see the module docstring)."""
-    from yeto_core.batch_reader import BatchReader
-    from yeto_core.dispenser import StoreDispenser
-    from yeto_core.fences import fenced
-    from yeto_core.sample_buffer import FileSampleBuffer
+    from yeto_core.buffer.batch_reader import BatchReader
+    from yeto_core.buffer.dispenser import StoreDispenser
+    from yeto_core.buffer.fences import fenced
+    from yeto_core.buffer.sample_buffer import FileSampleBuffer
 
     head = FileSampleBuffer(store, host="head", layout=layout, merger=layout == "shards")
     appenders = [

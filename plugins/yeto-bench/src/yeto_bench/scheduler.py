@@ -1,7 +1,7 @@
 """``yeto bench scheduler``: trace-driven simulation of S1 against the always-on baseline.
 
-The simulation runs the real :class:`~yeto_core.trainer_loop.TrainerLoop`, the real
-schedulers and the real :class:`~yeto_core.lifecycle.DriverLifecycle` (CPU fake
+The simulation runs the real :class:`~yeto_core.trainer.loop.TrainerLoop`, the real
+schedulers and the real :class:`~yeto_core.trainer.lifecycle.DriverLifecycle` (CPU fake
 backend, real cuts in a temporary dir store) on a simulated clock. Only the fleet
 is simulated: group arrivals come from a trace, a trainer start takes ``start_s``
 seconds and a round ``round_s`` seconds, and samplers wait while the backlog is at
@@ -24,15 +24,15 @@ from typing import Any, Optional
 
 import click
 
-from yeto_core.cut import CutStore
-from yeto_core.lifecycle import DriverLifecycle
 from yeto_core.ports import TrainerLifecycle
 from yeto_core.records import LifecycleState
-from yeto_core.release import ReleaseStore
-from yeto_core.s1 import AlwaysOnScheduler, S1Scheduler
+from yeto_core.release.store import ReleaseStore
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import FakeBackend, MemoryBuffer, make_group
-from yeto_core.trainer_loop import Journal, LoopConfig, TrainerLoop
+from yeto_core.trainer.cut import CutStore
+from yeto_core.trainer.lifecycle import DriverLifecycle
+from yeto_core.trainer.loop import Journal, LoopConfig, TrainerLoop
+from yeto_core.trainer.s1 import AlwaysOnScheduler, S1Scheduler
 
 S = LifecycleState
 HOUR = 3600.0

@@ -8,7 +8,7 @@ data is not there (no run dir, no pool, no decision yet), the view carries a
 ``note`` that says so and no made-up numbers.
 
 The figures that ``summary.json`` also has are computed here the same way
-(:mod:`yeto_core.run_summary`): groups are counted by buffer position, a group
+(:mod:`yeto_core.events.summary`): groups are counted by buffer position, a group
 both skipped and trained counts as trained, ``reward_first`` is the mean
 reward of the first tenth of the appended groups (read from the buffer),
 ``reward_last`` that of the last tenth of the trained positions.
@@ -653,7 +653,7 @@ def _skips_view(skipped: Mapping[str, set[int]], appended: int) -> dict[str, Any
 def _cost_view(
     snap: Snapshot, t0: float, t_end: float, live: bool, figures: Mapping[str, Any]
 ) -> dict[str, Any]:
-    from yeto_core.cost import island_costs
+    from yeto_core.cost.ledger import island_costs
 
     if snap.cost_lines is None:
         return {

@@ -5,10 +5,10 @@ Everything is read, nothing is written: the store is wrapped in
 are only opened for reading. What a dashboard reads:
 
 - from the store: the event streams (``events/*.jsonl``, through
-  :mod:`yeto_core.event_stream`), the head's journal (``head/journal/``), the
+  :mod:`yeto_core.events.stream`), the head's journal (``head/journal/``), the
   sample buffer's index (through the ``file`` buffer opened ``read_only``),
-  the committed cuts (:class:`~yeto_core.cut.CutStore`) and the newest
-  release (:class:`~yeto_core.release.ReleaseStore`);
+  the committed cuts (:class:`~yeto_core.trainer.cut.CutStore`) and the newest
+  release (:class:`~yeto_core.release.store.ReleaseStore`);
 - the run config (thresholds, prices, budget, the buffer's kind): the run dir's
   ``config.json``, else the store's ``run/config.json``;
 - from the run dir, when there is one: ``status.json``, ``summary.json``,
@@ -27,7 +27,7 @@ from typing import Any, Optional
 from yeto_core.errors import YetoError
 
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
-#: The head's journal: one object per record (``yeto_core.trainer_loop.Journal``).
+#: The head's journal: one object per record (``yeto_core.trainer.loop.Journal``).
 JOURNAL_PREFIX = "head/journal/"
 
 
@@ -113,19 +113,19 @@ class RunSource:
         return _read_json(self.run_dir / name)
 
     def config(self) -> Optional[Any]:
-        """The resolved run config (:class:`~yeto_core.config.RunConfig`): the run dir's
+        """The resolved run config (:class:`~yeto_core.config.load.RunConfig`): the run dir's
         ``config.json``, else the store's ``run/config.json``; None before the head wrote it."""
         if self._config is not None:
             return self._config
         if self.run_dir is not None and (self.run_dir / "config.json").is_file():
-            from yeto_core.run_dir import load_run_config
+            from yeto_core.head.run_dir import load_run_config
 
             try:
                 self._config = load_run_config(self.run_dir)
             except (OSError, ValueError, YetoError):
                 self._config = None
         if self._config is None:
-            from yeto_core.run_store import read_config
+            from yeto_core.config.run_store import read_config
 
             try:
                 self._config = read_config(self.store)
@@ -137,21 +137,21 @@ class RunSource:
         """The cost ledger's lines, or None without a run dir (the ledger lives there)."""
         if self.run_dir is None:
             return None
-        from yeto_core.cost import COST_FILE, read_lines
+        from yeto_core.cost.ledger import COST_FILE, read_lines
 
         return read_lines(self.run_dir / COST_FILE)
 
     def head_alive(self) -> bool:
         if self.run_dir is None:
             return False
-        from yeto_core import run as run_mod
+        from yeto_core.head import run as run_mod
 
         return run_mod.live_head(self.run_dir) is not None
 
     # -- store -----------------------------------------------------------------------
 
     def streams(self) -> dict[str, list[Any]]:
-        from yeto_core.event_stream import read_all
+        from yeto_core.events.stream import read_all
 
         return read_all(self.store)
 
@@ -198,7 +198,7 @@ class RunSource:
         return self.store.exists("buffer/DATA_END")
 
     def cuts(self) -> list[Any]:
-        from yeto_core.cut import CutStore
+        from yeto_core.trainer.cut import CutStore
 
         try:
             return CutStore(self.store).list()
@@ -206,7 +206,7 @@ class RunSource:
             return []
 
     def latest_release(self) -> Optional[Any]:
-        from yeto_core.release import ReleaseStore
+        from yeto_core.release.store import ReleaseStore
 
         try:
             return ReleaseStore(self.store).latest()
@@ -246,7 +246,7 @@ def open_run(ref: str, run_id: Optional[str] = None) -> RunSource:
             "config.json), a store directory or a store URL"
         )
     if (path / "config.json").is_file():
-        from yeto_core.run_dir import load_run_config
+        from yeto_core.head.run_dir import load_run_config
 
         try:
             url = load_run_config(path).store_url()

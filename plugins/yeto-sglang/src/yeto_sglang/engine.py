@@ -43,10 +43,10 @@ import attrs
 import httpx
 import numpy as np
 
-from yeto_core.engine_server import EngineServer, InfraFailedError
 from yeto_core.errors import ReleaseError
 from yeto_core.ports import SamplerEngine
 from yeto_core.records import Completion, Event, SamplingParams
+from yeto_core.sampler.engine_server import EngineServer, InfraFailedError
 from yeto_sglang import protocol as P
 from yeto_sglang.options import (
     ServerOptions,
@@ -645,7 +645,7 @@ class SGLangEngine(SamplerEngine):
             log.warning("unloading adapter %s refused: %s", name, resp)
 
     def load_release(self, release: Any) -> None:
-        """Serve ``release`` (a :class:`~yeto_core.policy_follower.LocalRelease`)."""
+        """Serve ``release`` (a :class:`~yeto_core.sampler.follower.LocalRelease`)."""
         with self._lock, self._reload():
             try:
                 if release.kind == "lora":

@@ -19,7 +19,7 @@ For each tensor the codec writes whichever is smaller:
 
 ``same`` (nothing changed) is an empty chunk and ``raw`` (a tensor the parent
 lacks) the result's bytes compressed. docs/releases.md has the byte layout. The
-core (:mod:`yeto_core.release_delta`) checks every tensor's checksum; this
+core (:mod:`yeto_core.release.delta`) checks every tensor's checksum; this
 module only moves bytes.
 """
 
@@ -31,7 +31,7 @@ from typing import Optional
 import numpy as np
 import zstandard
 
-from yeto_core.release_delta import DeltaCodec, DeltaError
+from yeto_core.release.delta import DeltaCodec, DeltaError
 
 _UINT = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
 _GAP32, _GAP64 = np.dtype("<u4"), np.dtype("<u8")

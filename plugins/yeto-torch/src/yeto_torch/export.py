@@ -20,7 +20,7 @@ from typing import Any, Optional
 import torch
 from safetensors.torch import save_file
 
-from yeto_core.hf_release import (  # noqa: F401 (re-exported)
+from yeto_core.release.hf import (  # noqa: F401 (re-exported)
     NEVER_RESTORE,
     TOKENIZER_FILES,
     copy_tokenizer_files,

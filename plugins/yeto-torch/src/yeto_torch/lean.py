@@ -11,7 +11,7 @@ list as KV cache and the rotary tables computed once.
 
 It is the same function, not an approximation: the engine's policy fingerprint
 compares what it computes with what the trainer's ``transformers`` forward computes
-on every release it loads (:mod:`yeto_core.fingerprint`; the trainer scores the
+on every release it loads (:mod:`yeto_core.sampler.fingerprint`; the trainer scores the
 fingerprint with the ``transformers`` forward), and
 ``tests/torch/test_lean_forward.py`` checks both agree to float rounding on Llama
 variants (grouped-query attention, other head sizes, rope bases, tied embeddings,

@@ -104,7 +104,7 @@ def prompt_logprobs(
 ) -> list[list[float]]:
     """Log-prob of every token after the first of each prompt, given those before it (T=1).
 
-    The policy fingerprint's scores (:mod:`yeto_core.fingerprint`): one forward per
+    The policy fingerprint's scores (:mod:`yeto_core.sampler.fingerprint`): one forward per
     prompt length (the prompts of one length go in one batch, no padding), results in
     the prompts' order; with ``lean``, through the lean forward.
     """

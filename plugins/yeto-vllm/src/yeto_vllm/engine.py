@@ -1,7 +1,7 @@
 """The ``vllm`` sampler engine: a vLLM OpenAI-compatible server, token-in/token-out.
 
 The island starts the server from ``python`` (the server's own environment) and
-supervises it (:class:`yeto_core.engine_server.EngineServer`): health, restart
+supervises it (:class:`yeto_core.sampler.engine_server.EngineServer`): health, restart
 with backoff, ``INFRA_FAILED`` after ``max_restarts``, stopped with the island.
 With ``url`` it attaches to a server someone else runs instead.
 
@@ -22,7 +22,7 @@ With ``url`` it attaches to a server someone else runs instead.
   refused before anything is loaded: an in-place reload keeps the served
   config, so that release would not be served as published.
 - ``prompt_logprobs``: ``/v1/completions`` with ``prompt_logprobs`` at
-  temperature 1: the policy fingerprint (:mod:`yeto_core.fingerprint`).
+  temperature 1: the policy fingerprint (:mod:`yeto_core.sampler.fingerprint`).
 - ``served_checksum`` is None: the server cannot hash what it serves; the
   fingerprint checks it instead.
 """
@@ -43,10 +43,10 @@ from typing import Any, Optional
 import httpx
 import numpy as np
 
-from yeto_core.engine_server import EngineServer, InfraFailedError
 from yeto_core.errors import ConfigError, ReleaseError
 from yeto_core.ports import SamplerEngine
 from yeto_core.records import Completion, Event, SamplingParams
+from yeto_core.sampler.engine_server import EngineServer, InfraFailedError
 
 #: The adapter name a LoRA release is served under (loaded in place).
 LORA_NAME = "yeto-policy"

@@ -57,7 +57,7 @@ class LazyGroup(click.Group):
 def resolve_run(run: str) -> tuple[Any, Any]:
     """``RUN`` of every command (a run dir or a run config) as (run dir, config); a usage error."""
     from yeto_core.errors import ConfigError
-    from yeto_core.run_dir import resolve_run as _resolve
+    from yeto_core.head.run_dir import resolve_run as _resolve
 
     try:
         return _resolve(run)
@@ -68,7 +68,7 @@ def resolve_run(run: str) -> tuple[Any, Any]:
 def resolve_store_url(ref: str) -> str:
     """A store URL, or the store of ``RUN``; a usage error when ``ref`` is neither."""
     from yeto_core.errors import ConfigError
-    from yeto_core.run_dir import resolve_store_url as _resolve
+    from yeto_core.head.run_dir import resolve_store_url as _resolve
 
     try:
         return _resolve(ref)

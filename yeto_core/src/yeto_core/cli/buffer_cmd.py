@@ -28,9 +28,9 @@ def stats(store_url: str, prefix: str, layout: str, as_json: bool) -> None:
 
     STORE_URL is a store URL, or RUN (a run dir or a run config) for its store.
     """
+    from yeto_core.buffer.sample_buffer import open_buffer
     from yeto_core.cli import resolve_store_url
     from yeto_core.plugins import get_plugins
-    from yeto_core.sample_buffer import open_buffer
 
     store_url = resolve_store_url(store_url)
     store = get_plugins().open_store(store_url)

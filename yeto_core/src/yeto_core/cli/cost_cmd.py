@@ -14,10 +14,10 @@ def cost_report(run: str) -> dict[str, Any]:
     import attrs
 
     from yeto_core.cli import resolve_run
-    from yeto_core.cost import COST_FILE, cost_figures, read_lines, read_store_lines, spend
-    from yeto_core.event_stream import read_all
+    from yeto_core.cost.ledger import COST_FILE, cost_figures, read_lines, read_store_lines, spend
+    from yeto_core.events.stream import read_all
+    from yeto_core.events.summary import summarize
     from yeto_core.plugins import get_plugins
-    from yeto_core.run_summary import summarize
 
     path, config = resolve_run(run)
     store = get_plugins().open_store(config.store_url())

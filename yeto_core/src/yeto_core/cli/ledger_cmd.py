@@ -22,10 +22,10 @@ def check(run: str, as_json: bool) -> None:
 
     RUN is a run dir or a run config (TOML); a store URL works too.
     """
+    from yeto_core.buffer.ledger import BatchLedger
+    from yeto_core.buffer.sample_buffer import open_buffer
     from yeto_core.cli import resolve_store_url
-    from yeto_core.ledger import BatchLedger
     from yeto_core.plugins import get_plugins
-    from yeto_core.sample_buffer import open_buffer
 
     store = get_plugins().open_store(resolve_store_url(run))
     buf = open_buffer(store, read_only=True)
@@ -63,12 +63,12 @@ def replay(
     comes from the plugin manager (``torch`` is registered by yeto-torch).
     Exits 1 when the replayed weights differ from the cut's.
     """
+    from yeto_core.buffer.ledger import BatchLedger
+    from yeto_core.buffer.ledger_replay import replay as do_replay
+    from yeto_core.buffer.sample_buffer import open_buffer
     from yeto_core.cli import resolve_run
-    from yeto_core.cut import CutStore
-    from yeto_core.ledger import BatchLedger
-    from yeto_core.ledger_replay import replay as do_replay
     from yeto_core.plugins import get_plugins
-    from yeto_core.sample_buffer import open_buffer
+    from yeto_core.trainer.cut import CutStore
 
     _run_dir, config = resolve_run(run)
     plugins = get_plugins()

@@ -121,10 +121,10 @@ def up(config_path: str, run_dir: Optional[str], dry_run: bool, offline: bool) -
       8   stopped by a run health breaker ([breakers])
       130 interrupted (Ctrl-C); the run was stopped cleanly
     """
-    from yeto_core import run as run_mod
-    from yeto_core.config import load_config
+    from yeto_core.config.load import load_config
+    from yeto_core.config.preflight import run_preflight
+    from yeto_core.head import run as run_mod
     from yeto_core.plugins import get_plugins
-    from yeto_core.preflight import run_preflight
 
     if Path(config_path).is_dir() and run_dir is None:
         from yeto_core.cli import resolve_run
@@ -245,9 +245,9 @@ def _run_dir_of(run: str) -> Path:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def status(run_ref: str, as_json: bool) -> None:
     """Show the state of RUN (a run dir or its config), from any terminal."""
-    from yeto_core import run as run_mod
-    from yeto_core.cost import CostLedger
-    from yeto_core.run_dir import load_run_config
+    from yeto_core.cost.ledger import CostLedger
+    from yeto_core.head import run as run_mod
+    from yeto_core.head.run_dir import load_run_config
 
     run_dir = _run_dir_of(run_ref)
     st = run_mod.read_json(run_dir / run_mod.STATUS_FILE) or {}
@@ -284,7 +284,7 @@ def status(run_ref: str, as_json: bool) -> None:
 @click.option("--timeout", "timeout_s", default=600.0, show_default=True, help="Seconds to wait.")
 def down(run_ref: str, wait: bool, timeout_s: float) -> None:
     """Stop RUN cleanly (final cut, samplers stopped) from another terminal."""
-    from yeto_core import run as run_mod
+    from yeto_core.head import run as run_mod
 
     run_dir = _run_dir_of(run_ref)
     head = run_mod.live_head(run_dir)
@@ -309,7 +309,7 @@ def _lease_lapsed(plugins: Any, config: Any) -> bool:
     new head takes the run over and the old one is fenced (docs/reliability.md)."""
     import socket
 
-    from yeto_core.head_lease import lease_lapsed, read_lease
+    from yeto_core.head.lease import lease_lapsed, read_lease
 
     try:
         rec = read_lease(plugins.open_store(config.store_url()))

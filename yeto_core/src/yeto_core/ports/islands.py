@@ -29,7 +29,7 @@ class IslandProvider(Port):
     :class:`~yeto_core.records.IslandLaunch` whose ``env`` is the island's whole
     environment (store URL, run id, role, island, incarnation, explicit store
     credentials). Start ``python -m <launch.entry_module>`` with it wherever the
-    island runs, or call ``yeto_core.island_main.run_island(launch.env)`` in
+    island runs, or call ``yeto_core.islands.main.run_island(launch.env)`` in
     process. Return a handle (``launch.handle`` is a good one) that
     :meth:`status` and :meth:`release` understand, also in a restarted head
     (:meth:`orphans`).
@@ -200,7 +200,7 @@ class IslandProvider(Port):
 
         The head asks at each launch and again every few seconds while the island
         runs (a spot price can change); a change is a record of the resource ledger
-        (:mod:`yeto_core.cost`). None (the default): the provider knows no price, and
+        (:mod:`yeto_core.cost.ledger`). None (the default): the provider knows no price, and
         the config's ``price_per_hour`` of the island's table is used. With
         ``[cost] prices = "config"`` the config's price is used always.
         """

@@ -121,7 +121,7 @@ class SamplerEngine(Port):
 
         At temperature 1, under the weights served now (asked of the engine, not
         remembered). The policy follower compares them with the release's fingerprint
-        after every load (:mod:`yeto_core.fingerprint`). The default, None, says this
+        after every load (:mod:`yeto_core.sampler.fingerprint`). The default, None, says this
         engine cannot fingerprint: releases load unverified, and the events say so.
         """
         return None

@@ -336,7 +336,7 @@ class TrainerBackend(Port):
         """Optional: log-prob of every prompt token after the first, given those before it.
 
         At temperature 1, under the weights the next :meth:`publish_release` writes. The
-        trainer records these for the policy fingerprint (:mod:`yeto_core.fingerprint`).
+        trainer records these for the policy fingerprint (:mod:`yeto_core.sampler.fingerprint`).
         The default, None, says this backend cannot (its releases carry no fingerprint).
         """
         return None
@@ -345,7 +345,7 @@ class TrainerBackend(Port):
 class LifecycleContext:
     """What :meth:`TrainerLifecycle.create` gets from the head.
 
-    :ivar config: the run config (:class:`~yeto_core.config.RunConfig`).
+    :ivar config: the run config (:class:`~yeto_core.config.load.RunConfig`).
     :ivar plugins: the plugin manager.
     :ivar store: the run's object store.
     :ivar provider: the trainer's island provider (``[trainer] provider``).

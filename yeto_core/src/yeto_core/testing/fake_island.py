@@ -35,10 +35,10 @@ def plugins_with_fakes(entry_points: bool = True):
 
 
 def fake_sampler(plugins) -> int:
-    from yeto_core.event_stream import EventStream
-    from yeto_core.island_main import open_run_buffer
-    from yeto_core.release import ReleaseStore
-    from yeto_core.run_store import read_config
+    from yeto_core.config.run_store import read_config
+    from yeto_core.events.stream import EventStream
+    from yeto_core.islands.main import open_run_buffer
+    from yeto_core.release.store import ReleaseStore
 
     island = os.environ["YETO_ISLAND"]
     store = plugins.open_store(os.environ["YETO_STORE"])
@@ -80,6 +80,6 @@ if __name__ == "__main__":
     plugins = plugins_with_fakes()
     if os.environ["YETO_ROLE"] == "sampler":
         sys.exit(fake_sampler(plugins))
-    from yeto_core.island_main import main
+    from yeto_core.islands.main import main
 
     sys.exit(main(plugins=plugins))

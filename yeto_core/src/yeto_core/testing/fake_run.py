@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from yeto_core.config import RunConfig, parse_config
-from yeto_core.local_islands import LocalIslands
+from yeto_core.config.load import RunConfig, parse_config
+from yeto_core.providers.local import LocalIslands
 from yeto_core.testing.fake_island import plugins_with_fakes
 
 #: The argv of a fake island (``LocalIslands(command=...)``).
@@ -62,8 +62,8 @@ def fake_run_config(
 
 
 def fake_head(config: RunConfig, plugins: Optional[Any] = None, **head_options: Any) -> Any:
-    """A :class:`~yeto_core.run.Head` whose islands are fake island processes."""
-    from yeto_core.run import Head
+    """A :class:`~yeto_core.head.run.Head` whose islands are fake island processes."""
+    from yeto_core.head.run import Head
 
     provider = LocalIslands(config.run_dir, command=FAKE_ISLAND_COMMAND, term_timeout_s=5.0)
     if plugins is None:

@@ -20,9 +20,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from yeto_core.island_env import island_launch
 from yeto_core.ports import IslandProvider, ObjectStore, SamplerEngine, Task
 from yeto_core.ports.store import SleepWatch, Watch
+from yeto_core.providers.env import island_launch
 from yeto_core.records import (
     Completion,
     Event,
@@ -204,7 +204,7 @@ class RemoteLookingDirStore(DirStore):
 
 
 class EngineFollower:
-    """The policy follower a :class:`~yeto_core.sampler_loop.SamplerLoop` reads, serving
+    """The policy follower a :class:`~yeto_core.sampler.loop.SamplerLoop` reads, serving
     ``engine.version`` (a test loads versions into the engine by hand, e.g. behind the
     trainer); no release is ever fetched."""
 
@@ -222,11 +222,11 @@ class EngineFollower:
 
 
 def digits_sampler(buffer: Any, *, engine: Any = None, **options: Any) -> Any:
-    """A :class:`~yeto_core.sampler_loop.SamplerLoop` of :class:`DigitsTask` on ``buffer``,
+    """A :class:`~yeto_core.sampler.loop.SamplerLoop` of :class:`DigitsTask` on ``buffer``,
     serving ``engine`` (a new :class:`WeightFileEngine` when None) through an
     :class:`EngineFollower`: host ``h``, incarnation 0, groups of 2, 4 prompts a call,
     default sampling; ``options`` (any of the loop's keywords) add or override."""
-    from yeto_core.sampler_loop import SamplerLoop
+    from yeto_core.sampler.loop import SamplerLoop
 
     engine = WeightFileEngine() if engine is None else engine
     kw: dict[str, Any] = {

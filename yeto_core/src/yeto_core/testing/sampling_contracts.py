@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from yeto_core import ports
-from yeto_core.island_env import island_launch
+from yeto_core.providers.env import island_launch
 from yeto_core.records import Completion, IslandStatus, LocalRelease, SamplingParams
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing import strategies as rs
@@ -66,7 +66,7 @@ class SamplerEngineContract:
 
     def test_a_loaded_release_is_served_and_stamped(self, engine, make_release, tmp_path):
         # None: the engine cannot read its weights back; it must score prompts instead
-        # (the policy fingerprint, yeto_core.fingerprint).
+        # (the policy fingerprint, yeto_core.sampler.fingerprint).
         before = engine.served_checksum()
         assert before is None or (isinstance(before, str) and before)
         probe = [engine.encode("12")[:2] + [0, 1, 2]]

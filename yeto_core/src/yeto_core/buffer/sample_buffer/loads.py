@@ -1,0 +1,177 @@
+"""The read path of the ``file`` sample buffer: :class:`BufferLoads`, a mixin of
+:class:`~yeto_core.buffer.sample_buffer.buffer.FileSampleBuffer`.
+
+``load`` and ``load_many`` read a group's payload object (a pack: the group's slice),
+check it against the digest its index record took at append and decode it.
+``prefetch`` reads ahead, on a thread, on a remote store: the index records appended
+since the last read, then the next round's payload objects. A later select finds a
+full round in those records without a round trip, and a later load takes those bytes
+instead of one (and checks them alike).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional
+
+from yeto_core.buffer.group_codec import decode_group
+from yeto_core.buffer.sample_buffer.append import _digest
+from yeto_core.errors import NotFoundError, SampleBufferError
+from yeto_core.records import CORRUPT_INDEX_HOST, GroupEntry, SampleGroup
+from yeto_core.stage_profile import PROFILE, stage
+from yeto_core.stores.parallel import is_remote, overlapped
+
+
+class BufferLoads:
+    """Reading groups from the buffer (the mixin's host holds the store, the lock and
+    the reader state ``_pending``)."""
+
+    _ahead: Optional[dict[str, bytes]] = None  # payload key -> bytes read ahead
+    _ahead_thread: Optional[threading.Thread] = None
+    #: the keys the running thread reads (None: not chosen yet)
+    _ahead_keys: Optional[frozenset[str]] = frozenset()
+    #: guards ``_ahead`` (not the buffer's lock: loads run on worker threads, and the
+    #: buffer's lock may be held by the thread waiting for them)
+    _ahead_lock = threading.Lock()
+
+    def _index_ahead(self) -> None:
+        """Read the index records appended since the last read (the host's; called by the
+        read-ahead thread with the buffer's lock held). Default: nothing."""
+
+    def prefetch(self, start: int, n: int) -> None:
+        """Read ahead on one thread (a remote store only) and return at once: the index
+        records appended since the last read, then the payloads of the first ``n``
+        waiting groups from ``start`` on. A read-ahead still running makes this a no-op;
+        else what the last one read and no load took is dropped (so at most one round's
+        payloads are kept)."""
+        if n <= 0 or not is_remote(self.store):
+            return
+        running = self._ahead_thread
+        if running is not None and running.is_alive():
+            return
+        with self._ahead_lock:
+            self._ahead = {}
+            self._ahead_keys = None
+        thread = threading.Thread(
+            target=self._read_ahead, args=(start, n), name="yeto-buffer-prefetch", daemon=True
+        )
+        self._ahead_thread = thread
+        thread.start()
+
+    def _read_ahead(self, start: int, n: int) -> None:
+        keys: list[str] = []
+        # not blocking: a caller holding the lock may be waiting for this thread
+        if self._lock.acquire(timeout=1.0):
+            try:
+                try:
+                    self._index_ahead()
+                except Exception:  # the next select reads the index itself, and says why
+                    pass
+                for entry, dup in self._pending:
+                    if len(keys) >= n:
+                        break
+                    if entry.position < start or dup or entry.host == CORRUPT_INDEX_HOST:
+                        continue
+                    if entry.payload and entry.payload not in keys:
+                        keys.append(entry.payload)
+            finally:
+                self._lock.release()
+        with self._ahead_lock:
+            self._ahead_keys = frozenset(keys)
+        if not keys:
+            return
+        got = overlapped(self.store, self.store.get, keys)
+        with self._ahead_lock:
+            ahead = self._ahead if self._ahead is not None else {}
+            for key, (data, exc) in zip(keys, got, strict=True):
+                if exc is None and isinstance(data, bytes):
+                    ahead[key] = data  # a failed read is read again by the load itself
+            self._ahead = ahead
+
+    def _wait_ahead(self, keys: Any) -> None:
+        """Wait for a running read-ahead that reads any of ``keys`` (it started before:
+        it answers sooner than a new round trip would)."""
+        thread = self._ahead_thread
+        chosen = self._ahead_keys
+        if (
+            thread is not None
+            and thread.is_alive()
+            and (chosen is None or not chosen.isdisjoint(keys))
+        ):
+            with stage("buffer.prefetch_wait"):
+                thread.join()
+
+    def load_many(self, entries: Any) -> Any:
+        """The groups of ``entries`` read at once: each payload object is read once (the
+        groups of one pack come from one read) and on a remote store the ``get`` round
+        trips overlap (:meth:`load` reads and decodes only, so it may run in several
+        threads at once). None on a local store when no entry is packed (each group is
+        then loaded when it is admitted)."""
+        entries = list(entries)
+        self._wait_ahead({e.payload for e in entries})
+        packed = any(e.length >= 0 for e in entries)
+        if not packed:
+            if not is_remote(self.store):
+                return None
+            return overlapped(self.store, self.load, entries)
+        keys = list(dict.fromkeys(e.payload for e in entries))
+        fetched = dict(zip(keys, overlapped(self.store, self._fetch, keys), strict=True))
+        out: list[tuple[Optional[SampleGroup], Optional[BaseException]]] = []
+        for e in entries:
+            data, exc = fetched[e.payload]
+            if exc is None:
+                try:
+                    out.append((self._group_of(e, data), None))  # type: ignore[arg-type]
+                    continue
+                except Exception as err:  # the error its load would raise
+                    exc = err
+            out.append((None, exc))
+        return out
+
+    def load(self, entry: GroupEntry) -> SampleGroup:
+        """The group of ``entry``, with numpy arrays."""
+        return self._group_of(entry, self._fetch(entry.payload, entry))
+
+    def _fetch(self, key: str, entry: Optional[GroupEntry] = None) -> bytes:
+        ahead = self._ahead
+        if ahead:
+            with self._ahead_lock:
+                data = ahead.pop(key, None)
+            if data is not None:
+                PROFILE.count("buffer.prefetch_hit")
+                return data
+        try:
+            with stage("buffer.load_get"):
+                return self.store.get(key)
+        except NotFoundError:
+            at = f" of position {entry.position}" if entry is not None else ""
+            raise SampleBufferError(
+                f"payload {key!r}{at} is missing from the store; the buffer was pruned or "
+                "copied partially"
+            ) from None
+
+    def _group_of(self, entry: GroupEntry, data: bytes) -> SampleGroup:
+        """The group of ``entry`` in ``data``, its payload object (a pack: its slice),
+        checked against the record's digest and group id."""
+        where = entry.payload
+        if entry.length >= 0:
+            where = f"{entry.payload}[{entry.offset}:{entry.offset + entry.length}]"
+            if entry.offset < 0 or entry.offset + entry.length > len(data):
+                raise SampleBufferError(
+                    f"pack {entry.payload!r} holds {len(data)} bytes, but position "
+                    f"{entry.position} names bytes {entry.offset}..{entry.offset + entry.length}"
+                    ": the object was truncated or replaced in the store"
+                )
+            data = data[entry.offset : entry.offset + entry.length]
+        if entry.digest and _digest(data) != entry.digest:
+            raise SampleBufferError(
+                f"payload {where!r} of position {entry.position} does not match the "
+                f"digest its index record took at append (sha256 {_digest(data)[:16]}..., "
+                f"recorded {entry.digest[:16]}...): the object was damaged in the store"
+            )
+        group = decode_group(data, where=where)
+        if group.group_id != entry.group_id:
+            raise SampleBufferError(
+                f"payload {where!r} holds group {group.group_id!r}, index says {entry.group_id!r}"
+            )
+        return group

@@ -1,0 +1,1 @@
+"""Conversion: node slots that change between sampler and trainer roles."""

@@ -1,0 +1,118 @@
+"""The run summary (``summary.json``), a pure function of the event streams.
+
+Event kinds it reads (written by :mod:`yeto_core.islands.main` and the head):
+
+- sampler islands: ``group_appended`` (``position``, ``reward``: the group's
+  mean reward, ``version``), ``release_loaded`` (``version``, ``verified``: the
+  policy fingerprint passed) and ``release_refused`` (``version``, ``reason``);
+- the trainer stream: ``round_trained`` (``positions``, ``rewards`` per group,
+  ``skipped``: reason → positions, ``policy_version``) and
+  ``release_published`` (``version``);
+- the head: ``trainer_start``, ``trainer_stop``, ``backstop``.
+
+A round trained twice (its incarnation died before its cut, so the next one
+trained it again) counts once: groups are counted by position.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+from yeto_core.records import Event
+
+HEAD = "head"
+TRAINER_KINDS = {"round_trained", "release_published"}
+
+
+def _mean(xs: Sequence[float]) -> Optional[float]:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _tenth(n: int) -> int:
+    return max(1, math.ceil(n / 10)) if n else 0
+
+
+def summarize(
+    streams: Mapping[str, Sequence[Event]],
+    *,
+    appended: Optional[Mapping[int, float]] = None,
+    cost_usd: float = 0.0,
+    wall_s: float = 0.0,
+    extra: Optional[Mapping[str, Any]] = None,
+) -> dict[str, Any]:
+    """Figures of a run from its event streams (see the module docstring).
+
+    :param appended: position → mean reward of every appended group, read from the
+        buffer (the truth); overrides the samplers' ``group_appended`` events.
+    """
+    from_buffer = appended is not None
+    appended = dict(appended) if appended is not None else {}
+    trained: dict[int, float] = {}
+    skipped: dict[str, set[int]] = {}
+    releases: set[int] = set()
+    loaded: dict[str, set[int]] = {}
+    verified: dict[str, set[int]] = {}
+    refused: dict[str, int] = {}
+    starts = stops = 0
+    stop_reasons: dict[str, int] = {}
+    backstops: list[str] = []
+    for island, events in streams.items():
+        for e in events:
+            d = e.data
+            if e.kind == "group_appended" and not from_buffer:
+                appended[int(d["position"])] = float(d["reward"])
+            elif e.kind == "release_loaded":
+                loaded.setdefault(island, set()).add(int(d["version"]))
+                if d.get("verified"):
+                    verified.setdefault(island, set()).add(int(d["version"]))
+            elif e.kind == "release_refused":
+                reason = str(d.get("reason", ""))
+                refused[reason] = refused.get(reason, 0) + 1
+            elif e.kind == "round_trained":
+                for pos, reward in zip(d.get("positions", ()), d.get("rewards", ()), strict=True):
+                    trained[int(pos)] = float(reward)
+                for reason, positions in d.get("skipped", {}).items():
+                    skipped.setdefault(reason, set()).update(int(p) for p in positions)
+            elif e.kind == "release_published":
+                releases.add(int(d["version"]))
+            elif e.kind == "trainer_start" and island == HEAD:
+                starts += 1
+            elif e.kind == "trainer_stop" and island == HEAD:
+                stops += 1
+                reason = str(d.get("reason", ""))
+                stop_reasons[reason] = stop_reasons.get(reason, 0) + 1
+            elif e.kind == "backstop" and island == HEAD:
+                backstops.append(str(d.get("reason", "")))
+    # A position both trained and skipped (skipped by a dead incarnation, then
+    # trained after a restore from an older cut) counts as trained.
+    for reason in skipped:
+        skipped[reason] -= set(trained)
+    first = sorted(appended)[: _tenth(len(appended))]
+    last = sorted(trained)[-_tenth(len(trained)) :] if trained else []
+    versions = set().union(*loaded.values()) if loaded else set()
+    out: dict[str, Any] = {
+        "reward_first": _mean([appended[p] for p in first]),
+        "reward_last": _mean([trained[p] for p in last]),
+        "trainer_starts": starts,
+        "trainer_stops": stops,
+        "trainer_stop_reasons": dict(sorted(stop_reasons.items())),
+        "releases_published": len(releases),
+        "sampler_versions_loaded": len(versions),
+        "sampler_versions_by_island": {k: sorted(v) for k, v in sorted(loaded.items())},
+        # every (island, version) served that passed its policy fingerprint
+        "sampler_versions_verified": sum(len(v) for v in verified.values()),
+        "sampler_versions_unverified": sum(len(loaded[k] - verified.get(k, set())) for k in loaded),
+        "releases_refused": dict(sorted(refused.items())),
+        "groups_appended": len(appended),
+        "groups_trained": len(trained),
+        "groups_skipped": {k: len(v) for k, v in sorted(skipped.items()) if v},
+        "groups_untrained": len(set(appended) - set(trained) - set().union(*skipped.values())),
+        "backstops": backstops,
+        "cost_usd": round(cost_usd, 6),
+        "wall_s": round(wall_s, 3),
+    }
+    if extra:
+        out.update(extra)
+    return out

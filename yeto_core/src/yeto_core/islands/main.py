@@ -1,0 +1,526 @@
+"""``python -m yeto_core.islands.main``: the entry point of an island process.
+
+An island needs only the store. Its environment (set by the island provider
+from the head's :class:`~yeto_core.records.IslandLaunch`) holds the store URL,
+the run id, its role, island name and incarnation, and the store's explicit
+credentials (:mod:`yeto_core.providers.env`). It reads the resolved config
+(``run/config.json``) and the base model (``run/model/``) from the store, works
+in a scratch directory under its own working directory, and writes its events
+to the store. It never reads the head's run dir.
+
+Everything is resolved through the plugin manager (engine, task, backend,
+store, buffer); the core never imports an adapter. SIGTERM ends the island at
+once after flushing its event stream: a sampler's appended groups are durable
+and a trainer's rounds after its last cut are trained again by the next
+incarnation, so nothing is lost.
+
+Exit codes: 0 done or terminated, 2 config or plugin error, 1 anything else.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Optional
+
+from yeto_core.buffer.batch_reader import ReaderBatch
+from yeto_core.buffer.fences import StoreFences
+from yeto_core.config.load import RunConfig
+from yeto_core.events.stream import EventStream
+from yeto_core.ports import TrainerBackend, names
+from yeto_core.providers.env import (  # noqa: F401 (ENV_* re-exported: the old import path)
+    ENV_CUT,
+    ENV_INCARNATION,
+    ENV_ISLAND,
+    ENV_ROLE,
+    ENV_STORE,
+    IslandIdentity,
+    identity_from_env,
+    pin_cpus,
+)
+from yeto_core.records import Batch, Event, ReleaseInfo, Trigger
+from yeto_core.stage_profile import emit_snapshot, stage
+from yeto_core.stores.parallel import is_remote
+
+#: seconds between two ``stage_profile`` snapshots in an island's event stream
+PROFILE_EVERY_S = 10.0
+
+
+class Terminated(SystemExit):
+    """Raised in the main thread by SIGTERM."""
+
+
+def scratch_dir(ident: IslandIdentity) -> Path:
+    """The island's own scratch directory, under its working directory."""
+    d = Path.cwd() / f".yeto-{ident.island}-i{ident.incarnation}"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def base_model(store: Any, config: RunConfig, ident: IslandIdentity) -> str:
+    """The base model directory: fetched from the store into the island's own disk."""
+    from yeto_core.config.run_store import fetch_model
+
+    return str(fetch_model(store, Path.cwd() / ".yeto-model"))
+
+
+def group_reward(group: Any) -> float:
+    """A group's mean reward."""
+    rewards = [float(s.reward) for s in group.samples]
+    return sum(rewards) / len(rewards) if rewards else 0.0
+
+
+class RecordingBackend(TrainerBackend):
+    """Wraps a trainer backend and remembers the groups of the last trained batch."""
+
+    PLUGIN_NAME = "recording"
+
+    def __init__(self, backend: TrainerBackend) -> None:
+        self.backend = backend
+        self.last_rewards: dict[int, float] = {}
+        self.last_skipped: dict[str, list[int]] = {}
+
+    def restore(self, cut_dir: Optional[Path]) -> None:
+        self.backend.restore(cut_dir)
+
+    def train_round(self, batch: Batch) -> Mapping[str, float]:
+        self.last_rewards = {
+            int(p): group_reward(g) for p, g in zip(batch.positions, batch.groups, strict=True)
+        }
+        skipped = batch.skipped if isinstance(batch, ReaderBatch) else {}
+        self.last_skipped = {str(k): [int(p) for p in v] for k, v in skipped.items()}
+        return self.backend.train_round(batch)
+
+    def save_cut(self, out_dir: Path, trigger: Trigger) -> None:
+        self.backend.save_cut(out_dir, trigger)
+
+    def release_writer(self) -> Any:
+        return self.backend.release_writer()
+
+    def publish_release(self, out_dir: Path) -> ReleaseInfo:
+        return ReleaseInfo.coerce(self.backend.publish_release(out_dir))
+
+    # the policy fingerprint (yeto_core.sampler.fingerprint) is recorded through the wrapper
+    @property
+    def vocab_size(self) -> Optional[int]:  # type: ignore[override]
+        return self.backend.vocab_size
+
+    @property
+    def weights_dtype(self) -> str:  # type: ignore[override]
+        return str(self.backend.weights_dtype)
+
+    def prompt_logprobs(self, prompts: Any) -> Optional[list[list[float]]]:
+        return self.backend.prompt_logprobs(prompts)
+
+
+def trainer_event_bridge(stream: EventStream, recorder: dict[str, RecordingBackend]):
+    """Turn driver events into the trainer stream's ``round_trained`` / ``release_published``."""
+
+    def on_event(event: Event) -> None:
+        d = dict(event.data)
+        if event.kind == "trainer_round":
+            rec = recorder.get("backend")
+            rewards = rec.last_rewards if rec else {}
+            skipped = {str(k): [int(p) for p in v] for k, v in (d.get("skipped") or {}).items()}
+            for k, v in (rec.last_skipped if rec else {}).items():
+                skipped[k] = sorted(set(skipped.get(k, [])) | set(v))
+            stale = [int(p) for p in d.get("stale_positions", ())]
+            if stale:
+                skipped["stale"] = sorted(set(skipped.get("stale", [])) | set(stale))
+            positions = [int(p) for p in d.get("positions", ())]
+            stream.emit(
+                "round_trained",
+                positions=positions,
+                rewards=[rewards.get(p, 0.0) for p in positions],
+                skipped=skipped,
+                policy_version=d.get("policy_version"),
+                trained_rounds=d.get("trained_rounds"),
+                metrics=d.get("metrics", {}),
+            )
+        elif event.kind == "trainer_skips_committed":
+            stream.emit(
+                "round_trained",
+                positions=[],
+                rewards=[],
+                skipped={str(k): [int(p) for p in v] for k, v in d.get("skipped", {}).items()},
+                policy_version=d.get("policy_version"),
+                trained_rounds=d.get("trained_rounds"),
+            )
+        elif event.kind == "trainer_round_refused":
+            stream.emit(
+                "round_trained",
+                positions=[],
+                rewards=[],
+                skipped={str(k): [int(p) for p in v] for k, v in d.get("skipped", {}).items()},
+                policy_version=d.get("policy_version"),
+                trained_rounds=d.get("trained_rounds"),
+                refused=d.get("reason"),
+                detail=d.get("detail"),
+                nonfinite_in_a_row=d.get("nonfinite_in_a_row"),
+                metrics=d.get("metrics", {}),
+            )
+        elif event.kind == "trainer_published":
+            stream.emit(
+                "release_published",
+                version=d.get("version"),
+                **{
+                    k: d[k]
+                    for k in (
+                        "release_id",
+                        "encoding",
+                        "stored_bytes",
+                        "full_bytes",
+                        "full_because",
+                        "republished",
+                    )
+                    if k in d
+                },
+            )
+        else:
+            stream.emit(event.kind, **d)
+        if event.kind == "trainer_round":
+            emit_snapshot(stream.emit, every_s=PROFILE_EVERY_S)
+
+    return on_event
+
+
+def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdentity) -> int:
+    from yeto_core.config.run_store import head_started_at
+    from yeto_core.trainer.cut import CutStore
+    from yeto_core.trainer.lifecycle import DriverLifecycle, IslandTrainerAgent
+
+    island, incarnation = ident.island, ident.incarnation
+    with stage("trainer.setup.backend_import"):
+        backend_cls = plugins.trainer_backend(config.trainer.backend)
+    with stage("trainer.setup.buffer"):
+        buffer = open_run_buffer(plugins, config, store, island)
+    # every event is written at once, off the round's path (the final flush below waits)
+    stream = EventStream(
+        store, config.trainer.name, flush_s=0.0, observer=plugins.emit, background=True
+    )
+    stream.observer = store_outage_reporter(stream, store, plugins.emit)
+    recorder: dict[str, RecordingBackend] = {}
+    with stage("trainer.setup.base_model"):
+        model_dir = base_model(store, config, ident)
+    work = scratch_dir(ident)
+
+    def factory(_incarnation: int) -> TrainerBackend:
+        backend = backend_cls.from_config(
+            config.trainer.backend_options, model_dir=model_dir, seed=config.seed
+        )
+        rec = RecordingBackend(backend)
+        recorder["backend"] = rec
+        return rec
+
+    bridge = trainer_event_bridge(stream, recorder)
+    driver = DriverLifecycle(
+        factory,
+        buffer,
+        CutStore(store, emit=bridge),  # cut_invalid / cut_fallback reach the trainer stream
+        release_store(plugins, config, store),
+        groups_per_round=config.trainer.groups_per_round,
+        max_policy_age=config.trainer.max_policy_age,
+        emit=bridge,
+        workdir=work,
+        partial_last_round=True,
+        ledger_set_aside_before=head_started_at(store),
+        reader_options={"fenced_incarnations": StoreFences(store)},
+        overlap_uploads=True,  # a round's release upload overlaps the next round
+        publish_every=config.trainer.publish_every,
+    )
+    agent = IslandTrainerAgent(store, driver, incarnation)
+    try:
+        agent.run(ident.cut)
+    finally:
+        emit_snapshot(stream.emit)
+        stream.flush()
+    return 0
+
+
+def store_outage_reporter(stream: EventStream, store: Any, observer: Any = None) -> Any:
+    """An observer for ``stream`` that also emits a ``store_outage_survived`` event for each
+    store operation that succeeded after failures (:class:`~yeto_core.stores.retrying.
+    RetryingStore` queues them; the stream writes through that store, so they are emitted
+    here, after an event, never from inside a store call)."""
+    from yeto_core.stores.retrying import RetryingStore
+
+    take = store.take_reports if isinstance(store, RetryingStore) else None
+    busy = threading.local()
+
+    def observe(event: Event) -> None:
+        if observer is not None:
+            observer(event)
+        if take is None or getattr(busy, "on", False):
+            return
+        busy.on = True
+        try:
+            for report in take():
+                stream.emit("store_outage_survived", **report)
+        finally:
+            busy.on = False
+
+    return observe
+
+
+def release_store(plugins: Any, config: RunConfig, store: Any, **kw: Any) -> Any:
+    """The run's :class:`~yeto_core.release.store.ReleaseStore` (``[releases]``, the plugins' codec)."""
+    from yeto_core.release.store import ReleaseStore
+
+    r = config.releases
+    return ReleaseStore(
+        store,
+        codec=plugins.release_codec(),
+        deltas=r.deltas,
+        full_every=r.full_every,
+        delta_min_bytes=r.delta_min_bytes,
+        **kw,
+    )
+
+
+def open_run_buffer(plugins: Any, config: RunConfig, store: Any, host: str, **kw: Any) -> Any:
+    """The run's sample buffer (``[buffer]``) for appender ``host``."""
+    b = config.buffer
+    return plugins.open_buffer(
+        store, host=host, kind=b.kind, layout=b.layout, options=b.options, **kw
+    )
+
+
+def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdentity) -> int:
+    from yeto_core.sampler.follower import PolicyFollower
+    from yeto_core.sampler.loop import SamplerLoop
+    from yeto_core.sampler.room import SeenReleases
+
+    island, incarnation = ident.island, ident.incarnation
+    groups = {name: s for name, s in config.sampler_islands()}
+    if island not in groups:
+        raise SystemExit(f"island {island!r} is not a sampler island of this config")
+    scfg = groups[island]
+    engine_cls = plugins.sampler_engine(scfg.engine)
+    stream = EventStream(store, island, flush_s=1.0, observer=plugins.emit)
+    stream.observer = store_outage_reporter(stream, store, plugins.emit)
+    on_event = sampler_event_bridge(stream)
+    options = dict(scfg.engine_options)
+    # Server-backed engines (vllm, sglang) report their server's events and keep its
+    # log in the island's scratch directory (yeto_core.sampler.engine_server).
+    if names(engine_cls, "emit"):
+        options.setdefault("emit", on_event)
+    if names(engine_cls, "log_dir"):
+        options.setdefault("log_dir", str(scratch_dir(ident) / "server"))
+    try:
+        engine = engine_cls.from_config(
+            options,
+            model_dir=base_model(store, config, ident),
+            seed=config.seed * 1000 + incarnation * 100 + _index(island),
+        )
+    except BaseException as exc:
+        if isinstance(exc, Terminated):  # stopped before its loop began: nothing in flight
+            from yeto_core.sampler.drain import drained_before_loop
+
+            on_event(drained_before_loop(incarnation))
+        stream.flush()
+        raise
+    task = plugins.task(config.task.name)(**config.task.options)
+    buffer = open_run_buffer(plugins, config, store, island)
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    releases = SeenReleases(release_store(plugins, config, store))
+    follower = PolicyFollower(
+        releases,
+        engine,
+        work_dir=scratch_dir(ident) / "releases",
+        emit=on_event,
+        source=island,
+    )
+    dispenser = None
+    if config.dispenser.kind == "store":
+        from yeto_core.buffer.dispenser import StoreDispenser
+
+        dispenser = StoreDispenser(
+            store,
+            island=island,
+            incarnation=incarnation,
+            range_size=config.dispenser.range_size or scfg.prompts_per_call,
+            rows=config.dispenser.rows,
+            lease_s=config.dispenser.lease_s,
+            emit=on_event,
+        )
+    loop = SamplerLoop(
+        buffer,
+        engine,
+        task,
+        follower,
+        host=island,
+        incarnation=incarnation,
+        task_name=config.task.name,
+        group_size=scfg.group_size,
+        prompts_per_call=scfg.prompts_per_call,
+        sampling=scfg.sampling,
+        seed=config.seed,
+        backlog_cap=scfg.backlog_cap,
+        backlog_poll_s=0.1,
+        min_round_s=scfg.min_round_s,
+        sync_rounds=scfg.sync_rounds,
+        stop=stop,
+        emit=on_event,
+        dispenser=dispenser,
+        fresh_only=(config.trainer.max_policy_age, config.trainer.groups_per_round)
+        if scfg.fresh_only
+        else None,
+        latest_release=releases.seen,
+        share_of=sum(s.count for s in config.samplers),
+        fenced=StoreFences(store),  # listed with a backlog read, at most once a second
+        # a remote store's commit (round trips) lands while the next call generates
+        overlap_append=is_remote(store),
+        whole_call_wait_s=scfg.whole_call_wait_s,
+    )
+    from yeto_core.sampler.drain import DEFAULT_DRAIN_BOUND_S, DrainGuard
+
+    # P0-S: SIGTERM stops dispensing; the round in flight finishes within the bound or is
+    # abandoned and counted (yeto_core.sampler.drain)
+    guard = DrainGuard(
+        loop,
+        stop,
+        float(config.conversion.options.get("drain_bound_s", DEFAULT_DRAIN_BOUND_S)),
+        on_event,
+        incarnation=incarnation,
+        flush=stream.flush,
+    )
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: guard.request_stop())
+    # a restarted server got the current release back: check that it serves it
+    engine.add_restart_listener(lambda: follower.verify_served("engine server restarted"))
+    try:
+        follower.poll()  # serve the newest release (if any) before the first round
+        follower.start(poll_s=0.05 if scfg.sync_rounds else 0.2)
+        run_with_pauses(loop, stop, scfg.pause_every_s, scfg.pause_s, on_event)
+        loop.flush()
+        guard.finished()
+    finally:
+        if dispenser is not None:
+            dispenser.close()  # claims not acked: re-dispensed by others
+        follower.stop()
+        emit_snapshot(stream.emit)
+        stream.flush()
+        engine.close()
+    return 0
+
+
+def run_with_pauses(
+    loop: Any,
+    stop: threading.Event,
+    every_s: float,
+    pause_s: float,
+    on_event: Any,
+    clock: Any = time.monotonic,
+) -> None:
+    """Run sampler rounds until ``stop``; after every ``every_s`` of sampling, pause ``pause_s``."""
+    if every_s <= 0 or pause_s <= 0:
+        loop.run()
+        return
+    window = clock()
+    while not stop.is_set():
+        if clock() - window >= every_s:
+            loop.flush()  # the last call's groups land before the pause
+            on_event(Event(kind="sampler_pause", time=time.time(), source="", data={"s": pause_s}))
+            if stop.wait(pause_s):
+                return
+            window = clock()
+        loop.run(max_rounds=1)
+
+
+def sampler_event_bridge(stream: EventStream):
+    """Sampler loop and follower events into the island's stream (``release_loaded``, ...)."""
+
+    def on_event(event: Event) -> None:
+        stream.emit(event.kind, **dict(event.data))
+        if event.kind == "sampler_round":
+            emit_snapshot(stream.emit, every_s=PROFILE_EVERY_S)
+
+    return on_event
+
+
+def _index(island: str) -> int:
+    tail = island.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+#: the island's exit code once its work is done (its cut committed, its events flushed):
+#: a SIGTERM then (the head releasing it) exits with it at once instead of raising into
+#: the interpreter's shutdown (a traceback in the island's log)
+_exit_code: list[int] = []
+
+
+def _install_sigterm() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if _exit_code:
+            os._exit(_exit_code[0])
+        raise Terminated(0)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def run_island(env: Mapping[str, str], plugins: Any = None) -> int:
+    """Run the island ``env`` describes (an :class:`~yeto_core.records.IslandLaunch`'s env).
+
+    :param plugins: the plugin manager (default: a fresh one with every entry point).
+    :returns: the exit code.
+    """
+    from yeto_core.errors import YetoError
+    from yeto_core.sampler.engine_server import EXIT_INFRA_FAILED, InfraFailedError
+
+    ident = identity_from_env(env)
+    if plugins is None:
+        from yeto_core.plugins import Plugins
+
+        plugins = Plugins()
+    try:
+        from yeto_core.config.run_store import read_config
+        from yeto_core.stores.retrying import RetryingStore
+
+        # an island rides out a store outage (retries with backoff) instead of exiting
+        store = RetryingStore(plugins.open_store(ident.store_url))
+        config = read_config(store)
+        if ident.role == "trainer":
+            return run_trainer(plugins, store, config, ident)
+        if ident.role == "sampler":
+            return run_sampler(plugins, store, config, ident)
+        print(f"yeto island: unknown role {ident.role!r}; use sampler or trainer", file=sys.stderr)
+        return 2
+    except Terminated:
+        return 0
+    except InfraFailedError as exc:
+        print(f"yeto island {ident.island}: {exc}", file=sys.stderr)
+        return EXIT_INFRA_FAILED
+    except YetoError as exc:
+        print(f"yeto island {ident.island}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def main(argv: Optional[list[str]] = None, *, plugins: Any = None) -> int:
+    """The process entry point: SIGTERM ends the island; the environment says the rest."""
+    from yeto_core.errors import YetoError
+
+    _install_sigterm()
+    try:
+        pin_cpus(os.environ)  # first, so every thread and child inherits it
+        code = run_island(os.environ, plugins)
+    except YetoError as exc:  # the environment itself is wrong
+        print(f"yeto island: error: {exc}", file=sys.stderr)
+        code = 2
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _exit_code.append(code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

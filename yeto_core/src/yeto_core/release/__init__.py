@@ -1,0 +1,1 @@
+"""Policy releases: the release store, deltas, delta parents and HF exports."""

@@ -1,0 +1,380 @@
+"""The SamplerLoop: dispense prompts, generate groups, score them, append them to the buffer.
+
+Framework-neutral: it talks to a :class:`~yeto_core.ports.SamplerEngine`, a
+:class:`~yeto_core.ports.Task`, a :class:`~yeto_core.ports.DurableSampleBuffer`
+and (optionally) a :class:`~yeto_core.sampler.follower.PolicyFollower`, whose
+update lock it holds for each round.
+
+Prompts are dispensed by index: incarnation ``k`` of host ``h`` takes indices
+``offset(seed, h, k) + n`` for ``n = 0, 1, ...``, so a replay with the same
+seed dispenses the same prompts, and other hosts or incarnations dispense
+others. Group ids are ``f"{host}-i{incarnation}-p{index}"`` (the buffer's
+dedup key). With a :class:`~yeto_core.buffer.dispenser.StoreDispenser` (``[dispenser]
+kind = "store"``) the positions come from claims in the store instead, exactly
+once per run: group ids ``<task>-d<position>``, prompt ids ``<task>:<row>``
+(``<task>:<row>-p<position>`` for a row dispensed again). A call's groups
+are appended with one ``append_many`` (a group commit: one index sync for all of
+them). With ``overlap_append`` (the island sets it on a remote store) that commit runs
+on a thread while the next call generates: one commit in flight at a time, in call
+order, its error raised by the next call or by :meth:`flush`. How much a call may add
+(the cap, ``fresh_only``) is :mod:`yeto_core.sampler.room`'s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, Optional
+
+import numpy as np
+
+from yeto_core.records import Event, Sample, SampleGroup, SampleStatus, SamplingParams
+from yeto_core.sampler.room import SamplerRoom, room_report
+from yeto_core.stage_profile import PROFILE, stage
+from yeto_core.stores.parallel import in_background
+
+#: Dispense indices of different (seed, host, incarnation) start this far apart.
+STRIDE = 1 << 32
+
+
+def dispense_offset(seed: int, host: str, incarnation: int) -> int:
+    """The first prompt index of ``host``'s incarnation ``incarnation`` (pure)."""
+    digest = hashlib.sha256(f"{seed}\x00{host}\x00{incarnation}".encode()).digest()
+    return (int.from_bytes(digest[:3], "big") + 1) * STRIDE
+
+
+def group_id(host: str, incarnation: int, index: int) -> str:
+    return f"{host}-i{incarnation}-p{index}"
+
+
+class SamplerLoop(SamplerRoom):
+    """Produce ``prompts_per_call`` groups of ``group_size`` samples per round.
+
+    :param min_round_s: a round takes at least this long (throttle; 0: none).
+    :param backlog_cap: wait while the buffer holds at least this many groups (None: never).
+    :param sync_rounds: synchronous GRPO: before its (n+1)-th round the loop waits until the
+        follower serves policy version >= n (generate round n, wait for the release trained
+        on it, generate round n+1). Needs a follower. Counted per incarnation.
+    :param stop: set it to end :meth:`run` (also ends a backlog wait or a throttle at once).
+    :param fresh_only: ``(max_policy_age, groups_per_round)`` of the trainer: sample only
+        groups that will still pass the policy-age gate when the trainer reaches them
+        (None: only the cap bounds the backlog). Needs a follower.
+    :param latest_release: ``(version, buffer_watermark)`` of the newest release the
+        follower saw (None: none yet, the served version is assumed).
+    :param share_of: the sampler islands that share the fresh room (each call takes at
+        most its share, at least one group).
+    :param overlap_append: a call's group commit runs on a thread while the next call
+        generates (a remote store's round trips off the call's path); :meth:`run_round`
+        then returns before its groups land (``[]``), and :meth:`flush` waits for them.
+        Ignored with ``sync_rounds`` (each call waits for the policy anyway).
+    :param whole_call_wait_s: with ``fresh_only``, when the room would cut a call short
+        while the trainer is training (releases land at a steady pace), wait up to this
+        long for the follower's next load, which opens a round's room, and make the call
+        whole (0: never wait; :class:`~yeto_core.sampler.room.SamplerRoom`).
+    """
+
+    def __init__(
+        self,
+        buffer: Any,
+        engine: Any,
+        task: Any,
+        follower: Any = None,
+        *,
+        host: str,
+        incarnation: int,
+        task_name: str = "",
+        group_size: int = 8,
+        prompts_per_call: int = 16,
+        sampling: SamplingParams = SamplingParams(),
+        seed: int = 0,
+        backlog_cap: Optional[int] = None,
+        backlog_poll_s: float = 0.5,
+        min_round_s: float = 0.0,
+        sync_rounds: bool = False,
+        sync_poll_s: float = 0.02,
+        stop: Optional[threading.Event] = None,
+        clock: Callable[[], float] = time.monotonic,
+        emit: Optional[Callable[[Event], None]] = None,
+        prompts_per_round: Optional[int] = None,
+        dispenser: Any = None,
+        fresh_only: Optional[tuple[int, int]] = None,
+        latest_release: Optional[Callable[[], Optional[tuple[int, Optional[int]]]]] = None,
+        share_of: int = 1,
+        fenced: Optional[Callable[[str, int], bool]] = None,
+        overlap_append: bool = False,
+        whole_call_wait_s: float = 0.0,
+    ) -> None:
+        if prompts_per_round is not None:  # the old name of prompts_per_call
+            prompts_per_call = prompts_per_round
+        if group_size < 2:
+            raise ValueError(f"group_size={group_size}: GRPO needs at least 2 samples per group")
+        if prompts_per_call < 1:
+            raise ValueError(f"prompts_per_call={prompts_per_call}: must be >= 1")
+        self.buffer, self.engine, self.task, self.follower = buffer, engine, task, follower
+        self.host, self.incarnation = host, int(incarnation)
+        self.task_name = task_name or task.PLUGIN_NAME
+        self.group_size, self.prompts_per_call = int(group_size), int(prompts_per_call)
+        self.sampling = sampling
+        self.seed = int(seed)
+        self.backlog_cap = backlog_cap
+        self.backlog_poll_s = float(backlog_poll_s)
+        self.min_round_s = float(min_round_s)
+        if sync_rounds and follower is None:
+            raise ValueError("sync_rounds=True needs a policy follower (it waits for versions)")
+        self.sync_rounds = bool(sync_rounds)
+        self.sync_poll_s = float(sync_poll_s)
+        self.stop = stop or threading.Event()
+        self.clock = clock
+        #: ((watermark, release version), since when) of commits seen ahead of the newest
+        #: release, counted as releases to come for PENDING_RELEASE_S
+        self._pending_since: Optional[tuple[tuple[int, int], float]] = None
+        self._emit = emit or (lambda e: None)
+        self.offset = dispense_offset(self.seed, host, self.incarnation)
+        self.dispenser = dispenser
+        if fresh_only is not None and follower is None:
+            raise ValueError("fresh_only needs a policy follower (the served version)")
+        self.fresh_only = fresh_only
+        self.latest_release = latest_release or (lambda: None)
+        self.share_of = max(1, int(share_of))
+        #: fenced sampler incarnations (their waiting groups are skipped by the trainer, so
+        #: neither the cap nor ``fresh_only`` counts them: counted, they could fill the
+        #: room for good)
+        self.fenced = fenced
+        #: groups the next call generates (cut by ``fresh_only``; reset after each call)
+        self.call_size = self.prompts_per_call
+        #: the inputs of the decision that sized the next call (its ``sampler_round``
+        #: reports them as ``room``; empty without a cap or ``fresh_only``)
+        self.call_room: dict[str, Any] = {}
+        #: fresh room the last backlog read left after the calls made since (a bound)
+        self._spare = 0
+        #: a backlog read started with the last call (remote stores): (the backlog, None
+        #: when the buffer offers no copy; groups that call appends)
+        self._backlog_ahead: Optional[tuple[Future[Any], int]] = None
+        self._ahead_buffer: Any = None  # the read-only copy those reads go through
+        self._no_reader_copy = False  # the buffer offers none (a local store)
+        self.overlap_append = bool(overlap_append) and not self.sync_rounds
+        if whole_call_wait_s < 0:
+            raise ValueError(f"whole_call_wait_s={whole_call_wait_s}: must be >= 0 seconds")
+        self.whole_call_wait_s = float(whole_call_wait_s)
+        #: the last call's group commit still landing (``overlap_append``): its future, groups
+        self._landing: Optional[tuple[Future[list[int]], int]] = None
+        self.next_index = 0
+        self.rounds = 0
+        self.groups_appended = 0
+        #: groups generated but thrown away (a forced reload landed mid-generation)
+        self.groups_discarded = 0
+
+    def _event(self, kind: str, **data: Any) -> None:
+        self._emit(Event(kind=kind, time=self.clock(), source=self.host, data=data))
+
+    def wait_for_version(self) -> bool:
+        """``sync_rounds``: wait until the follower serves version >= rounds run.
+
+        :returns: False if stopped while waiting.
+        """
+        if not self.sync_rounds:
+            return not self.stop.is_set()
+        announced = False
+        wait_version = getattr(self.follower, "wait_version", None)
+        while int(self.follower.version) < self.rounds:
+            if not announced:
+                self._event(
+                    "sampler_sync_wait", served_version=int(self.follower.version), need=self.rounds
+                )
+                announced = True
+            with stage("sampler.wait_version"):
+                if wait_version is not None:  # woken by the load itself
+                    wait_version(self.rounds, self.sync_poll_s)
+                    if self.stop.is_set():
+                        return False
+                elif self.stop.wait(self.sync_poll_s):
+                    return False
+        return not self.stop.is_set()
+
+    def run_round(self) -> list[int]:
+        """Generate, score and append one round of groups. :returns: their buffer positions."""
+        started = self.clock()
+        slots = None
+        size, self.call_size = self.call_size, self.prompts_per_call
+        room, self.call_room = self.call_room, {}
+        if self.dispenser is not None:
+            slots = self.dispenser.take(size)
+            indices = [s.row for s in slots]
+        else:
+            indices = [self.offset + self.next_index + k for k in range(size)]
+        prompts = [self.task.prompt(i) for i in indices]
+        if self._reads_backlog_ahead():
+            # the read may miss this call's groups and a commit still landing
+            self._read_backlog_ahead(size + self._landing_groups())
+        guard = self.follower.round() if self.follower is not None else _no_lock()
+        asked = time.perf_counter()
+        with guard:
+            PROFILE.add("sampler.round_lock", time.perf_counter() - asked)
+            with stage("sampler.encode"):
+                ids = [self.engine.encode(text) for text, _ in prompts]
+            with stage("sampler.generate"):
+                outs = self.engine.generate(ids, self.group_size, self.sampling)
+        if self.follower is not None and self.follower.last_round_straddled:
+            # A forced load swapped the weights mid-generation: these samples mixed two
+            # policies, so no version stamp would be true. Thrown away and counted.
+            self.next_index += size
+            if slots is not None:
+                self.dispenser.give_back(slots)
+            self.groups_discarded += len(prompts)
+            self._event(
+                "sampler_round_discarded",
+                reason="forced_reload",
+                groups=len(prompts),
+                first_index=indices[0],
+                served_version=int(self.follower.version),
+                groups_discarded=self.groups_discarded,
+            )
+            return []
+        if len(outs) != len(prompts):
+            raise RuntimeError(
+                f"engine {type(self.engine).__name__} returned {len(outs)} groups for "
+                f"{len(prompts)} prompts"
+            )
+        groups, rewards, versions = [], [], []
+        scoring = time.perf_counter()
+        for k, (index, (_text, answer), prompt_ids, comps) in enumerate(
+            zip(indices, prompts, ids, outs, strict=True)
+        ):
+            samples = []
+            for c in comps:
+                reward = float(self.task.reward(answer, self.engine.decode(c.tokens)))
+                toks = np.asarray(c.tokens, dtype=np.int64)
+                samples.append(
+                    Sample(
+                        tokens=np.concatenate([np.asarray(prompt_ids, dtype=np.int64), toks]),
+                        prompt_len=len(prompt_ids),
+                        logprobs=np.asarray(c.logprobs, dtype=np.float32),
+                        loss_mask=np.ones(len(toks), dtype=np.float32),
+                        reward=reward,
+                        weight_version=int(c.weight_version),
+                        status=SampleStatus.TRUNCATED
+                        if c.finish_reason == "length"
+                        else SampleStatus.COMPLETED,
+                        routed_experts=c.routed_experts,
+                    )
+                )
+                rewards.append(reward)
+                versions.append(int(c.weight_version))
+            if slots is not None:
+                gid, pid = slots[k].group_id(self.task_name), slots[k].prompt_id(self.task_name)
+            else:
+                gid, pid = group_id(self.host, self.incarnation, index), f"{self.task_name}:{index}"
+            group = SampleGroup(
+                group_id=gid,
+                prompt_id=pid,
+                sampler_host=self.host,
+                sampler_incarnation=self.incarnation,
+                samples=tuple(samples),
+                task=self.task_name,
+                sampling=self.sampling,
+            )
+            groups.append(group)
+        PROFILE.add("sampler.score", time.perf_counter() - scoring)
+        self.next_index += size
+        self.rounds += 1
+        record = (groups, slots, indices, rewards, versions, started, self.rounds, room)
+        if self.overlap_append:
+            self.flush()  # one commit in flight at a time, in call order
+            self._landing = (
+                in_background(lambda: self._land(*record), "yeto-sampler-append"),
+                len(groups),
+            )
+            return []
+        return self._land(*record)
+
+    def _land(
+        self,
+        groups: list[SampleGroup],
+        slots: Any,
+        indices: list[int],
+        rewards: list[float],
+        versions: list[int],
+        started: float,
+        round_no: int,
+        room: dict[str, Any],
+    ) -> list[int]:
+        """Append a call's groups, ack its dispensed slots, report the call."""
+        with stage("sampler.append"):
+            positions = self._append(groups)
+        if slots is not None:
+            self.dispenser.done(slots)
+        self.groups_appended += len(positions)
+        self._event(
+            "sampler_round",
+            round=round_no,
+            groups=len(positions),
+            first_index=indices[0],
+            reward_mean=float(np.mean(rewards)) if rewards else 0.0,
+            **(
+                {"dispense_positions": [s.position for s in slots], "positions": positions}
+                if slots is not None
+                else {}
+            ),
+            min_version=min(versions) if versions else None,
+            max_version=max(versions) if versions else None,
+            seconds=self.clock() - started,
+            **({"room": room_report(room, self.clock())} if room else {}),
+        )
+        return positions
+
+    def _landing_groups(self) -> int:
+        """Groups of a commit still landing (``overlap_append``; 0: none)."""
+        landing = self._landing
+        return landing[1] if landing is not None and not landing[0].done() else 0
+
+    def flush(self) -> list[int]:
+        """Wait for the group commit still landing (``overlap_append``) and raise its error.
+
+        :returns: its positions (``[]`` when none was landing).
+        """
+        landing, self._landing = self._landing, None
+        if landing is None:
+            return []
+        with stage("sampler.append_wait"):
+            return landing[0].result()
+
+    def _append(self, groups: list[SampleGroup]) -> list[int]:
+        """Append one call's groups as one group commit (the port's ``append_many``)."""
+        if len(groups) > 1:
+            return [int(p) for p in self.buffer.append_many(groups)]
+        return [int(self.buffer.append(g)) for g in groups]
+
+    def run(self, max_rounds: Optional[int] = None) -> int:
+        """Run rounds until ``stop`` is set (or ``max_rounds``). :returns: rounds run."""
+        done = 0
+        while max_rounds is None or done < max_rounds:
+            if not self.wait_for_room():
+                break
+            started = self.clock()
+            self.run_round()
+            done += 1
+            rest = self.min_round_s - (self.clock() - started)
+            if rest > 0:
+                with stage("sampler.throttle"):
+                    if self.stop.wait(rest):
+                        break
+            if self.stop.is_set():
+                break
+        if self.stop.is_set() or max_rounds is None:
+            self.flush()  # the last call's groups land before the loop ends
+        return done
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _no_lock() -> _NoLock:
+    return _NoLock()
