@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import subprocess
 import sys
@@ -148,14 +149,16 @@ def find_blocks(text: str, path: str) -> list[Block]:
     return blocks
 
 
+SKIP_DIRS = {"build", "node_modules", "runs", "__pycache__"}
+
+
 def doc_files(root: Path = ROOT) -> list[Path]:
-    """docs/*.md and every README.md of the repository (outside virtualenvs and builds)."""
+    """docs/*.md and every README.md of the repository (not in virtualenvs, builds, runs)."""
     files = set(root.glob("docs/*.md"))
-    for readme in root.rglob("README.md"):
-        rel = readme.relative_to(root).parts
-        if any(p.startswith(".") or p in ("build", "node_modules") for p in rel[:-1]):
-            continue
-        files.add(readme)
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".")]
+        if "README.md" in filenames:
+            files.add(Path(dirpath) / "README.md")
     return sorted(files)
 
 

@@ -42,9 +42,10 @@ FILE_SUFFIXES = (".json", ".jsonl", ".toml", ".md", ".py", ".txt", ".yaml", ".cs
 
 def doc_files() -> list[Path]:
     files = set(ROOT.glob("docs/*.md"))
-    for readme in ROOT.rglob("README.md"):
-        if not SKIP_DIRS & set(readme.relative_to(ROOT).parts[:-1]):
-            files.add(readme)
+    for dirpath, dirnames, filenames in os.walk(ROOT):
+        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".")]
+        if "README.md" in filenames:
+            files.add(Path(dirpath) / "README.md")
     return sorted(files)
 
 
