@@ -117,7 +117,10 @@ def find_blocks(text: str, path: str) -> list[Block]:
     while i < len(lines):
         fence = FENCE.match(lines[i])
         if fence is None:
-            marker = parse_marker(lines[i])
+            try:
+                marker = parse_marker(lines[i])
+            except MarkerError as exc:
+                raise MarkerError(f"{path}:{i + 1}: {exc}") from None
             if marker is not None:
                 if pending is not None:
                     raise MarkerError(f"{path}:{pending[0]}: marker has no code block below it")
@@ -162,11 +165,16 @@ def doc_files(root: Path = ROOT) -> list[Path]:
     return sorted(files)
 
 
-def all_blocks() -> list[Block]:
+def all_blocks() -> tuple[list[Block], list[str]]:
+    """Every block of every file, and the marker errors of the files that have one."""
     out: list[Block] = []
+    errors: list[str] = []
     for f in doc_files():
-        out += find_blocks(f.read_text(encoding="utf-8"), f.relative_to(ROOT).as_posix())
-    return out
+        try:
+            out += find_blocks(f.read_text(encoding="utf-8"), f.relative_to(ROOT).as_posix())
+        except MarkerError as exc:
+            errors.append(str(exc))
+    return out, errors
 
 
 def merge(base: Any, over: Any) -> Any:
@@ -217,7 +225,7 @@ def config_text(block: Block) -> str:
     return block.code
 
 
-BLOCKS = all_blocks()
+BLOCKS, MARKER_ERRORS = all_blocks()
 RUNNABLE_TOML = [b for b in BLOCKS if b.lang == "toml" and b.marker != "skip"]
 
 # One process for every dry run: `yeto run up FILE --dry-run --offline` per directory.
@@ -307,6 +315,10 @@ def test_doc_example(block: Block, dry_runs: dict[str, tuple[int, str]], tmp_pat
             + "".join(f"  {ln.strip()}\n" for ln in failed)
             + f"config:\n{config_text(block)}\noutput:\n{output[-3000:]}"
         )
+
+
+def test_every_doc_example_marker_is_well_formed() -> None:
+    assert not MARKER_ERRORS, "\n".join(MARKER_ERRORS)
 
 
 # -- the runner's own rules ------------------------------------------------------------
