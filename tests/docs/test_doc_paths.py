@@ -8,6 +8,8 @@ README.md:
   imports, attribute by attribute;
 - every bare ``name.py`` is the name of a file of the repository (``sampler_loop.py``
   after the move is not), but for the few files of other projects in ``FOREIGN``;
+- every relative Markdown link points at a file that exists, and a ``#anchor`` into a
+  Markdown file at one of its headings (GitHub's anchors);
 - every ``.py`` path of this repository (one that starts at a top-level folder, at a
   ``yeto_*`` package, at a ``yeto_core`` subpackage, or holds ``/src/yeto_``) is a
   file of the repository: itself, or the end of one (``sampler/loop.py``,
@@ -100,6 +102,54 @@ def test_every_bare_file_name_the_docs_use_is_a_file_here() -> None:
     assert not missing, "docs name files that do not exist (moved or renamed?):\n" + "\n".join(
         f"  {n}  ({', '.join(w)})" for n, w in sorted(missing.items())
     )
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown file."""
+    out: set[str] = set()
+    seen: dict[str, int] = {}
+    in_code = False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            in_code = not in_code
+        m = None if in_code else re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if m is None:
+            continue
+        title = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", m.group(1))  # a link: its text
+        slug = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def test_every_relative_link_of_the_docs_resolves() -> None:
+    broken = []
+    for f in doc_files():
+        for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+            for m in LINK.finditer(line):
+                target = m.group(1)
+                if re.match(r"^[a-z]+:", target):
+                    continue  # https:, mailto:
+                path, _, anchor = target.partition("#")
+                dest = (f.parent / path).resolve() if path else f
+                where = f"{f.relative_to(ROOT)}:{n}: {target}"
+                if not dest.exists():
+                    broken.append(f"{where} (no such file)")
+                elif anchor and dest.suffix == ".md":
+                    if anchor not in heading_anchors(dest.read_text(encoding="utf-8")):
+                        broken.append(f"{where} (no heading with that anchor)")
+    assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_heading_anchors_are_githubs() -> None:
+    text = (
+        "# A b\n## `[cost]` (the guard; see [cost.md](cost.md))\n```\n# not a heading\n```\n# A b\n"
+    )
+    assert heading_anchors(text) == {"a-b", "cost-the-guard-see-costmd", "a-b-1"}
 
 
 CHECK_NAMES = r"""
