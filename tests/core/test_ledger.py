@@ -108,7 +108,7 @@ def test_restore_moves_rounds_of_the_dead_incarnation_aside(run: dict[str, Any])
 def test_restart_from_base_refuses_earlier_rounds_unless_set_aside(run: dict[str, Any]) -> None:
     backend = FakeBackend()
     train(run, backend, 2, inc=1, seq0=0, parent=None)
-    with pytest.raises(LedgerError, match="--ledger-set-aside-before"):
+    with pytest.raises(LedgerError, match="set_aside_before="):
         run["ledger"].start_from_base()
     first = run["ledger"].rounds()[0].time
     with pytest.raises(LedgerError, match="at or after"):
@@ -116,6 +116,50 @@ def test_restart_from_base_refuses_earlier_rounds_unless_set_aside(run: dict[str
     moved = run["ledger"].start_from_base(set_aside_before=run["clock"].t + 10)
     assert len(moved) == 2 and all(k.startswith("ledger.before-") for k in moved)
     assert run["ledger"].rounds() == [] and run["ledger"].start_from_base() == []
+
+
+def _cli_options() -> set[str]:
+    import click
+
+    from yeto_core.cli import cli
+
+    found: set[str] = set()
+
+    def walk(cmd: click.Command, ctx: click.Context) -> None:
+        for param in cmd.params:
+            found.update(o for o in [*param.opts, *param.secondary_opts] if o.startswith("--"))
+        if isinstance(cmd, click.Group):
+            for name in cmd.list_commands(ctx):
+                sub = cmd.get_command(ctx, name)
+                if sub is not None:
+                    walk(sub, click.Context(sub, parent=ctx, info_name=name))
+
+    walk(cli, click.Context(cli, info_name="yeto"))
+    return found
+
+
+def test_the_ledger_refusals_name_only_options_that_exist(run: dict[str, Any]) -> None:
+    """Regression: the refusal told the user to pass --ledger-set-aside-before, a flag no
+    yeto command has. Every --flag a refusal names is a real CLI option, and every
+    name= it names is a parameter of start_from_base."""
+    import inspect
+    import re
+
+    params = set(inspect.signature(run["ledger"].start_from_base).parameters)
+    options = _cli_options()
+    assert "--dry-run" in options  # the walk reaches subcommands
+    train(run, FakeBackend(), 2, inc=1, seq0=0, parent=None)
+    first = run["ledger"].rounds()[0].time
+    messages = []
+    for kwargs in ({}, {"set_aside_before": first + 0.5}):
+        with pytest.raises(LedgerError) as err:
+            run["ledger"].start_from_base(**kwargs)
+        messages.append(str(err.value))
+    for message in messages:
+        flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", message))
+        assert flags <= options, f"{sorted(flags - options)} named in: {message}"
+        names = set(re.findall(r"\b([a-z_]+)=", message))
+        assert names and names <= params, f"{sorted(names - params)} named in: {message}"
 
 
 def test_a_start_from_the_base_sets_aside_this_runs_rounds_of_an_incarnation_without_a_cut(

@@ -397,15 +397,20 @@ class BatchLedger:
             raise LedgerError(
                 f"the ledger in {self.prefix}/rounds holds {len(keys)} rounds from an earlier "
                 f"run (first at {_stamp(first.time)}); a start from the base would mix them "
-                "with new ones. Restore a cut, or pass --ledger-set-aside-before <time> "
-                f"(e.g. {_stamp(self.clock())}) to move them to {self.prefix}.before-<time>"
+                "with new ones. Restore a cut, or set them aside: "
+                "start_from_base(set_aside_before=<seconds since the epoch>, e.g. "
+                f"{self.clock():.0f}) moves the rounds recorded before then to "
+                f"{self.prefix}.before-<time>/ (`yeto run up` passes the head's start time)"
             )
         old = [k for k in keys if self._read(k).time < set_aside_before]
         left = len(keys) - len(old)
         if left and incarnation is None:
+            newest = self._read(keys[-1]).time
             raise LedgerError(
                 f"{left} ledger rounds in {self.prefix}/rounds were recorded at or after "
-                f"{_stamp(set_aside_before)}; pass a later --ledger-set-aside-before"
+                f"{_stamp(set_aside_before)} (set_aside_before); pass a set_aside_before "
+                f"after the newest round ({newest:.0f}), or incarnation=<the incarnation "
+                "starting now> to set this run's rounds aside and train again from round 0"
             )
         moved: list[str] = []
         if old:
