@@ -13,6 +13,7 @@ never through ``pm.hook`` directly.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import traceback
@@ -125,6 +126,10 @@ class Plugins:
         self._infos: dict[str, dict[str, Any]] = {}
         self._registry: dict[str, dict[str, Registration]] = {p: {} for p in REGISTRATION_HOOKS}
         self._conflicts: dict[tuple[str, str], DuplicatePluginError] = {}
+        #: (port, name) -> plugin, for what a broken plugin tried to register (its error
+        #: is quoted when a config selects that name), and URL scheme -> plugin likewise
+        self._broken_names: dict[tuple[str, str], str] = {}
+        self._broken_schemes: dict[str, str] = {}
         self._loaded = False
         if builtins:
             from yeto_core import builtin
@@ -196,18 +201,23 @@ class Plugins:
     def _collect(self, plugin_name: str, plugin: Any) -> None:
         """Call this plugin's registration hooks and record what it provides."""
         staged: list[Registration] = []
+        attempted: list[tuple[str, Any]] = []
         for port, hook_name in REGISTRATION_HOOKS.items():
             impl = getattr(plugin, hook_name, None)
             if impl is None or not callable(impl):
                 continue
 
             def register(cls: type, _port: str = port) -> None:
+                attempted.append((_port, cls))
                 staged.append(self._check_class(_port, cls, plugin_name))
 
             try:
                 impl(register=register)
             except Exception as exc:
-                self._infos[plugin_name]["error"] = _short_error(exc)
+                self._infos[plugin_name]["error"] = (
+                    str(exc) if isinstance(exc, PluginError) else _short_error(exc)
+                )
+                self._remember_broken(plugin_name, attempted)
                 return
         for reg in staged:
             self._add_registration(reg)
@@ -225,7 +235,28 @@ class Plugins:
             raise PluginError(
                 f"plugin {plugin_name!r}: {cls.__module__}.{cls.__qualname__} has no PLUGIN_NAME"
             )
+        if inspect.isabstract(cls):
+            missing = sorted(cls.__abstractmethods__)
+            raise PluginError(
+                f"plugin {plugin_name!r} registered {_qual(cls)} as the "
+                f"{_PORT_WORDS[port]} {name!r}, but it does not implement "
+                f"{', '.join(missing)} of yeto_core.ports.{base.__name__}; implement "
+                f"{'them' if len(missing) > 1 else 'it'} (docs/plugins.md lists each port's "
+                "methods)"
+            )
         return Registration(port=port, name=name, cls=cls, plugin=plugin_name)
+
+    def _remember_broken(self, plugin_name: str, attempted: list[tuple[str, Any]]) -> None:
+        """Names and URL schemes a broken plugin tried to register: selecting one quotes
+        the plugin's error instead of saying the name is unknown."""
+        for port, cls in attempted:
+            if not (isinstance(cls, type) and issubclass(cls, _PORT_CLASSES[port])):
+                continue
+            if cls.PLUGIN_NAME:
+                self._broken_names.setdefault((port, cls.PLUGIN_NAME), plugin_name)
+            if issubclass(cls, ports.ObjectStore):
+                for scheme in cls.URL_SCHEMES:
+                    self._broken_schemes.setdefault(scheme, plugin_name)
 
     def _add_registration(self, reg: Registration) -> None:
         existing = self._registry[reg.port].get(reg.name)
@@ -282,6 +313,12 @@ class Plugins:
         if reg is not None:
             return reg.cls
         word = _PORT_WORDS[port]
+        broken = self._broken_names.get((port, name))
+        if broken is not None:
+            raise UnknownPluginError(
+                f"The {word} {name!r} is not available: plugin {broken!r} failed to load: "
+                f"{self._infos[broken]['error']}"
+            )
         dist = KNOWN_IMPLEMENTATIONS.get((port, name))
         hint = self._broken_hint(dist)
         if hint:
@@ -346,6 +383,12 @@ class Plugins:
             cls = self.object_store(name)
             if scheme in cls.URL_SCHEMES:
                 return cls
+        broken = self._broken_schemes.get(scheme)
+        if broken is not None:
+            raise UnknownPluginError(
+                f"No object store for {scheme}:// URLs: plugin {broken!r} failed to load: "
+                f"{self._infos[broken]['error']}"
+            )
         dist = KNOWN_URL_SCHEMES.get(scheme)
         if dist:
             hint = self._broken_hint(dist) or f"Install {dist}."
@@ -356,8 +399,27 @@ class Plugins:
         )
 
     def open_store(self, url: str, **options: Any) -> ports.ObjectStore:
-        """Open the object store that ``url`` names."""
-        return self.store_class_for_url(url).from_url(url, **options)
+        """Open the object store that ``url`` names.
+
+        :raises PluginError: when the store class's ``from_url`` returns anything but a
+            store (a ``from_url`` that forgot its ``return`` would otherwise hand None on).
+        """
+        cls = self.store_class_for_url(url)
+        store = cls.from_url(url, **options)
+        if not isinstance(store, ports.ObjectStore):
+            raise PluginError(
+                f"{_qual(cls)}.from_url({url!r}) returned {type(store).__name__}, not an "
+                f"object store: its from_url must return the opened store (a "
+                f"yeto_core.ports.ObjectStore); fix the plugin {self._plugin_of(cls)!r}"
+            )
+        return store
+
+    def _plugin_of(self, cls: type) -> str:
+        for regs in self._registry.values():
+            for reg in regs.values():
+                if reg.cls is cls:
+                    return reg.plugin
+        return "?"
 
     def open_buffer(
         self,
