@@ -99,6 +99,8 @@ class PluginInfo:
     #: implementations the yeto project publishes in this distribution that it does not
     #: provide (yet): shown as "planned" by ``yeto plugins``
     planned: dict[str, list[str]] = attrs.field(factory=dict)
+    #: skipped because ``YETO_DISABLE_PLUGINS`` names it (then nothing is planned either)
+    disabled: bool = False
 
 
 def _disabled_names() -> set[str]:
@@ -282,8 +284,11 @@ class Plugins:
         out = []
         for info in self._infos.values():
             provides = {k: sorted(v) for k, v in sorted(info["provides"].items())}
+            disabled = bool(info.get("disabled"))
             planned: dict[str, list[str]] = {}
             for (port, name), dist in sorted(KNOWN_IMPLEMENTATIONS.items()):
+                if disabled:
+                    break
                 if dist == info["distribution"] and name not in provides.get(port, []):
                     planned.setdefault(port, []).append(name)
             out.append(
@@ -294,6 +299,7 @@ class Plugins:
                     provides=provides,
                     error=info["error"],
                     planned=planned,
+                    disabled=disabled,
                 )
             )
         return out
@@ -343,6 +349,8 @@ class Plugins:
         if not dist:
             return ""
         for info in self._infos.values():
+            if info["distribution"] == dist and info.get("disabled"):
+                return f"{dist} is installed but disabled by {DISABLE_ENV}."
             if info["distribution"] == dist and info["error"]:
                 return f"{dist} is installed but failed to load: {info['error']}"
         return ""
@@ -457,11 +465,18 @@ class Plugins:
                     return codec
         return None
 
-    def preflight(self, config: Any, report: Any) -> None:
-        """Run every plugin's ``yeto_preflight``; a plugin that raises fails its own check."""
+    def preflight(self, config: Any, report: Any, *, offline: bool = False) -> None:
+        """Run every plugin's ``yeto_preflight``; a plugin that raises fails its own check.
+
+        ``offline`` reaches the implementations that take it (older ones without the
+        argument are called as before, as pluggy would).
+        """
         for impl in self.pm.hook.yeto_preflight.get_hookimpls():
+            kwargs: dict[str, Any] = {"config": config, "report": report}
+            if "offline" in impl.argnames:
+                kwargs["offline"] = offline
             try:
-                impl.function(config=config, report=report)
+                impl.function(**kwargs)
             except Exception as exc:
                 report.fail(
                     f"preflight:{impl.plugin_name}", f"the check raised {_short_error(exc)}"
