@@ -233,7 +233,15 @@ def test_yeto_plugins_json_shape(monkeypatch):
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert [d["name"] for d in data] == ["core"]
-    assert set(data[0]) == {"name", "distribution", "version", "provides", "error", "planned"}
+    assert set(data[0]) == {
+        "name",
+        "distribution",
+        "version",
+        "provides",
+        "error",
+        "planned",
+        "disabled",
+    }
     assert data[0]["distribution"] == "yeto-core"
     table = CliRunner().invoke(cli, ["plugins"])
     assert table.exit_code == 0 and "core" in table.output
@@ -338,3 +346,49 @@ def test_open_store_refuses_a_from_url_that_returns_no_store():
     pm.add(_plugin(yeto_register_object_stores=lambda register: register(cls)), "forgetful")
     with pytest.raises(PluginError, match=r"from_url\('forgetful://x'\) returned NoneType"):
         pm.open_store("forgetful://x")
+
+
+# -- YETO_DISABLE_PLUGINS and the preflight hook (issue 44, item 5) ----------------------
+
+
+def test_a_disabled_plugin_shows_as_disabled_not_planned(monkeypatch):
+    """Regression: a plugin named in YETO_DISABLE_PLUGINS was listed with its
+    implementations "planned"."""
+    from importlib import metadata
+
+    from yeto_core import plugins as plugins_mod
+    from yeto_core.cli import cli
+
+    if not any(ep.name == "s3" for ep in metadata.entry_points(group="yeto")):
+        pytest.skip("needs yeto-s3 installed (make install)")
+    monkeypatch.setenv("YETO_DISABLE_PLUGINS", "s3")
+    pm = Plugins()
+    [info] = [i for i in pm.infos() if i.name == "s3"]
+    assert info.disabled and info.planned == {} and info.provides == {}
+    with pytest.raises(UnknownPluginError, match="yeto-s3 is installed but disabled"):
+        pm.object_store("s3")
+    monkeypatch.setattr(plugins_mod, "get_plugins", lambda: pm)
+    data = json.loads(CliRunner().invoke(cli, ["plugins", "--json"]).output)
+    [row] = [d for d in data if d["name"] == "s3"]
+    assert row["disabled"] is True and row["planned"] == {}
+    table = CliRunner().invoke(cli, ["plugins"], terminal_width=200, env={"COLUMNS": "200"})
+    [line] = [ln for ln in table.output.splitlines() if ln.startswith("│ s3 ")]
+    assert "disabled" in line and "planned" not in line
+
+
+def test_preflight_hook_gets_offline_and_old_hooks_without_it_still_run():
+    seen = []
+
+    def new_style(config, report, offline):
+        seen.append(("new", offline))
+
+    def old_style(config, report):
+        seen.append(("old", None))
+
+    pm = Plugins(entry_points=False)
+    pm.add(_plugin(yeto_preflight=new_style), "new")
+    pm.add(_plugin(yeto_preflight=old_style), "old")
+    assert all(i.error is None for i in pm.infos())
+    pm.preflight({}, _Report(), offline=True)
+    pm.preflight({}, _Report())
+    assert sorted(seen) == [("new", False), ("new", True), ("old", None), ("old", None)]
