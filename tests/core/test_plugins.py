@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import types
 
 import pytest
@@ -374,6 +375,8 @@ def test_a_disabled_plugin_shows_as_disabled_not_planned(monkeypatch):
     table = CliRunner().invoke(cli, ["plugins"], terminal_width=200, env={"COLUMNS": "200"})
     [line] = [ln for ln in table.output.splitlines() if ln.startswith("│ s3 ")]
     assert "disabled" in line and "planned" not in line
+    version = CliRunner().invoke(cli, ["--version"]).output
+    assert re.search(r"^  s3 \(yeto-s3 [^)]*\)  \[disabled\]$", version, re.M), version
 
 
 def test_preflight_hook_gets_offline_and_old_hooks_without_it_still_run():

@@ -111,7 +111,9 @@ def _print_version(ctx: click.Context, _param: Any, value: bool) -> None:
 
     click.echo(f"yeto {__version__}")
     for info in get_plugins().infos():
-        status = f"  [error: {info.error}]" if info.error else ""
+        status = (
+            "  [disabled]" if info.disabled else f"  [error: {info.error}]" if info.error else ""
+        )
         click.echo(f"  {info.name} ({info.distribution} {info.version}){status}")
     ctx.exit()
 
