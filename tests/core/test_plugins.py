@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import types
 
 import pytest
@@ -233,7 +234,15 @@ def test_yeto_plugins_json_shape(monkeypatch):
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert [d["name"] for d in data] == ["core"]
-    assert set(data[0]) == {"name", "distribution", "version", "provides", "error", "planned"}
+    assert set(data[0]) == {
+        "name",
+        "distribution",
+        "version",
+        "provides",
+        "error",
+        "planned",
+        "disabled",
+    }
     assert data[0]["distribution"] == "yeto-core"
     table = CliRunner().invoke(cli, ["plugins"])
     assert table.exit_code == 0 and "core" in table.output
@@ -248,3 +257,141 @@ def test_version_lists_plugins(monkeypatch):
     result = CliRunner().invoke(cli, ["--version"])
     assert result.exit_code == 0
     assert result.output.startswith("yeto ") and "core (yeto-core" in result.output
+
+
+# -- registration refuses what cannot work (issue 44, item 4) ---------------------------
+
+
+def _abstract_store():
+    """A store that forgot ``from_url`` and ``delete``: abstract, cannot be instantiated."""
+
+    class HalfStore(ObjectStore):
+        PLUGIN_NAME = "half"
+        URL_SCHEMES = ("half",)
+
+        def get(self, key):
+            return b""
+
+        def put(self, key, data):
+            pass
+
+        def put_if_absent(self, key, data):
+            return True
+
+        def exists(self, key):
+            return False
+
+        def list(self, prefix="", after=None):
+            return iter(())
+
+    return HalfStore
+
+
+def test_an_abstract_class_is_refused_naming_the_port_and_the_missing_methods():
+    """Regression: an abstract store registered, `yeto plugins` listed it, and
+    open_store("half://demo") returned None (the abstract from_url's body)."""
+    half = _abstract_store()
+    pm = Plugins(entry_points=False)
+    pm.add(_plugin(yeto_register_object_stores=lambda register: register(half)), "halfway")
+    errors = {i.name: i.error for i in pm.infos()}
+    assert errors["core"] is None
+    err = errors["halfway"]
+    assert "ObjectStore" in err and "delete, from_url" in err and "HalfStore" in err
+    [info] = [i for i in pm.infos() if i.name == "halfway"]
+    assert info.provides == {}
+    assert pm.names("ObjectStore") == ["dir"]  # it registers nothing; the rest works
+    # selecting it raises an error that quotes the load error, never returns None
+    with pytest.raises(UnknownPluginError, match="halfway.*does not implement delete, from_url"):
+        pm.open_store("half://demo")
+    with pytest.raises(UnknownPluginError, match="failed to load.*from_url"):
+        pm.object_store("half")
+    assert pm.open_store(".").PLUGIN_NAME == "dir"
+
+
+def test_an_abstract_class_refuses_the_whole_plugin_like_any_broken_one():
+    """The plugin's good registrations go too (a plugin loads whole or not at all)."""
+    good, half = _store_class("good", "good"), _abstract_store()
+
+    def register_both(register):
+        register(good)
+        register(half)
+
+    pm = Plugins(entry_points=False)
+    pm.add(_plugin(yeto_register_object_stores=register_both), "mixed")
+    assert "good" not in pm.names("ObjectStore")
+    with pytest.raises(UnknownPluginError, match="plugin 'mixed' failed to load"):
+        pm.object_store("good")
+
+
+def test_yeto_plugins_shows_the_refusal(monkeypatch):
+    from yeto_core import plugins as plugins_mod
+    from yeto_core.cli import cli
+
+    half = _abstract_store()
+    pm = Plugins(entry_points=False)
+    pm.add(_plugin(yeto_register_object_stores=lambda register: register(half)), "halfway")
+    monkeypatch.setattr(plugins_mod, "get_plugins", lambda: pm)
+    result = CliRunner().invoke(cli, ["plugins", "--json"])
+    assert result.exit_code == 0, result.output
+    [info] = [d for d in json.loads(result.output) if d["name"] == "halfway"]
+    assert info["provides"] == {} and "does not implement delete, from_url" in info["error"]
+
+
+def test_open_store_refuses_a_from_url_that_returns_no_store():
+    """A concrete store whose from_url forgot its `return`: a clear error, not None."""
+    from yeto_core.errors import PluginError
+
+    cls = _store_class("forgetful", "forgetful")
+    cls.from_url = classmethod(lambda cls, url, **options: None)
+    pm = Plugins(entry_points=False)
+    pm.add(_plugin(yeto_register_object_stores=lambda register: register(cls)), "forgetful")
+    with pytest.raises(PluginError, match=r"from_url\('forgetful://x'\) returned NoneType"):
+        pm.open_store("forgetful://x")
+
+
+# -- YETO_DISABLE_PLUGINS and the preflight hook (issue 44, item 5) ----------------------
+
+
+def test_a_disabled_plugin_shows_as_disabled_not_planned(monkeypatch):
+    """Regression: a plugin named in YETO_DISABLE_PLUGINS was listed with its
+    implementations "planned"."""
+    from importlib import metadata
+
+    from yeto_core import plugins as plugins_mod
+    from yeto_core.cli import cli
+
+    if not any(ep.name == "s3" for ep in metadata.entry_points(group="yeto")):
+        pytest.skip("needs yeto-s3 installed (make install)")
+    monkeypatch.setenv("YETO_DISABLE_PLUGINS", "s3")
+    pm = Plugins()
+    [info] = [i for i in pm.infos() if i.name == "s3"]
+    assert info.disabled and info.planned == {} and info.provides == {}
+    with pytest.raises(UnknownPluginError, match="yeto-s3 is installed but disabled"):
+        pm.object_store("s3")
+    monkeypatch.setattr(plugins_mod, "get_plugins", lambda: pm)
+    data = json.loads(CliRunner().invoke(cli, ["plugins", "--json"]).output)
+    [row] = [d for d in data if d["name"] == "s3"]
+    assert row["disabled"] is True and row["planned"] == {}
+    table = CliRunner().invoke(cli, ["plugins"], terminal_width=200, env={"COLUMNS": "200"})
+    [line] = [ln for ln in table.output.splitlines() if ln.startswith("│ s3 ")]
+    assert "disabled" in line and "planned" not in line
+    version = CliRunner().invoke(cli, ["--version"]).output
+    assert re.search(r"^  s3 \(yeto-s3 [^)]*\)  \[disabled\]$", version, re.M), version
+
+
+def test_preflight_hook_gets_offline_and_old_hooks_without_it_still_run():
+    seen = []
+
+    def new_style(config, report, offline):
+        seen.append(("new", offline))
+
+    def old_style(config, report):
+        seen.append(("old", None))
+
+    pm = Plugins(entry_points=False)
+    pm.add(_plugin(yeto_preflight=new_style), "new")
+    pm.add(_plugin(yeto_preflight=old_style), "old")
+    assert all(i.error is None for i in pm.infos())
+    pm.preflight({}, _Report(), offline=True)
+    pm.preflight({}, _Report())
+    assert sorted(seen) == [("new", False), ("new", True), ("old", None), ("old", None)]

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 from tests.nc.helpers import SLEEPER, wait_for
 from tests.nc.test_provider import OFFERS
 from yeto_core.cli import cli
+from yeto_core.config.load import config_to_dict, load_config
 from yeto_core.records import IslandLaunch, IslandStatus
 from yeto_nc.provider import NcIslands
 from yeto_nc.testing import Marketplace
@@ -22,6 +23,9 @@ def test_yeto_cost_shows_the_marketplace_billing_per_node(tmp_path):
         '[[samplers]]\nname = "node"\nengine = "hf"\nprovider = "nc"\n'
         '[trainer]\nbackend = "torch"\n'
     )
+    # the run has started (`yeto cost` on a run that never ran exits 2): its config.json
+    config = load_config(run_dir / "run.toml", run_dir=str(run_dir))
+    (run_dir / "config.json").write_text(json.dumps(config_to_dict(config)))
     with Marketplace({"offers": OFFERS, "start_delay_s": 0.0}, work_dir=tmp_path / "sim") as m:
         p = NcIslands(run_dir)
         handles = []

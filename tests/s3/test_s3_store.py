@@ -421,23 +421,38 @@ def test_yeto_preflight_checks_an_s3_store(moto_endpoint, s3_url, monkeypatch):
     # Object with a `store` attribute holding url + options; bucket missing → fail.
     cfg = type("Cfg", (), {"store": {"url": "s3://missing-bucket/x", "options": {}}})()
     report = _Report()
-    s3_plugin.yeto_preflight(config=cfg, report=report)
+    s3_plugin.yeto_preflight(config=cfg, report=report, offline=False)
     assert report.results[0][0] == "fail" and "NoSuchBucket" in report.results[0][2]
     assert TEST_SECRET_ACCESS_KEY not in report.results[0][2]
     # Not an s3 store, or no store at all: nothing to check.
     report = _Report()
-    s3_plugin.yeto_preflight(config={"store": "./runs/x"}, report=report)
-    s3_plugin.yeto_preflight(config=object(), report=report)
-    s3_plugin.yeto_preflight(config={"store": 3}, report=report)
+    s3_plugin.yeto_preflight(config={"store": "./runs/x"}, report=report, offline=False)
+    s3_plugin.yeto_preflight(config=object(), report=report, offline=False)
+    s3_plugin.yeto_preflight(config={"store": 3}, report=report, offline=False)
     assert report.results == []
 
 
 def test_preflight_without_credentials_fails_clearly(s3_url, monkeypatch):
     _clear_yeto_env(monkeypatch)
     report = _Report()
-    s3_plugin.yeto_preflight(config={"store": s3_url}, report=report)
+    s3_plugin.yeto_preflight(config={"store": s3_url}, report=report, offline=False)
     [(status, name, detail)] = report.results
     assert status == "fail" and ENV["access_key_id"] in detail
+
+
+def test_offline_preflight_contacts_no_bucket(s3_url, monkeypatch):
+    """Regression: `yeto run up --dry-run --offline` still made the s3-store check
+    connect to the bucket (and fail): the hook now receives the offline flag."""
+    _clear_yeto_env(monkeypatch)  # no credentials: a connection attempt would fail
+    report = _Report()
+    pm = Plugins(entry_points=False)
+    pm.add(s3_plugin, "s3", distribution="yeto-s3")
+    pm.preflight({"store": s3_url}, report, offline=True)
+    [(status, name, detail)] = report.results
+    assert (status, name) == ("warn", "s3-store") and "--offline" in detail
+    report = _Report()
+    pm.preflight({"store": s3_url}, report)  # not offline: the bucket is checked
+    assert report.results[0][:2] == ("fail", "s3-store")
 
 
 def test_env_vars_documented():

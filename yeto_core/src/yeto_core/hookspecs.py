@@ -113,12 +113,16 @@ def yeto_release_codecs() -> Any:
 
 
 @_hookspec
-def yeto_preflight(config: Any, report: Any) -> None:
+def yeto_preflight(config: Any, report: Any, offline: bool) -> None:
     """Add checks before a run starts (``yeto run up``, ``--dry-run``).
 
     :param config: the structured run config.
     :param report: call ``report.ok(name, detail)``, ``report.warn(name, detail)``
         or ``report.fail(name, detail)``; one failure stops the launch.
+    :param offline: True under ``yeto run up --dry-run --offline``: check nothing that
+        needs a network service or its credentials (say what was skipped with
+        ``report.warn``). An implementation may leave this argument out; it then
+        always runs all its checks.
     :returns: nothing.
     """
 

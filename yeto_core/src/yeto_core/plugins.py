@@ -13,6 +13,7 @@ never through ``pm.hook`` directly.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import traceback
@@ -98,6 +99,8 @@ class PluginInfo:
     #: implementations the yeto project publishes in this distribution that it does not
     #: provide (yet): shown as "planned" by ``yeto plugins``
     planned: dict[str, list[str]] = attrs.field(factory=dict)
+    #: skipped because ``YETO_DISABLE_PLUGINS`` names it (then nothing is planned either)
+    disabled: bool = False
 
 
 def _disabled_names() -> set[str]:
@@ -125,6 +128,10 @@ class Plugins:
         self._infos: dict[str, dict[str, Any]] = {}
         self._registry: dict[str, dict[str, Registration]] = {p: {} for p in REGISTRATION_HOOKS}
         self._conflicts: dict[tuple[str, str], DuplicatePluginError] = {}
+        #: (port, name) -> plugin, for what a broken plugin tried to register (its error
+        #: is quoted when a config selects that name), and URL scheme -> plugin likewise
+        self._broken_names: dict[tuple[str, str], str] = {}
+        self._broken_schemes: dict[str, str] = {}
         self._loaded = False
         if builtins:
             from yeto_core import builtin
@@ -196,18 +203,23 @@ class Plugins:
     def _collect(self, plugin_name: str, plugin: Any) -> None:
         """Call this plugin's registration hooks and record what it provides."""
         staged: list[Registration] = []
+        attempted: list[tuple[str, Any]] = []
         for port, hook_name in REGISTRATION_HOOKS.items():
             impl = getattr(plugin, hook_name, None)
             if impl is None or not callable(impl):
                 continue
 
             def register(cls: type, _port: str = port) -> None:
+                attempted.append((_port, cls))
                 staged.append(self._check_class(_port, cls, plugin_name))
 
             try:
                 impl(register=register)
             except Exception as exc:
-                self._infos[plugin_name]["error"] = _short_error(exc)
+                self._infos[plugin_name]["error"] = (
+                    str(exc) if isinstance(exc, PluginError) else _short_error(exc)
+                )
+                self._remember_broken(plugin_name, attempted)
                 return
         for reg in staged:
             self._add_registration(reg)
@@ -225,7 +237,28 @@ class Plugins:
             raise PluginError(
                 f"plugin {plugin_name!r}: {cls.__module__}.{cls.__qualname__} has no PLUGIN_NAME"
             )
+        if inspect.isabstract(cls):
+            missing = sorted(cls.__abstractmethods__)
+            raise PluginError(
+                f"plugin {plugin_name!r} registered {_qual(cls)} as the "
+                f"{_PORT_WORDS[port]} {name!r}, but it does not implement "
+                f"{', '.join(missing)} of yeto_core.ports.{base.__name__}; implement "
+                f"{'them' if len(missing) > 1 else 'it'} (docs/plugins.md lists each port's "
+                "methods)"
+            )
         return Registration(port=port, name=name, cls=cls, plugin=plugin_name)
+
+    def _remember_broken(self, plugin_name: str, attempted: list[tuple[str, Any]]) -> None:
+        """Names and URL schemes a broken plugin tried to register: selecting one quotes
+        the plugin's error instead of saying the name is unknown."""
+        for port, cls in attempted:
+            if not (isinstance(cls, type) and issubclass(cls, _PORT_CLASSES[port])):
+                continue
+            if cls.PLUGIN_NAME:
+                self._broken_names.setdefault((port, cls.PLUGIN_NAME), plugin_name)
+            if issubclass(cls, ports.ObjectStore):
+                for scheme in cls.URL_SCHEMES:
+                    self._broken_schemes.setdefault(scheme, plugin_name)
 
     def _add_registration(self, reg: Registration) -> None:
         existing = self._registry[reg.port].get(reg.name)
@@ -251,8 +284,11 @@ class Plugins:
         out = []
         for info in self._infos.values():
             provides = {k: sorted(v) for k, v in sorted(info["provides"].items())}
+            disabled = bool(info.get("disabled"))
             planned: dict[str, list[str]] = {}
             for (port, name), dist in sorted(KNOWN_IMPLEMENTATIONS.items()):
+                if disabled:
+                    break
                 if dist == info["distribution"] and name not in provides.get(port, []):
                     planned.setdefault(port, []).append(name)
             out.append(
@@ -263,6 +299,7 @@ class Plugins:
                     provides=provides,
                     error=info["error"],
                     planned=planned,
+                    disabled=disabled,
                 )
             )
         return out
@@ -282,6 +319,12 @@ class Plugins:
         if reg is not None:
             return reg.cls
         word = _PORT_WORDS[port]
+        broken = self._broken_names.get((port, name))
+        if broken is not None:
+            raise UnknownPluginError(
+                f"The {word} {name!r} is not available: plugin {broken!r} failed to load: "
+                f"{self._infos[broken]['error']}"
+            )
         dist = KNOWN_IMPLEMENTATIONS.get((port, name))
         hint = self._broken_hint(dist)
         if hint:
@@ -306,6 +349,8 @@ class Plugins:
         if not dist:
             return ""
         for info in self._infos.values():
+            if info["distribution"] == dist and info.get("disabled"):
+                return f"{dist} is installed but disabled by {DISABLE_ENV}."
             if info["distribution"] == dist and info["error"]:
                 return f"{dist} is installed but failed to load: {info['error']}"
         return ""
@@ -346,6 +391,12 @@ class Plugins:
             cls = self.object_store(name)
             if scheme in cls.URL_SCHEMES:
                 return cls
+        broken = self._broken_schemes.get(scheme)
+        if broken is not None:
+            raise UnknownPluginError(
+                f"No object store for {scheme}:// URLs: plugin {broken!r} failed to load: "
+                f"{self._infos[broken]['error']}"
+            )
         dist = KNOWN_URL_SCHEMES.get(scheme)
         if dist:
             hint = self._broken_hint(dist) or f"Install {dist}."
@@ -356,8 +407,27 @@ class Plugins:
         )
 
     def open_store(self, url: str, **options: Any) -> ports.ObjectStore:
-        """Open the object store that ``url`` names."""
-        return self.store_class_for_url(url).from_url(url, **options)
+        """Open the object store that ``url`` names.
+
+        :raises PluginError: when the store class's ``from_url`` returns anything but a
+            store (a ``from_url`` that forgot its ``return`` would otherwise hand None on).
+        """
+        cls = self.store_class_for_url(url)
+        store = cls.from_url(url, **options)
+        if not isinstance(store, ports.ObjectStore):
+            raise PluginError(
+                f"{_qual(cls)}.from_url({url!r}) returned {type(store).__name__}, not an "
+                f"object store: its from_url must return the opened store (a "
+                f"yeto_core.ports.ObjectStore); fix the plugin {self._plugin_of(cls)!r}"
+            )
+        return store
+
+    def _plugin_of(self, cls: type) -> str:
+        for regs in self._registry.values():
+            for reg in regs.values():
+                if reg.cls is cls:
+                    return reg.plugin
+        return "?"
 
     def open_buffer(
         self,
@@ -395,11 +465,18 @@ class Plugins:
                     return codec
         return None
 
-    def preflight(self, config: Any, report: Any) -> None:
-        """Run every plugin's ``yeto_preflight``; a plugin that raises fails its own check."""
+    def preflight(self, config: Any, report: Any, *, offline: bool = False) -> None:
+        """Run every plugin's ``yeto_preflight``; a plugin that raises fails its own check.
+
+        ``offline`` reaches the implementations that take it (older ones without the
+        argument are called as before, as pluggy would).
+        """
         for impl in self.pm.hook.yeto_preflight.get_hookimpls():
+            kwargs: dict[str, Any] = {"config": config, "report": report}
+            if "offline" in impl.argnames:
+                kwargs["offline"] = offline
             try:
-                impl.function(config=config, report=report)
+                impl.function(**kwargs)
             except Exception as exc:
                 report.fail(
                     f"preflight:{impl.plugin_name}", f"the check raised {_short_error(exc)}"

@@ -14,6 +14,7 @@ from typing import Any, Optional
 import attrs
 import click
 
+from yeto_core.cli import exit_codes
 from yeto_miles import inventory
 
 RECORDED = Path(__file__).with_name("miles_interface.json")
@@ -158,7 +159,9 @@ def miles_command() -> None:
     """The Miles trainer backend."""
 
 
-@miles_command.command()
+@miles_command.command(
+    epilog=exit_codes({0: "every check passed", 1: "a check failed (its row says which)"})
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 @click.option(
     "--description",

@@ -47,6 +47,7 @@ import numpy as np
 from yeto_core import serde
 from yeto_core.buffer.group_codec import encode_group
 from yeto_core.buffer.sample_buffer import ConsumedState, FileSampleBuffer, encode_record
+from yeto_core.cli import exit_codes
 from yeto_core.records import RoundSpec, Sample, SampleGroup
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.stores.fsync import fsync_dir
@@ -312,7 +313,7 @@ def run(
         shutil.rmtree(base, ignore_errors=True)
 
 
-@click.command()
+@click.command(epilog=exit_codes())
 @click.option(
     "--groups",
     default=800,

@@ -47,6 +47,7 @@ from yeto_bench.faulty_store import ENV_LOG as FAULTS_LOG_ENV
 from yeto_bench.faulty_store import SCHEME as FAULTY_SCHEME
 from yeto_bench.faulty_store import injected_faults
 from yeto_bench.run_toml import bench_run_toml
+from yeto_core.cli import exit_codes
 
 #: The ``yeto`` command line, as a list (a subprocess; the bench never imports adapters).
 YETO = [sys.executable, "-c", "import sys; from yeto_core.cli import main; sys.exit(main())"]
@@ -785,7 +786,7 @@ def campaign_report(
     return report
 
 
-@click.command("chaos")
+@click.command("chaos", epilog=exit_codes({1: "a check failed or a run did not complete"}))
 @click.option("--kills", type=int, default=10, show_default=True, help="SIGKILLs in all.")
 @click.option(
     "--runs", type=int, default=0, help="Runs to spread the kills over (default: one per 5 kills)."
@@ -867,10 +868,7 @@ def command(
     evictions: int,
     as_json: bool,
 ) -> None:
-    """SIGKILL random processes (head, samplers, trainer) of real runs; check nothing is lost.
-
-    Exits 1 when a check fails or a run does not complete.
-    """
+    """SIGKILL random processes (head, samplers, trainer) of real runs; check nothing is lost."""
     kinds = {k.strip() for k in faults.split(",") if k.strip()}
     from yeto_bench.chaos_faults import KINDS
 

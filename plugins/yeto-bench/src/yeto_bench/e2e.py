@@ -65,6 +65,7 @@ import click
 
 from yeto_bench.head_proc import start_head, stop_head
 from yeto_bench.run_toml import bench_run_toml
+from yeto_core.cli import exit_codes
 
 WINDOW = 64
 
@@ -712,7 +713,7 @@ def _medians(reports: list[dict[str, Any]], key: str) -> dict[str, Optional[floa
     }
 
 
-@click.command("e2e")
+@click.command("e2e", epilog=exit_codes())
 @click.option("--task", default="sort4", show_default=True)
 @click.option("--target", type=float, default=0.8, show_default=True)
 @click.option("--timeout-s", type=float, default=300.0, show_default=True)

@@ -32,6 +32,8 @@ from typing import Any, Optional
 
 import click
 
+from yeto_core.cli import exit_codes
+
 ROOT = Path(__file__).resolve().parents[4]
 
 
@@ -209,7 +211,7 @@ def run(
     }
 
 
-@click.command("engine")
+@click.command("engine", epilog=exit_codes())
 @click.option("--engine", "engine_name", default="vllm", show_default=True)
 @click.option("--python", default=None, help="The server's interpreter (default: build/vllm-venv).")
 @click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True)

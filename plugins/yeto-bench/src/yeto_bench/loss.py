@@ -46,6 +46,7 @@ import click
 from yeto_bench.e2e import WINDOW, time_to_target
 from yeto_bench.head_proc import start_head, stop_head
 from yeto_bench.run_toml import bench_run_toml
+from yeto_core.cli import exit_codes
 
 DEFAULT_LOSSES = ("ppo-clip", "decoupled", "tis")
 
@@ -259,7 +260,7 @@ def _option(text: str) -> tuple[str, Any]:
         return key.strip(), value
 
 
-@click.command("loss")
+@click.command("loss", epilog=exit_codes())
 @click.option("--task", default="sort4", show_default=True)
 @click.option(
     "--losses",

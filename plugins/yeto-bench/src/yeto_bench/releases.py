@@ -39,6 +39,8 @@ from typing import Any, Optional
 
 import click
 
+from yeto_core.cli import exit_codes
+
 ROOT = Path(__file__).resolve().parents[4]
 QUICKSTART = ROOT / "examples" / "quickstart" / "run.toml"
 
@@ -292,7 +294,7 @@ def run_lr(
     }
 
 
-@click.command("releases")
+@click.command("releases", epilog=exit_codes())
 @click.option("--hidden", type=click.IntRange(min=64), default=1024, show_default=True)
 @click.option("--layers", type=click.IntRange(min=1), default=6, show_default=True)
 @click.option(

@@ -34,6 +34,7 @@ from typing import Any, Optional
 import click
 import numpy as np
 
+from yeto_core.cli import exit_codes
 from yeto_core.ports import ObjectStore
 
 
@@ -326,7 +327,7 @@ def run(
     return out
 
 
-@click.command("scale")
+@click.command("scale", epilog=exit_codes())
 @click.option("--islands", default="1,10,100,1000", show_default=True, help="Island counts.")
 @click.option(
     "--store",

@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 import click
 
+from yeto_core.cli import exit_codes
 from yeto_core.ports import TrainerLifecycle
 from yeto_core.records import LifecycleState
 from yeto_core.release.store import ReleaseStore
@@ -324,7 +325,7 @@ def _add_budget_results(out: dict[str, Any], *, budgeted: bool) -> None:
         ]
 
 
-@click.command("scheduler")
+@click.command("scheduler", epilog=exit_codes())
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the default output).")
 @click.option(
     "--trace",

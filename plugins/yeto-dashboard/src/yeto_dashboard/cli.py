@@ -7,8 +7,14 @@ from typing import Optional
 
 import click
 
+from yeto_core.cli import exit_codes
 
-@click.command()
+
+@click.command(
+    epilog=exit_codes(
+        {1: "RUN cannot be read, or the export or the server failed (the message says why)"}
+    )
+)
 @click.argument("run_ref", metavar="RUN")
 @click.option(
     "--run-id",

@@ -45,9 +45,12 @@ def store_url_and_options(config: Any) -> tuple[Optional[str], dict[str, Any]]:
 
 
 @hookimpl
-def yeto_preflight(config, report):
+def yeto_preflight(config, report, offline):
     url, options = store_url_and_options(config)
     if url is None or not url.startswith("s3://"):
+        return
+    if offline:
+        report.warn(CHECK_NAME, f"{url}: bucket not contacted (--offline)")
         return
     from yeto_s3.store import S3Store
 

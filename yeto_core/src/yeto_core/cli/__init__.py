@@ -65,15 +65,43 @@ def resolve_run(run: str) -> tuple[Any, Any]:
         raise click.UsageError(str(exc)) from None
 
 
+def resolve_started_run(run: str) -> tuple[Any, Any]:
+    """``RUN`` as (run dir, config) for a command that reads what a run wrote (``cost``,
+    ``ledger check``, ``buffer stats``): a run that never ran is an error (exit 2), as
+    for ``yeto run status``, and nothing is created for it."""
+    from yeto_core.errors import ConfigError
+    from yeto_core.head.run_dir import CONFIG_FILE
+
+    path, config = resolve_run(run)
+    if not (path / CONFIG_FILE).is_file():
+        raise ConfigError(
+            f"the run {config.name!r} never ran: its run dir {str(path)!r} holds no "
+            f"{CONFIG_FILE} (`yeto run up CONFIG` starts it)"
+        )
+    return path, config
+
+
 def resolve_store_url(ref: str) -> str:
-    """A store URL, or the store of ``RUN``; a usage error when ``ref`` is neither."""
+    """A store URL or store directory, or the store of ``RUN`` (a run that ran); a usage
+    error when ``ref`` is neither, a config error (exit 2) when the run never ran or the
+    store directory does not exist (nothing is created for it)."""
+    from pathlib import Path
+
     from yeto_core.errors import ConfigError
     from yeto_core.head.run_dir import resolve_store_url as _resolve
 
     try:
-        return _resolve(ref)
+        url = _resolve(ref)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
+    if url != ref:  # the store of a RUN
+        resolve_started_run(ref)
+    if "://" not in url or url.startswith("file:"):
+        from yeto_core.stores.dir_store import path_from_file_url
+
+        if not Path(path_from_file_url(url)).is_dir():
+            raise ConfigError(f"no store at {url!r}: the directory does not exist")
+    return url
 
 
 def _print_version(ctx: click.Context, _param: Any, value: bool) -> None:
@@ -83,15 +111,78 @@ def _print_version(ctx: click.Context, _param: Any, value: bool) -> None:
 
     click.echo(f"yeto {__version__}")
     for info in get_plugins().infos():
-        status = f"  [error: {info.error}]" if info.error else ""
+        status = (
+            "  [disabled]" if info.disabled else f"  [error: {info.error}]" if info.error else ""
+        )
         click.echo(f"  {info.name} ({info.distribution} {info.version}){status}")
     ctx.exit()
 
 
+def error(message: str) -> None:
+    """Print a user error in the one style of every command: ``yeto: error: …`` on stderr."""
+    click.echo(f"yeto: error: {message}", err=True)
+
+
+#: the usual exit codes of a command (``exit_codes`` adds a command's own)
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def exit_codes(codes: Optional[dict[int, str]] = None) -> str:
+    """The "Exit codes" section of a command's help (its epilog): 0, 1 and 2, which
+    every command shares, then ``codes`` (a command's own, or other meanings)."""
+    merged = {
+        EXIT_OK: "success",
+        EXIT_FAILED: "failed (the message says why)",
+        EXIT_USAGE: "usage, config or plugin error (the message says which)",
+        **(codes or {}),
+    }
+    rows = "\n".join(f"  {code:<3} {text}" for code, text in sorted(merged.items()))
+    return f"\b\nExit codes:\n{rows}"
+
+
 class RootGroup(LazyGroup):
+    """The ``yeto`` group: plugin commands, and every error printed as ``yeto: error: …``."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, lazy=COMMANDS, **kwargs)
         self._plugins_added = False
+
+    def main(  # type: ignore[override]
+        self,
+        args: Any = None,
+        prog_name: Optional[str] = None,
+        complete_var: Optional[str] = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        """Run the CLI; in standalone mode (the ``yeto`` script, ``CliRunner``) every user
+        error is printed as ``yeto: error: …`` on stderr (click's own errors included) and
+        exits with its code: 2 for a usage, config or plugin error."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        from yeto_core.errors import YetoError
+
+        try:
+            rv = super().main(args, prog_name or "yeto", complete_var, False, **extra)
+        except click.exceptions.Abort:
+            error("aborted")
+            sys.exit(130)
+        except click.UsageError as exc:
+            if exc.ctx is not None:
+                click.echo(exc.ctx.get_usage(), err=True)
+                names = exc.ctx.help_option_names
+                if exc.cmd is not None and names:
+                    click.echo(f"Try '{exc.ctx.command_path} {names[0]}' for help.", err=True)
+            error(exc.format_message())
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            error(exc.format_message())
+            sys.exit(exc.exit_code)
+        except YetoError as exc:
+            error(str(exc))
+            sys.exit(EXIT_USAGE)
+        # non-standalone click returns the code of an explicit ctx.exit(code) (--help: 0)
+        sys.exit(rv if type(rv) is int else EXIT_OK)
 
     def _add_plugin_commands(self) -> None:
         if self._plugins_added:
@@ -127,19 +218,5 @@ def cli() -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """Entry point of the ``yeto`` script."""
-    from yeto_core.errors import YetoError
-
-    try:
-        cli.main(args=argv, prog_name="yeto", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except YetoError as exc:
-        click.echo(f"yeto: error: {exc}", err=True)
-        sys.exit(2)
+    """Entry point of the ``yeto`` script (errors: :meth:`RootGroup.main`)."""
+    cli.main(args=argv, prog_name="yeto")

@@ -6,14 +6,18 @@ import json
 
 import click
 
+from yeto_core.cli import exit_codes
+
 
 @click.group()
 def buffer() -> None:
     """Inspect the durable sample buffer of a run's store."""
 
 
-@buffer.command()
-@click.argument("store_url")
+@buffer.command(
+    epilog=exit_codes({2: "RUN is not a run, a store URL or a store directory, or never ran"})
+)
+@click.argument("run", metavar="RUN")
 @click.option("--prefix", default="buffer", show_default=True, help="Key prefix of the buffer.")
 @click.option(
     "--layout",
@@ -23,16 +27,16 @@ def buffer() -> None:
     help="Index layout the run uses.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
-def stats(store_url: str, prefix: str, layout: str, as_json: bool) -> None:
-    """Backlog, watermark, head position, stale counts and data end of a run's buffer.
+def stats(run: str, prefix: str, layout: str, as_json: bool) -> None:
+    """Backlog, watermark, head position, stale counts and data end of RUN's buffer.
 
-    STORE_URL is a store URL, or RUN (a run dir or a run config) for its store.
+    RUN is a run dir or a run config (TOML); a store URL or a store directory works too.
     """
     from yeto_core.buffer.sample_buffer import open_buffer
     from yeto_core.cli import resolve_store_url
     from yeto_core.plugins import get_plugins
 
-    store_url = resolve_store_url(store_url)
+    store_url = resolve_store_url(run)
     store = get_plugins().open_store(store_url)
     buf = open_buffer(store, prefix=prefix, layout=layout, read_only=True)
     try:

@@ -7,19 +7,21 @@ from typing import Any
 
 import click
 
+from yeto_core.cli import exit_codes
+
 
 def cost_report(run: str) -> dict[str, Any]:
     """Spend by island, role, provider and incarnation, and $ per trained group,
     release and reward point, from the run's store (any machine that reaches it)."""
     import attrs
 
-    from yeto_core.cli import resolve_run
+    from yeto_core.cli import resolve_started_run
     from yeto_core.cost.ledger import COST_FILE, cost_figures, read_lines, read_store_lines, spend
     from yeto_core.events.stream import read_all
     from yeto_core.events.summary import summarize
     from yeto_core.plugins import get_plugins
 
-    path, config = resolve_run(run)
+    path, config = resolve_started_run(run)
     store = get_plugins().open_store(config.store_url())
     lines = read_store_lines(store)
     source = "store"
@@ -50,17 +52,17 @@ def cost_report(run: str) -> dict[str, Any]:
     return out
 
 
-@click.command()
+@click.command(epilog=exit_codes({2: "RUN is neither a run dir nor a run config, or never ran"}))
 @click.argument("run", metavar="RUN")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def cost(run: str, as_json: bool) -> None:
     """What RUN (a run dir or its config) cost: by island, role and provider, and $ per
     trained group, per release and per reward point, from the resource ledger in its store;
     and what each provider's platform billed, where it reports it."""
-    from yeto_core.cli import resolve_run
+    from yeto_core.cli import resolve_started_run
 
     r = cost_report(run)
-    billed = billed_by_provider(*resolve_run(run))
+    billed = billed_by_provider(*resolve_started_run(run))
     if billed:
         r["billed"] = billed
     if as_json:
@@ -74,10 +76,13 @@ def cost(run: str, as_json: bool) -> None:
         )
     for what in ("by_island", "by_role", "by_provider"):
         parts = ", ".join(f"{k} ${v:.4f}" for k, v in r[what].items())
-        click.echo(f"{what.replace('_', ' '):12} {parts}")
+        click.echo(f"{what.replace('_', ' '):12} {parts or '-'}")
 
     def money(v: Any) -> str:
         return "n/a" if v is None else f"${v:.6f}"
+
+    def count(v: Any) -> str:  # a figure the run has not produced yet is n/a, never None
+        return "n/a" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
 
     click.echo(
         f"total        ${r['usd_total']:.4f}"
@@ -88,10 +93,11 @@ def cost(run: str, as_json: bool) -> None:
         )
     )
     click.echo(
-        f"per trained group {money(r['usd_per_trained_group'])} ({r['groups_trained']} groups), "
-        f"per release {money(r['usd_per_release'])} ({r['releases_published']}), "
+        f"per trained group {money(r['usd_per_trained_group'])} "
+        f"({count(r['groups_trained'])} groups), "
+        f"per release {money(r['usd_per_release'])} ({count(r['releases_published'])}), "
         f"per reward point {money(r['usd_per_reward_point'])} "
-        f"({r['reward_points_gained']} points gained)"
+        f"({count(r['reward_points_gained'])} points gained)"
     )
     for provider, handles in billed.items():
         click.echo(f"billed by the {provider!r} provider (its platform's records):")

@@ -8,19 +8,23 @@ from typing import Any, Optional
 
 import click
 
+from yeto_core.cli import exit_codes
+
 
 @click.group()
 def ledger() -> None:
     """The batch ledger: which buffer positions every trained round consumed."""
 
 
-@ledger.command()
+@ledger.command(
+    epilog=exit_codes({2: "RUN is not a run, a store URL or a store directory, or never ran"})
+)
 @click.argument("run", metavar="RUN")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def check(run: str, as_json: bool) -> None:
     """Check RUN's ledger against its buffer: nothing trained twice or skipped silently.
 
-    RUN is a run dir or a run config (TOML); a store URL works too.
+    RUN is a run dir or a run config (TOML); a store URL or a store directory works too.
     """
     from yeto_core.buffer.ledger import BatchLedger
     from yeto_core.buffer.sample_buffer import open_buffer
@@ -40,8 +44,16 @@ def _table(info: dict[str, Any]) -> str:
     return "\n".join(f"{k:>10}: {v}" for k, v in info.items())
 
 
-@ledger.command()
-@click.argument("run")
+@ledger.command(
+    epilog=exit_codes(
+        {
+            0: "the replayed weights equal the newest cut's, bitwise",
+            1: "the replayed weights differ from the cut's (or the replay failed)",
+            2: "RUN is neither a run dir nor a run config, or never ran",
+        }
+    )
+)
+@click.argument("run", metavar="RUN")
 @click.option(
     "--backend",
     default=None,
@@ -60,17 +72,16 @@ def replay(
     """Replay RUN's ledger from the base and compare the weights with the newest cut, bitwise.
 
     RUN is a run dir or a run config (TOML), as for every command. The backend
-    comes from the plugin manager (``torch`` is registered by yeto-torch).
-    Exits 1 when the replayed weights differ from the cut's.
+    comes from the plugin manager ('torch' is registered by yeto-torch).
     """
     from yeto_core.buffer.ledger import BatchLedger
     from yeto_core.buffer.ledger_replay import replay as do_replay
     from yeto_core.buffer.sample_buffer import open_buffer
-    from yeto_core.cli import resolve_run
+    from yeto_core.cli import resolve_started_run
     from yeto_core.plugins import get_plugins
     from yeto_core.trainer.cut import CutStore
 
-    _run_dir, config = resolve_run(run)
+    _run_dir, config = resolve_started_run(run)
     plugins = get_plugins()
     url = store_url or config.store_url()
     name = backend or config.trainer.backend

@@ -7,12 +7,14 @@ import json
 import attrs
 import click
 
+from yeto_core.cli import exit_codes
 
-@click.command()
+
+@click.command(epilog=exit_codes())
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
 def plugins(as_json: bool) -> None:
     """List installed plugins, what they provide, and load errors."""
-    from yeto_core.plugins import get_plugins
+    from yeto_core.plugins import DISABLE_ENV, get_plugins
 
     infos = get_plugins().infos()
     if as_json:
@@ -33,5 +35,7 @@ def plugins(as_json: bool) -> None:
             f"{port}: {', '.join(names)} (planned)" for port, names in info.planned.items()
         )
         provides = "\n".join(p for p in (provides, planned) if p)
+        if info.disabled:
+            provides = f"disabled ({DISABLE_ENV})"
         table.add_row(info.name, info.distribution, info.version, provides or "-", info.error or "")
     Console().print(table)

@@ -10,6 +10,8 @@ from typing import Any, Optional
 
 import click
 
+from yeto_core.cli import exit_codes
+
 
 @click.group()
 def run() -> None:
@@ -92,66 +94,87 @@ def status_table(s: dict[str, Any]) -> Any:
     return table
 
 
-@run.command()
+_UP_EXIT_CODES = {
+    0: "finished, or stopped by `yeto run down`; with --dry-run: every check passed",
+    1: "failed (see the message and the run dir's logs/)",
+    2: "config or plugin error; nothing started",
+    3: "a preflight check failed; nothing started",
+    4: "stopped by the cost guard at the budget (docs/cost.md)",
+    5: "stopped by the wall-clock backstop",
+    6: "stopped by the silence backstop",
+    7: "another head runs on this run dir",
+    8: "stopped by a run health breaker ([breakers])",
+    9: "fenced: another head took the run's lease; this one stopped without writing",
+    130: "interrupted (Ctrl-C); the run was stopped cleanly",
+}
+
+
+@run.command(epilog=exit_codes(_UP_EXIT_CODES))
 @click.argument("config_path", metavar="CONFIG", type=click.Path())
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Overrides run_dir in CONFIG.")
-@click.option("--dry-run", is_flag=True, help="Print the plan and the checks; start nothing.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print the plan and the checks; start nothing and leave no directory behind.",
+)
 @click.option(
     "--offline",
     is_flag=True,
-    help="With --dry-run: skip the store's write probe (the one check that needs the "
-    "store's service and its credentials); every other check runs.",
+    help="With --dry-run: contact no service (the store is not opened, only its URL scheme "
+    "resolved; plugins skip their network checks, e.g. yeto-s3's bucket probe); every "
+    "other check runs.",
 )
-def up(config_path: str, run_dir: Optional[str], dry_run: bool, offline: bool) -> None:
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="With --dry-run: print the plan and the preflight checks as one JSON object.",
+)
+def up(
+    config_path: str, run_dir: Optional[str], dry_run: bool, offline: bool, as_json: bool
+) -> None:
     """Start the run of CONFIG (or continue it in its run dir).
 
-    CONFIG is a run config (TOML), or RUN: a run dir a head already ran in
-    (its config.json is continued).
-
-    \b
-    Exit codes:
-      0   finished, or stopped by `yeto run down`
-      1   failed (see the message and the run dir's logs/)
-      2   config or plugin error; nothing started
-      3   a preflight check failed; nothing started
-      4   stopped by the cost guard at the budget (docs/cost.md)
-      5   stopped by the wall-clock backstop
-      6   stopped by the silence backstop
-      7   another head runs on this run dir
-      8   stopped by a run health breaker ([breakers])
-      130 interrupted (Ctrl-C); the run was stopped cleanly
+    CONFIG is a run config (TOML), or a run dir a head already ran in (its
+    config.json is continued).
     """
+    from yeto_core.cli import error
     from yeto_core.config.load import load_config
     from yeto_core.config.preflight import run_preflight
     from yeto_core.head import run as run_mod
     from yeto_core.plugins import get_plugins
 
+    if offline and not dry_run:
+        raise click.UsageError("--offline only goes with --dry-run: a run needs its store")
+    if as_json and not dry_run:
+        raise click.UsageError(
+            "--json only goes with --dry-run (`yeto run status --json` shows a running run)"
+        )
     if Path(config_path).is_dir() and run_dir is None:
         from yeto_core.cli import resolve_run
 
         _dir, config = resolve_run(config_path)
     else:
         config = load_config(config_path, run_dir=run_dir)
-    if offline and not dry_run:
-        raise click.UsageError("--offline only goes with --dry-run: a run needs its store")
     plugins = get_plugins()
-    report = run_preflight(config, plugins, store=not offline)
-    if offline:
-        report.warn("store", f"{config.store_url()} not probed (--offline)")
-    click.echo(plan_text(config))
-    click.echo("preflight:")
-    click.echo(report.render())
+    report = run_preflight(config, plugins, offline=offline, dry_run=dry_run)
+    if as_json:
+        out = {"plan": plan_dict(config), "checks": report.to_json(), "passed": report.passed}
+        click.echo(json.dumps(out, indent=2, sort_keys=True))
+    else:
+        click.echo(plan_text(config))
+        click.echo("preflight:")
+        click.echo(report.render())
     if dry_run:
         sys.exit(run_mod.EXIT_OK if report.passed else run_mod.EXIT_PREFLIGHT)
     if not report.passed:
-        click.echo("yeto: preflight failed; nothing was started", err=True)
+        error("preflight failed; nothing was started")
         sys.exit(run_mod.EXIT_PREFLIGHT)
     other = run_mod.live_head(Path(config.run_dir))
     if other is not None and not _lease_lapsed(plugins, config):
-        click.echo(
-            f"yeto: another head (pid {other['pid']}) runs on {config.run_dir}; "
-            f"`yeto run down {config.run_dir}` stops it",
-            err=True,
+        error(
+            f"another head (pid {other['pid']}) runs on {config.run_dir}; "
+            f"`yeto run down {config.run_dir}` stops it"
         )
         sys.exit(run_mod.EXIT_BUSY)
     finished = run_mod.read_json(Path(config.run_dir) / run_mod.FINISHED_FILE)
@@ -176,6 +199,46 @@ def up(config_path: str, run_dir: Optional[str], dry_run: bool, offline: bool) -
     click.echo(summary_text(summary, Path(config.run_dir)))
     click.echo(f"exit {code}: {run_mod.EXIT_CODES.get(code, '')}")
     sys.exit(code)
+
+
+def plan_dict(config: Any) -> dict[str, Any]:
+    """What ``run up`` will start, as data (``--dry-run --json``)."""
+    t, b = config.trainer, config.backstops
+    return {
+        "run": config.name,
+        "source": str(config.source),
+        "run_dir": str(config.run_dir),
+        "store": config.store_url(),
+        "model": str(config.model.path),
+        "task": config.task.name,
+        "samplers": [
+            {
+                "island": island,
+                "engine": s.engine,
+                "provider": s.provider,
+                "group_size": s.group_size,
+                "backlog_cap": s.backlog_cap,
+                "min_round_s": s.min_round_s,
+                "price_per_hour": s.price_per_hour,
+            }
+            for island, s in config.sampler_islands()
+        ],
+        "trainer": {
+            "name": t.name,
+            "backend": t.backend,
+            "provider": t.provider,
+            "groups_per_round": t.groups_per_round,
+            "max_policy_age": t.max_policy_age,
+            "total_rounds": t.total_rounds,
+            "price_per_hour": t.price_per_hour,
+        },
+        "scheduler": {"name": config.scheduler.name, "options": dict(config.scheduler.options)},
+        "backstops": {
+            "budget_usd": b.budget_usd,
+            "wall_clock_s": b.wall_clock_s,
+            "silence_s": b.silence_s,
+        },
+    }
 
 
 def plan_text(config: Any) -> str:
@@ -240,16 +303,17 @@ def _run_dir_of(run: str) -> Path:
     return resolve_run(run)[0]
 
 
-@run.command()
+@run.command(epilog=exit_codes({2: "RUN is neither a run dir nor a run config, or never ran"}))
 @click.argument("run_ref", metavar="RUN")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def status(run_ref: str, as_json: bool) -> None:
     """Show the state of RUN (a run dir or its config), from any terminal."""
+    from yeto_core.cli import resolve_started_run
     from yeto_core.cost.ledger import CostLedger
     from yeto_core.head import run as run_mod
     from yeto_core.head.run_dir import load_run_config
 
-    run_dir = _run_dir_of(run_ref)
+    run_dir = resolve_started_run(run_ref)[0]
     st = run_mod.read_json(run_dir / run_mod.STATUS_FILE) or {}
     head = run_mod.live_head(run_dir)
     out = dict(st)
@@ -278,30 +342,57 @@ def status(run_ref: str, as_json: bool) -> None:
         click.echo(summary_text(summary, run_dir))
 
 
-@run.command()
+@run.command(
+    epilog=exit_codes(
+        {
+            0: "the head stopped (or none was running: nothing to stop)",
+            1: "the head did not stop within --timeout",
+        }
+    )
+)
 @click.argument("run_ref", metavar="RUN")
 @click.option("--wait/--no-wait", default=True, help="Wait until the head has stopped.")
 @click.option("--timeout", "timeout_s", default=600.0, show_default=True, help="Seconds to wait.")
-def down(run_ref: str, wait: bool, timeout_s: float) -> None:
-    """Stop RUN cleanly (final cut, samplers stopped) from another terminal."""
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def down(run_ref: str, wait: bool, timeout_s: float, as_json: bool) -> None:
+    """Stop RUN (a run dir or its config) cleanly (final cut, samplers stopped) from
+    another terminal."""
     from yeto_core.head import run as run_mod
 
     run_dir = _run_dir_of(run_ref)
     head = run_mod.live_head(run_dir)
+    out: dict[str, Any] = {
+        "run_dir": str(run_dir),
+        "head_pid": head["pid"] if head else None,
+        "requested": False,
+        "stopped": None,
+        "stop_reason": None,
+    }
+
+    def say(msg: str) -> None:
+        if not as_json:
+            click.echo(msg)
+
     if head is None:
-        click.echo(f"{run_dir}: no head is running; nothing to stop")
-        return
-    run_mod.request_down(run_dir)
-    click.echo(f"asked the head (pid {head['pid']}) to stop")
-    if not wait:
-        return
-    deadline = time.monotonic() + timeout_s
-    while run_mod.live_head(run_dir) is not None:
-        if time.monotonic() > deadline:
-            raise click.ClickException(f"the head did not stop within {timeout_s:g} s")
-        time.sleep(0.2)
-    st = run_mod.read_json(run_dir / run_mod.STATUS_FILE) or {}
-    click.echo(f"stopped: {st.get('stop_reason', 'down')}")
+        say(f"{run_dir}: no head is running; nothing to stop")
+    else:
+        run_mod.request_down(run_dir)
+        out["requested"] = True
+        say(f"asked the head (pid {head['pid']}) to stop")
+    if head is not None and wait:
+        deadline = time.monotonic() + timeout_s
+        while run_mod.live_head(run_dir) is not None:
+            if time.monotonic() > deadline:
+                if as_json:
+                    out["stopped"] = False
+                    click.echo(json.dumps(out, indent=2, sort_keys=True))
+                raise click.ClickException(f"the head did not stop within {timeout_s:g} s")
+            time.sleep(0.2)
+        st = run_mod.read_json(run_dir / run_mod.STATUS_FILE) or {}
+        out["stopped"], out["stop_reason"] = True, st.get("stop_reason", "down")
+        say(f"stopped: {out['stop_reason']}")
+    if as_json:
+        click.echo(json.dumps(out, indent=2, sort_keys=True))
 
 
 def _lease_lapsed(plugins: Any, config: Any) -> bool:

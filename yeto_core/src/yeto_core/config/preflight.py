@@ -94,6 +94,19 @@ def check_store(config: RunConfig, plugins: Any, report: Report) -> None:
     report.ok("store", f"{url} is reachable and writable ({type(store).PLUGIN_NAME})")
 
 
+def check_store_scheme(config: RunConfig, plugins: Any, report: Report) -> None:
+    """``--offline``: the store's URL scheme resolves to an installed store (nothing opened)."""
+    url = config.store_url()
+    try:
+        cls = plugins.store_class_for_url(url)
+    except YetoError as exc:
+        report.fail("store", f"cannot open {url!r}: {exc}")
+        return
+    report.warn(
+        "store", f"{url} not probed (--offline); its scheme selects the {cls.PLUGIN_NAME!r} store"
+    )
+
+
 def check_run_dir(config: RunConfig, report: Report) -> None:
     """The run dir exists or can be created, and is writable."""
     path = Path(config.run_dir)
@@ -106,6 +119,40 @@ def check_run_dir(config: RunConfig, report: Report) -> None:
         report.fail("run_dir", f"{str(path)!r} is not writable")
         return
     report.ok("run_dir", str(path))
+
+
+def _missing_dirs(path: Path) -> list[Path]:
+    """``path`` and its ancestors that do not exist yet, deepest first."""
+    out = []
+    for p in (path, *path.parents):
+        if p.exists():
+            break
+        out.append(p)
+    return out
+
+
+def _remove_empty(dirs: list[Path]) -> None:
+    """Remove each of ``dirs`` (deepest first) that is an empty directory."""
+    for d in dirs:
+        try:
+            d.rmdir()
+        except OSError:  # not empty, or already gone: keep it
+            pass
+
+
+def _local_store_dirs(url: str) -> list[Path]:
+    """Directories a check of a local (``dir``) store at ``url`` could create: the
+    store's root and its missing ancestors, and the probe's ``preflight`` prefix."""
+    if "://" in url and not url.startswith("file:"):
+        return []
+    from yeto_core.stores.dir_store import path_from_file_url
+
+    try:
+        root = Path(path_from_file_url(url)).absolute()
+    except YetoError:
+        return []
+    probe = root / "preflight"
+    return ([probe] if not probe.exists() else []) + _missing_dirs(root)
 
 
 def _resolve(plugins: Any, report: Report, check: str, port: str, name: str) -> Optional[type]:
@@ -257,20 +304,39 @@ def check_consistency(config: RunConfig, report: Report) -> None:
             )
 
 
-def run_preflight(config: RunConfig, plugins: Any, *, store: bool = True) -> Report:
+def run_preflight(
+    config: RunConfig,
+    plugins: Any,
+    *,
+    store: bool = True,
+    offline: bool = False,
+    dry_run: bool = False,
+) -> Report:
     """All core checks, then every plugin's ``yeto_preflight``.
 
     :param config: the run config.
     :param plugins: a :class:`~yeto_core.plugins.Plugins`.
     :param store: probe the store (off for ``yeto run status``).
+    :param offline: contact no service (``--offline``): the store's URL scheme must
+        resolve, but the store is not opened; plugins' checks get ``offline=True``.
+    :param dry_run: leave no directory behind (``--dry-run``): the run dir and a local
+        store's directories the checks create are removed again when empty.
     """
     report = Report()
-    check_run_dir(config, report)
-    if store:
-        check_store(config, plugins, report)
-    check_plugins(config, plugins, report)
-    check_consistency(config, report)
-    plugins.preflight(config, report)
+    made = _missing_dirs(Path(config.run_dir).absolute()) if dry_run else []
+    if dry_run and store and not offline:
+        made = _local_store_dirs(config.store_url()) + made
+    try:
+        check_run_dir(config, report)
+        if offline:
+            check_store_scheme(config, plugins, report)
+        elif store:
+            check_store(config, plugins, report)
+        check_plugins(config, plugins, report)
+        check_consistency(config, report)
+        plugins.preflight(config, report, offline=offline)
+    finally:
+        _remove_empty(sorted(made, key=lambda p: len(p.parts), reverse=True))
     return report
 
 
