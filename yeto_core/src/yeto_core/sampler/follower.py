@@ -190,7 +190,7 @@ class PolicyFollower:
             except ReleaseError as exc:
                 self._pending = None
                 shutil.rmtree(dest, ignore_errors=True)
-                return self._refuse(rel, getattr(exc, "reason", "digest_mismatch"), str(exc))
+                return self._refuse(rel, exc.reason, str(exc))
             if self._update_lock.acquire(blocking=False):
                 try:
                     return self._load(rel, fetched, forced=False, waited=self.clock() - first_seen)
