@@ -11,13 +11,14 @@ import threading
 
 import pytest
 
+from yeto_core.sampler.follower import Follower
 from yeto_core.testing.fake_backend import MemoryBuffer
 from yeto_core.testing.fakes import Clock, digits_sampler
 
 PER_ROUND = 16
 
 
-class PacedFollower:
+class PacedFollower(Follower):
     """Serves ``engine.version`` and remembers load times; ``wait_version`` plays what
     happens while a sampler waits: ``load`` (the next release loads at once), ``none``
     (nothing comes: the clock runs out the timeout) or ``stop`` (the island is stopped)."""
