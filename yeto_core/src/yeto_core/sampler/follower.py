@@ -86,7 +86,9 @@ class FollowedReleases(Protocol):
     last_fetch: dict[str, Any]
 
     def latest(self) -> Any:
-        """The release ``LATEST.json`` names (None: none yet)."""
+        """The release ``LATEST.json`` names (None: none yet): a
+        :class:`~yeto_core.release.store.Release`, of which the follower reads
+        ``release_id``, ``version``, ``kind``, ``weight_checksum`` and ``info``."""
 
     def fetch(self, ref: Any, dest_dir: Any, *, have: Any = None) -> Path:
         """Download ``ref`` into ``dest_dir``, every file verified (raises
@@ -285,7 +287,7 @@ class PolicyFollower(Follower):
             path=str(dest),
             kind=rel.kind,
             weight_checksum=rel.weight_checksum,
-            info=dict(getattr(rel, "info", None) or {}),
+            info=dict(rel.info or {}),
         )
         t_load = time.monotonic()
         try:
@@ -384,13 +386,13 @@ class PolicyFollower(Follower):
             "fetch_s": round(time.monotonic() - t0, 6),
         }
 
-    def check_fingerprint(self, local: Any) -> tuple[str, Optional[fp.Check]]:
+    def check_fingerprint(self, local: LocalRelease) -> tuple[str, Optional[fp.Check]]:
         """Compare what the engine serves with ``local``'s fingerprint.
 
         :returns: ``("verified" | "mismatch", check)``, ``("unsupported", None)`` (the engine
             cannot score prompts) or ``("absent", None)`` (the release has no fingerprint).
         """
-        raw = (getattr(local, "info", None) or {}).get(fp.INFO_KEY)
+        raw = (local.info or {}).get(fp.INFO_KEY)
         if not raw:
             return "absent", None
         expected = fp.Fingerprint.from_json(raw)
