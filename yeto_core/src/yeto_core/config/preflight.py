@@ -12,13 +12,16 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import attrs
 
 from yeto_core import ports
 from yeto_core.config.load import RunConfig
 from yeto_core.errors import YetoError
+
+if TYPE_CHECKING:
+    from yeto_core.plugins import Plugins
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 
@@ -68,7 +71,7 @@ class Report:
         return "\n".join(lines)
 
 
-def check_store(config: RunConfig, plugins: Any, report: Report) -> None:
+def check_store(config: RunConfig, plugins: Plugins, report: Report) -> None:
     """The store opens, and a probe object can be written, read back and deleted."""
     url = config.store_url()
     try:
@@ -108,7 +111,7 @@ def check_run_dir(config: RunConfig, report: Report) -> None:
     report.ok("run_dir", str(path))
 
 
-def _resolve(plugins: Any, report: Report, check: str, port: str, name: str) -> Optional[type]:
+def _resolve(plugins: Plugins, report: Report, check: str, port: str, name: str) -> Optional[type]:
     try:
         cls = plugins.resolve(port, name)
     except YetoError as exc:
@@ -118,7 +121,7 @@ def _resolve(plugins: Any, report: Report, check: str, port: str, name: str) -> 
     return cls
 
 
-def check_plugins(config: RunConfig, plugins: Any, report: Report) -> None:
+def check_plugins(config: RunConfig, plugins: Plugins, report: Report) -> None:
     """Every port the config chooses resolves through the plugin manager.
 
     Engines, island providers (per sampler group and the trainer's), the backend,
@@ -137,13 +140,12 @@ def check_plugins(config: RunConfig, plugins: Any, report: Report) -> None:
     _resolve(plugins, report, "scheduler.name", ports.TrainerScheduler.PORT, config.scheduler.name)
     _resolve(plugins, report, "buffer.kind", ports.DurableSampleBuffer.PORT, config.buffer.kind)
     _resolve(plugins, report, "conversion.name", ports.ConversionPort.PORT, config.conversion.name)
-    if config.releases.deltas == "on" and hasattr(plugins, "release_codec"):
-        if plugins.release_codec() is None:
-            report.warn(
-                "releases.deltas",
-                '"on", but no installed plugin provides a release codec (yeto-torch ships '
-                "numpy-zstd): every release will be published full",
-            )
+    if config.releases.deltas == "on" and plugins.release_codec() is None:
+        report.warn(
+            "releases.deltas",
+            '"on", but no installed plugin provides a release codec (yeto-torch ships '
+            "numpy-zstd): every release will be published full",
+        )
     check_model(config, backend, report)
 
 
@@ -257,7 +259,7 @@ def check_consistency(config: RunConfig, report: Report) -> None:
             )
 
 
-def run_preflight(config: RunConfig, plugins: Any, *, store: bool = True) -> Report:
+def run_preflight(config: RunConfig, plugins: Plugins, *, store: bool = True) -> Report:
     """All core checks, then every plugin's ``yeto_preflight``.
 
     :param config: the run config.
