@@ -1,8 +1,8 @@
 """The interfaces around the policy follower, declared instead of probed.
 
-A sampler loop reads its follower through :class:`~yeto_core.sampler.follower.Follower`
+A sampler loop reads its follower through :class:`~yeto_core.sampler.interfaces.Follower`
 (optional members with defaults: no recorded loads, no wake-up on a load); a follower
-reads its release store through :class:`~yeto_core.sampler.follower.FollowedReleases`,
+reads its release store through :class:`~yeto_core.sampler.interfaces.FollowedReleases`,
 which the real :class:`~yeto_core.release.store.ReleaseStore` and the island's
 :class:`~yeto_core.sampler.room.SeenReleases` both are.
 """
@@ -18,7 +18,8 @@ import pytest
 from yeto_core.errors import ReleaseError
 from yeto_core.release.delta import DeltaError
 from yeto_core.release.store import ReleaseStore
-from yeto_core.sampler.follower import FollowedReleases, Follower, PolicyFollower
+from yeto_core.sampler.follower import PolicyFollower
+from yeto_core.sampler.interfaces import FollowedReleases, Follower
 from yeto_core.sampler.room import SeenReleases
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_backend import MemoryBuffer

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from yeto_core.sampler.follower import Follower
+from yeto_core.sampler.interfaces import Follower
 from yeto_core.testing.fake_backend import MemoryBuffer
 from yeto_core.testing.fakes import Clock, digits_sampler
 

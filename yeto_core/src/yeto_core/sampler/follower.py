@@ -38,9 +38,10 @@ the previous release back. ``release_loaded`` says ``verified: true`` with the
 deviation, or ``fingerprint: "unsupported"`` (the engine cannot score prompts)
 or ``"absent"`` (the release has none). Counters: ``verified``, ``unverified``.
 
-What the loop reads of a follower is :class:`Follower` (the base class of every
-follower: :class:`PolicyFollower`, and the test doubles of :mod:`yeto_core.testing`);
-what a follower reads of its release store is :class:`FollowedReleases` (a
+What the loop reads of a follower is :class:`~yeto_core.sampler.interfaces.Follower`
+(the base class of every follower: :class:`PolicyFollower`, and the test doubles of
+:mod:`yeto_core.testing`); what a follower reads of its release store is
+:class:`~yeto_core.sampler.interfaces.FollowedReleases` (a
 :class:`~yeto_core.release.store.ReleaseStore` is one).
 
 Engine contract used here: ``load_release(local)`` with a :class:`LocalRelease`
@@ -53,77 +54,22 @@ loaded again (or, before any, ``engine.restore_base()`` when it has one).
 
 from __future__ import annotations
 
-import abc
 import collections
 import contextlib
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Optional, Protocol, runtime_checkable
+from typing import Any, Optional
 
 import attrs
 
 from yeto_core.errors import ReleaseError
 from yeto_core.records import Event, LocalRelease
 from yeto_core.sampler import fingerprint as fp
+from yeto_core.sampler.interfaces import FollowedReleases, Follower
 from yeto_core.stage_profile import stage
-
-
-@runtime_checkable
-class FollowedReleases(Protocol):
-    """What a :class:`PolicyFollower` reads of its release store: a
-    :class:`~yeto_core.release.store.ReleaseStore` (or the sampler's
-    :class:`~yeto_core.sampler.room.SeenReleases` around one)."""
-
-    #: the object store that holds the releases (its watch on :attr:`prefix` wakes a poll)
-    store: Any
-    #: the key prefix of the releases (``releases``)
-    prefix: str
-    #: what the last :meth:`fetch` did (``encoding``, ``chain``, ``bytes``, ...; empty:
-    #: nothing to report)
-    last_fetch: dict[str, Any]
-
-    def latest(self) -> Any:
-        """The release ``LATEST.json`` names (None: none yet): a
-        :class:`~yeto_core.release.store.Release`, of which the follower reads
-        ``release_id``, ``version``, ``kind``, ``weight_checksum`` and ``info``."""
-
-    def fetch(self, ref: Any, dest_dir: Any, *, have: Any = None) -> Path:
-        """Download ``ref`` into ``dest_dir``, every file verified (raises
-        :class:`~yeto_core.errors.ReleaseError`)."""
-
-
-class Follower(abc.ABC):
-    """What a :class:`~yeto_core.sampler.loop.SamplerLoop` reads of its policy follower.
-
-    :class:`PolicyFollower` is the follower of an island; a test double serves an
-    engine's version by hand (:class:`~yeto_core.testing.fakes.EngineFollower`). The
-    members with a value here are optional: a follower that does not record its loads,
-    or cannot wake a waiter when one lands, keeps the default.
-    """
-
-    #: the policy version the engine serves now
-    version: int
-    #: whether the round that ended last had a forced load land in it (its samples
-    #: mixed two policies and are thrown away)
-    last_round_straddled: bool = False
-    #: clock times of the last loads, oldest first (a sampler reads the last two to
-    #: estimate when the next comes; empty: not recorded, no call waits for a load)
-    load_times: Sequence[float] = ()
-
-    @abc.abstractmethod
-    def round(self) -> contextlib.AbstractContextManager[int]:
-        """Hold the update lock for one round; yields the version served at its start."""
-
-    def wait_version(self, version: int, timeout: float) -> Optional[bool]:
-        """Wait until the engine serves ``version`` or newer, at most ``timeout`` seconds.
-
-        :returns: whether it does; None (this default): the follower cannot be woken by a
-            load, so the caller waits ``timeout`` on its own stop event and looks again.
-        """
-        return None
 
 
 @attrs.define
@@ -142,7 +88,7 @@ class PolicyFollower(Follower):
     """Follow the newest release of ``releases`` with ``engine``.
 
     :param releases: a :class:`~yeto_core.release.store.ReleaseStore`
-        (:class:`FollowedReleases`).
+        (:class:`~yeto_core.sampler.interfaces.FollowedReleases`).
     :param engine: a :class:`~yeto_core.ports.SamplerEngine`.
     :param work_dir: where releases are fetched (the current and previous are kept).
     :param reload_max_defer_s: the longest a round in progress may delay a load.

@@ -2,7 +2,7 @@
 
 Framework-neutral: it talks to a :class:`~yeto_core.ports.SamplerEngine`, a
 :class:`~yeto_core.ports.Task`, a :class:`~yeto_core.ports.DurableSampleBuffer`
-and (optionally) a :class:`~yeto_core.sampler.follower.Follower` (an island's
+and (optionally) a :class:`~yeto_core.sampler.interfaces.Follower` (an island's
 :class:`~yeto_core.sampler.follower.PolicyFollower`), whose update lock it holds for
 each round.
 
@@ -33,7 +33,7 @@ from typing import Any, Optional
 import numpy as np
 
 from yeto_core.records import Event, Sample, SampleGroup, SampleStatus, SamplingParams
-from yeto_core.sampler.follower import Follower
+from yeto_core.sampler.interfaces import Follower
 from yeto_core.sampler.room import SamplerRoom, room_report
 from yeto_core.stage_profile import PROFILE, stage
 from yeto_core.stores.parallel import in_background

@@ -297,7 +297,7 @@ class SeenReleases:
     The follower polls ``latest()``; the sampler loop reads :meth:`seen` (the trainer's
     newest release: version and buffer watermark) for ``fresh_only`` without a request
     of its own. It is the follower's
-    :class:`~yeto_core.sampler.follower.FollowedReleases`; every other attribute is the
+    :class:`~yeto_core.sampler.interfaces.FollowedReleases`; every other attribute is the
     wrapped store's.
     """
 
