@@ -1,9 +1,13 @@
-"""No ``getattr`` capability probe on a port object remains in yeto_core.
+"""No ``getattr``/``hasattr`` probe for a named attribute remains in yeto_core.
 
 An optional capability is a default method (or attribute) on its port, so the core
 calls it directly; ``getattr(obj, "name", default)`` with ``name`` a member of a port
-would hide a missing or misspelt capability behind the default. This walks every
-core module for ``getattr`` calls whose attribute is a literal naming a port member.
+would hide a missing or misspelt capability behind the default. The core's internal
+objects (the policy follower, the release store it follows, the sampler loop the drain
+guard wraps, an error's ``reason``) declare what they are read for the same way, as a
+protocol or a base class with defaults. This walks every core module for ``getattr``
+and ``hasattr`` calls whose attribute is a literal: a port member, or any attribute at
+all outside the short allow-list below.
 """
 
 from __future__ import annotations
@@ -53,6 +57,36 @@ def _probes(source: str, members: set[str]) -> list[tuple[int, str]]:
     return out
 
 
+#: The only literal probes the core keeps, by (module, attribute), with why: the open
+#: flags that a platform's ``os`` module may lack (Windows has neither).
+ALLOWED_PROBES = {
+    ("stores/files.py", "O_NOFOLLOW"): "os.O_NOFOLLOW is POSIX-only; 0 adds no flag",
+    ("stores/fsync.py", "O_DIRECTORY"): "os.O_DIRECTORY is POSIX-only; 0 adds no flag",
+}
+
+
+def _literal_probes(source: str) -> list[tuple[int, str]]:
+    """Every ``getattr``/``hasattr`` whose attribute is a literal string."""
+    return [
+        (node.lineno, node.args[1].value)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("getattr", "hasattr")
+        and len(node.args) >= 2
+        and isinstance(node.args[1], ast.Constant)
+        and isinstance(node.args[1].value, str)
+    ]
+
+
+def _core_literal_probes() -> dict[tuple[str, str], list[int]]:
+    found: dict[tuple[str, str], list[int]] = {}
+    for path in sorted(CORE.rglob("*.py")):
+        for line, name in _literal_probes(path.read_text()):
+            found.setdefault((path.relative_to(CORE).as_posix(), name), []).append(line)
+    return found
+
+
 def test_the_port_members_are_found():
     members = _port_members()
     assert {"prompt_logprobs", "vocab_size", "append_many", "watch", "local_root"} <= members
@@ -71,3 +105,38 @@ def test_no_core_module_probes_a_port_member_with_getattr():
         for line, name in _probes(path.read_text(), members)
     ]
     assert not found, "call the port's (default) member directly:\n" + "\n".join(found)
+
+
+def test_literal_probes_are_found():
+    assert _literal_probes('getattr(self.follower, "load_times", ())\n') == [(1, "load_times")]
+    assert _literal_probes('x = hasattr(plugins, "release_codec")\n') == [(1, "release_codec")]
+    assert _literal_probes('getattr(exc, "reason")\ngetattr(o, name, None)\n') == [(1, "reason")]
+    assert _literal_probes("getattr(o, 3, None)\nsetattr(o, 'x', 1)\n") == []
+
+
+def test_no_core_module_probes_an_attribute_by_name():
+    found = [
+        f"{module}:{line}: getattr/hasattr(..., {name!r})"
+        for (module, name), lines in sorted(_core_literal_probes().items())
+        if (module, name) not in ALLOWED_PROBES
+        for line in lines
+    ]
+    assert not found, (
+        "read the attribute directly, declared on the object's port, protocol or base class "
+        "(with a default where it is optional):\n" + "\n".join(found)
+    )
+
+
+def test_the_allowed_probes_are_few_present_and_commented():
+    assert len(ALLOWED_PROBES) <= 2
+    found = _core_literal_probes()
+    for (module, name), why in ALLOWED_PROBES.items():
+        assert why
+        lines = found.get((module, name))
+        assert lines, f"{module} no longer probes {name!r}: drop it from ALLOWED_PROBES"
+        assert len(lines) == 1, f"{module} probes {name!r} {len(lines)} times"
+        source = (CORE / module).read_text().splitlines()
+        at = lines[0] - 1
+        assert "#" in source[at] or source[at - 1].lstrip().startswith("#"), (
+            f"{module}:{lines[0]}: say in a comment why {name!r} is probed"
+        )

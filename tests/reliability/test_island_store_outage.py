@@ -237,3 +237,47 @@ def test_a_missing_key_is_not_an_outage(tmp_path):
     with pytest.raises(NotFoundError):
         store.get("nope")
     assert sleeps == [] and not transient(NotFoundError("x")) and transient(StoreError("503"))
+
+
+class _QueuedReports(RetryingStore):
+    """A retrying store whose outage reports are given, and whose takes are counted."""
+
+    def __init__(self, inner, reports):
+        super().__init__(inner)
+        self.queued, self.takes = list(reports), []
+
+    def take_reports(self):
+        self.takes.append(threading.current_thread().name)
+        out, self.queued = self.queued, []
+        return out
+
+
+class _ReenteringStream:
+    """Emits like an island's stream: each emit is observed at once, on the same thread."""
+
+    def __init__(self):
+        self.observe, self.emitted = None, []
+
+    def emit(self, kind, **data):
+        self.emitted.append(kind)
+        self.observe(types.SimpleNamespace(kind=kind, data=data))
+
+
+def test_the_outage_reports_are_emitted_once_and_each_thread_takes_its_own(tmp_path):
+    from yeto_core.islands.main import store_outage_reporter
+
+    store = _QueuedReports(DirStore(tmp_path / "s"), [{"op": "put"}, {"op": "get"}])
+    stream = _ReenteringStream()
+    seen = []
+    stream.observe = store_outage_reporter(stream, store, observer=seen.append)
+    stream.observe(types.SimpleNamespace(kind="round", data={}))
+    # the two reports' own events are observed while the reports are emitted: no take
+    assert stream.emitted == ["store_outage_survived", "store_outage_survived"]
+    assert [e.kind for e in seen] == ["round", *stream.emitted]
+    assert store.takes == ["MainThread"]
+    other = threading.Thread(
+        target=stream.observe, args=(types.SimpleNamespace(kind="x", data={}),), name="other"
+    )
+    other.start()
+    other.join()
+    assert store.takes == ["MainThread", "other"]  # another thread is not busy

@@ -11,13 +11,14 @@ import threading
 
 import pytest
 
+from yeto_core.sampler.interfaces import Follower
 from yeto_core.testing.fake_backend import MemoryBuffer
 from yeto_core.testing.fakes import Clock, digits_sampler
 
 PER_ROUND = 16
 
 
-class PacedFollower:
+class PacedFollower(Follower):
     """Serves ``engine.version`` and remembers load times; ``wait_version`` plays what
     happens while a sampler waits: ``load`` (the next release loads at once), ``none``
     (nothing comes: the clock runs out the timeout) or ``stop`` (the island is stopped)."""
@@ -157,3 +158,49 @@ def test_sync_rounds_never_waits_for_a_whole_call():
 def test_a_negative_wait_is_refused():
     with pytest.raises(ValueError, match="whole_call_wait_s=-1"):
         digits_sampler(MemoryBuffer(), whole_call_wait_s=-1)
+
+
+class UnwakingFollower(Follower):
+    """Records load times but keeps :class:`Follower`'s ``wait_version`` (it cannot be
+    woken by a load)."""
+
+    def __init__(self, engine, load_times):
+        self.engine = engine
+        self.load_times = collections.deque(load_times, maxlen=2)
+        self.asked = 0
+
+    @property
+    def version(self):
+        return self.engine.version
+
+    @contextlib.contextmanager
+    def round(self):
+        yield self.engine.version
+
+    def wait_version(self, version, timeout):
+        self.asked += 1
+        assert self.asked < 10, "the loop spins on a follower that cannot wake it"
+        return super().wait_version(version, timeout)
+
+
+class ClockStop(threading.Event):
+    """A stop event whose wait runs the settable clock out instead of sleeping."""
+
+    def __init__(self, clock):
+        super().__init__()
+        self.clock, self.waits = clock, []
+
+    def wait(self, timeout=None):
+        self.waits.append(round(timeout, 6))
+        self.clock.advance(timeout)
+        return self.is_set()
+
+
+def test_a_follower_that_cannot_wake_the_loop_makes_it_wait_on_its_stop():
+    loop, _follower, clock, _buf = loop_with_backlog(36)
+    loop.follower = follower = UnwakingFollower(loop.engine, (0.0, 0.05))
+    loop.stop = ClockStop(clock)
+    assert loop.wait_for_room()
+    assert follower.asked == 1
+    assert loop.stop.waits == [0.09]  # the same bounded slice, waited on the stop event
+    assert clock.t == pytest.approx(0.15) and loop.call_size == 6

@@ -54,4 +54,11 @@ class CutError(YetoError):
 
 
 class ReleaseError(YetoError):
-    """A policy release is incomplete or fails its digest or checksum check."""
+    """A policy release is incomplete or fails its digest or checksum check.
+
+    :attr:`reason` names the check that failed (a policy follower's ``release_refused``
+    event reports it): ``digest_mismatch`` unless a subclass sets another (a delta's
+    ``DeltaError`` sets one per check).
+    """
+
+    reason: str = "digest_mismatch"

@@ -12,13 +12,16 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import attrs
 
 from yeto_core import ports
 from yeto_core.config.load import RunConfig
 from yeto_core.errors import YetoError
+
+if TYPE_CHECKING:
+    from yeto_core.plugins import Plugins
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 
@@ -68,7 +71,7 @@ class Report:
         return "\n".join(lines)
 
 
-def check_store(config: RunConfig, plugins: Any, report: Report) -> None:
+def check_store(config: RunConfig, plugins: Plugins, report: Report) -> None:
     """The store opens, and a probe object can be written, read back and deleted."""
     url = config.store_url()
     try:
@@ -94,7 +97,7 @@ def check_store(config: RunConfig, plugins: Any, report: Report) -> None:
     report.ok("store", f"{url} is reachable and writable ({type(store).PLUGIN_NAME})")
 
 
-def check_store_scheme(config: RunConfig, plugins: Any, report: Report) -> None:
+def check_store_scheme(config: RunConfig, plugins: Plugins, report: Report) -> None:
     """``--offline``: the store's URL scheme resolves to an installed store (nothing opened)."""
     url = config.store_url()
     try:
@@ -155,7 +158,7 @@ def _local_store_dirs(url: str) -> list[Path]:
     return ([probe] if not probe.exists() else []) + _missing_dirs(root)
 
 
-def _resolve(plugins: Any, report: Report, check: str, port: str, name: str) -> Optional[type]:
+def _resolve(plugins: Plugins, report: Report, check: str, port: str, name: str) -> Optional[type]:
     try:
         cls = plugins.resolve(port, name)
     except YetoError as exc:
@@ -165,7 +168,7 @@ def _resolve(plugins: Any, report: Report, check: str, port: str, name: str) -> 
     return cls
 
 
-def check_plugins(config: RunConfig, plugins: Any, report: Report) -> None:
+def check_plugins(config: RunConfig, plugins: Plugins, report: Report) -> None:
     """Every port the config chooses resolves through the plugin manager.
 
     Engines, island providers (per sampler group and the trainer's), the backend,
@@ -184,13 +187,12 @@ def check_plugins(config: RunConfig, plugins: Any, report: Report) -> None:
     _resolve(plugins, report, "scheduler.name", ports.TrainerScheduler.PORT, config.scheduler.name)
     _resolve(plugins, report, "buffer.kind", ports.DurableSampleBuffer.PORT, config.buffer.kind)
     _resolve(plugins, report, "conversion.name", ports.ConversionPort.PORT, config.conversion.name)
-    if config.releases.deltas == "on" and hasattr(plugins, "release_codec"):
-        if plugins.release_codec() is None:
-            report.warn(
-                "releases.deltas",
-                '"on", but no installed plugin provides a release codec (yeto-torch ships '
-                "numpy-zstd): every release will be published full",
-            )
+    if config.releases.deltas == "on" and plugins.release_codec() is None:
+        report.warn(
+            "releases.deltas",
+            '"on", but no installed plugin provides a release codec (yeto-torch ships '
+            "numpy-zstd): every release will be published full",
+        )
     check_model(config, backend, report)
 
 
@@ -306,7 +308,7 @@ def check_consistency(config: RunConfig, report: Report) -> None:
 
 def run_preflight(
     config: RunConfig,
-    plugins: Any,
+    plugins: Plugins,
     *,
     store: bool = True,
     offline: bool = False,

@@ -242,6 +242,14 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
     return 0
 
 
+class _Busy(threading.local):
+    """Per thread: whether this thread is emitting the outage reports (an emit writes
+    through the store, whose reports must wait for the next event)."""
+
+    def __init__(self) -> None:
+        self.on = False
+
+
 def store_outage_reporter(stream: EventStream, store: Any, observer: Any = None) -> Any:
     """An observer for ``stream`` that also emits a ``store_outage_survived`` event for each
     store operation that succeeded after failures (:class:`~yeto_core.stores.retrying.
@@ -250,12 +258,12 @@ def store_outage_reporter(stream: EventStream, store: Any, observer: Any = None)
     from yeto_core.stores.retrying import RetryingStore
 
     take = store.take_reports if isinstance(store, RetryingStore) else None
-    busy = threading.local()
+    busy = _Busy()
 
     def observe(event: Event) -> None:
         if observer is not None:
             observer(event)
-        if take is None or getattr(busy, "on", False):
+        if take is None or busy.on:
             return
         busy.on = True
         try:

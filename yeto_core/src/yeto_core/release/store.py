@@ -103,6 +103,10 @@ class _PublisherView:
 class ReleaseStore(DeltaParentKeeping):
     """Publish, find and fetch policy releases.
 
+    A policy follower reads it as a
+    :class:`~yeto_core.sampler.interfaces.FollowedReleases` (``store``, ``prefix``,
+    ``last_fetch``, :meth:`latest`, :meth:`fetch`).
+
     :param store: the run's object store.
     :param prefix: key prefix (``releases``).
     :param emit: called with an :class:`~yeto_core.records.Event` per publication.

@@ -24,9 +24,12 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from yeto_core.records import Event
+
+if TYPE_CHECKING:
+    from yeto_core.sampler.loop import SamplerLoop
 
 #: The bound when ``[conversion] options`` sets no ``drain_bound_s``: below the ``local``
 #: provider's 10 s between SIGTERM and SIGKILL, so the island reports before any kill.
@@ -85,7 +88,8 @@ class _CountingBuffer:
 class DrainGuard:
     """Bound the drain of one :class:`~yeto_core.sampler.loop.SamplerLoop` (module docstring).
 
-    :param loop: the sampler loop (its ``buffer`` and ``run_round`` are wrapped).
+    :param loop: the sampler loop (its ``buffer`` and ``run_round`` are wrapped; its
+        ``prompts_per_call``, ``call_size`` and ``groups_discarded`` are read).
     :param stop: the loop's stop event.
     :param bound_s: how long the round in flight may take after the stop.
     :param emit: receives the ``sampler_drained`` event.
@@ -95,7 +99,7 @@ class DrainGuard:
 
     def __init__(
         self,
-        loop: Any,
+        loop: SamplerLoop,
         stop: threading.Event,
         bound_s: float,
         emit: Callable[[Event], None],
@@ -117,10 +121,11 @@ class DrainGuard:
         loop.buffer = self.buffer
         self._run_round = loop.run_round
         loop.run_round = self._guarded_round
-        self.round_groups = int(getattr(loop, "prompts_per_call", 0))
+        #: groups of a whole call (the loop's ``prompts_per_call``)
+        self.round_groups = int(loop.prompts_per_call)
         #: groups of the rounds begun (each round's call size, when it began)
         self.begun = 0
-        self._discarded_at_start = int(getattr(loop, "groups_discarded", 0))
+        self._discarded_at_start = int(loop.groups_discarded)
         self._stopped_at: Optional[float] = None
         self._appended_at_stop = 0
         self._reported = False
@@ -130,13 +135,13 @@ class DrainGuard:
         with self._lock:
             if self._reported:  # abandoned: never start another round
                 return []
-            self.begun += int(getattr(self.loop, "call_size", self.round_groups))
+            self.begun += int(self.loop.call_size)
         return self._run_round()
 
     def in_flight(self) -> int:
         """Groups of the rounds begun that have neither landed nor been thrown away (a
         call generating, a commit landing)."""
-        discarded = int(getattr(self.loop, "groups_discarded", 0)) - self._discarded_at_start
+        discarded = int(self.loop.groups_discarded) - self._discarded_at_start
         return max(0, self.begun - self.buffer.appended - discarded)
 
     def request_stop(self) -> None:

@@ -38,6 +38,12 @@ the previous release back. ``release_loaded`` says ``verified: true`` with the
 deviation, or ``fingerprint: "unsupported"`` (the engine cannot score prompts)
 or ``"absent"`` (the release has none). Counters: ``verified``, ``unverified``.
 
+What the loop reads of a follower is :class:`~yeto_core.sampler.interfaces.Follower`
+(the base class of every follower: :class:`PolicyFollower`, and the test doubles of
+:mod:`yeto_core.testing`); what a follower reads of its release store is
+:class:`~yeto_core.sampler.interfaces.FollowedReleases` (a
+:class:`~yeto_core.release.store.ReleaseStore` is one).
+
 Engine contract used here: ``load_release(local)`` with a :class:`LocalRelease`
 (``version``, ``path``, ...), ``served_checksum()`` (None: the engine cannot read
 its weights back; the fingerprint is then the only proof of what it serves),
@@ -62,6 +68,7 @@ import attrs
 from yeto_core.errors import ReleaseError
 from yeto_core.records import Event, LocalRelease
 from yeto_core.sampler import fingerprint as fp
+from yeto_core.sampler.interfaces import FollowedReleases, Follower
 from yeto_core.stage_profile import stage
 
 
@@ -77,10 +84,11 @@ class FollowerCounters:
     unverified: int = 0
 
 
-class PolicyFollower:
+class PolicyFollower(Follower):
     """Follow the newest release of ``releases`` with ``engine``.
 
-    :param releases: a :class:`~yeto_core.release.store.ReleaseStore` (``latest()``, ``fetch()``).
+    :param releases: a :class:`~yeto_core.release.store.ReleaseStore`
+        (:class:`~yeto_core.sampler.interfaces.FollowedReleases`).
     :param engine: a :class:`~yeto_core.ports.SamplerEngine`.
     :param work_dir: where releases are fetched (the current and previous are kept).
     :param reload_max_defer_s: the longest a round in progress may delay a load.
@@ -92,7 +100,7 @@ class PolicyFollower:
 
     def __init__(
         self,
-        releases: Any,
+        releases: FollowedReleases,
         engine: Any,
         *,
         work_dir: str | Path,
@@ -190,7 +198,7 @@ class PolicyFollower:
             except ReleaseError as exc:
                 self._pending = None
                 shutil.rmtree(dest, ignore_errors=True)
-                return self._refuse(rel, getattr(exc, "reason", "digest_mismatch"), str(exc))
+                return self._refuse(rel, exc.reason, str(exc))
             if self._update_lock.acquire(blocking=False):
                 try:
                     return self._load(rel, fetched, forced=False, waited=self.clock() - first_seen)
@@ -225,7 +233,7 @@ class PolicyFollower:
             path=str(dest),
             kind=rel.kind,
             weight_checksum=rel.weight_checksum,
-            info=dict(getattr(rel, "info", None) or {}),
+            info=dict(rel.info or {}),
         )
         t_load = time.monotonic()
         try:
@@ -312,7 +320,7 @@ class PolicyFollower:
         if self._current is not None and Path(self._current.path).is_dir():
             have = (self._current.release_id, self._current.path)
         self.releases.fetch(rel, dest, have=have)
-        info = dict(getattr(self.releases, "last_fetch", None) or {})
+        info = dict(self.releases.last_fetch or {})
         if not info:
             return {}
         return {
@@ -324,13 +332,13 @@ class PolicyFollower:
             "fetch_s": round(time.monotonic() - t0, 6),
         }
 
-    def check_fingerprint(self, local: Any) -> tuple[str, Optional[fp.Check]]:
+    def check_fingerprint(self, local: LocalRelease) -> tuple[str, Optional[fp.Check]]:
         """Compare what the engine serves with ``local``'s fingerprint.
 
         :returns: ``("verified" | "mismatch", check)``, ``("unsupported", None)`` (the engine
             cannot score prompts) or ``("absent", None)`` (the release has no fingerprint).
         """
-        raw = (getattr(local, "info", None) or {}).get(fp.INFO_KEY)
+        raw = (local.info or {}).get(fp.INFO_KEY)
         if not raw:
             return "absent", None
         expected = fp.Fingerprint.from_json(raw)
@@ -441,8 +449,7 @@ class PolicyFollower:
         if self._thread is not None:
             return
         self._stop.clear()
-        store = getattr(self.releases, "store", None)
-        prefix = getattr(self.releases, "prefix", None)
+        store, prefix = self.releases.store, self.releases.prefix
         watch = store.watch(prefix) if store is not None and prefix else None
 
         def run() -> None:

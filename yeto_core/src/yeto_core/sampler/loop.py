@@ -2,8 +2,9 @@
 
 Framework-neutral: it talks to a :class:`~yeto_core.ports.SamplerEngine`, a
 :class:`~yeto_core.ports.Task`, a :class:`~yeto_core.ports.DurableSampleBuffer`
-and (optionally) a :class:`~yeto_core.sampler.follower.PolicyFollower`, whose
-update lock it holds for each round.
+and (optionally) a :class:`~yeto_core.sampler.interfaces.Follower` (an island's
+:class:`~yeto_core.sampler.follower.PolicyFollower`), whose update lock it holds for
+each round.
 
 Prompts are dispensed by index: incarnation ``k`` of host ``h`` takes indices
 ``offset(seed, h, k) + n`` for ``n = 0, 1, ...``, so a replay with the same
@@ -32,6 +33,7 @@ from typing import Any, Optional
 import numpy as np
 
 from yeto_core.records import Event, Sample, SampleGroup, SampleStatus, SamplingParams
+from yeto_core.sampler.interfaces import Follower
 from yeto_core.sampler.room import SamplerRoom, room_report
 from yeto_core.stage_profile import PROFILE, stage
 from yeto_core.stores.parallel import in_background
@@ -81,7 +83,7 @@ class SamplerLoop(SamplerRoom):
         buffer: Any,
         engine: Any,
         task: Any,
-        follower: Any = None,
+        follower: Optional[Follower] = None,
         *,
         host: str,
         incarnation: int,
@@ -178,7 +180,6 @@ class SamplerLoop(SamplerRoom):
         if not self.sync_rounds:
             return not self.stop.is_set()
         announced = False
-        wait_version = getattr(self.follower, "wait_version", None)
         while int(self.follower.version) < self.rounds:
             if not announced:
                 self._event(
@@ -186,11 +187,11 @@ class SamplerLoop(SamplerRoom):
                 )
                 announced = True
             with stage("sampler.wait_version"):
-                if wait_version is not None:  # woken by the load itself
-                    wait_version(self.rounds, self.sync_poll_s)
-                    if self.stop.is_set():
+                woke = self.follower.wait_version(self.rounds, self.sync_poll_s)
+                if woke is None:  # the follower cannot be woken by the load: poll
+                    if self.stop.wait(self.sync_poll_s):
                         return False
-                elif self.stop.wait(self.sync_poll_s):
+                elif self.stop.is_set():  # woken by the load itself (or timed out)
                     return False
         return not self.stop.is_set()
 

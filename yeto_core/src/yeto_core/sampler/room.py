@@ -111,7 +111,7 @@ class SamplerRoom:
             return None
         if int(why.get("backlog_groups", 0)) < int(self.fresh_only[1]):
             return None
-        loads = list(getattr(self.follower, "load_times", ()))
+        loads = list(self.follower.load_times)
         if len(loads) < 2:
             return None
         interval = loads[-1] - loads[-2]
@@ -130,9 +130,9 @@ class SamplerRoom:
             return False
         PROFILE.count("sampler.whole_call_waits")
         with stage("sampler.wait_whole_call"):
-            self.follower.wait_version(
-                int(self.follower.version) + 1, min(left, self.backlog_poll_s)
-            )
+            wait = min(left, self.backlog_poll_s)
+            if self.follower.wait_version(int(self.follower.version) + 1, wait) is None:
+                self.stop.wait(wait)  # a follower that cannot wake us: wait out the slice
         return not self.stop.is_set()
 
     def claim_room(self) -> tuple[int, dict[str, Any]]:
@@ -296,12 +296,29 @@ class SeenReleases:
 
     The follower polls ``latest()``; the sampler loop reads :meth:`seen` (the trainer's
     newest release: version and buffer watermark) for ``fresh_only`` without a request
-    of its own. Every other attribute is the wrapped store's.
+    of its own. It is the follower's
+    :class:`~yeto_core.sampler.interfaces.FollowedReleases`; every other attribute is the
+    wrapped store's.
     """
 
     def __init__(self, releases: Any) -> None:
         self._releases = releases
         self._seen: Optional[tuple[int, Optional[int]]] = None
+
+    @property
+    def store(self) -> Any:
+        return self._releases.store
+
+    @property
+    def prefix(self) -> Any:
+        return self._releases.prefix
+
+    @property
+    def last_fetch(self) -> dict[str, Any]:
+        return self._releases.last_fetch
+
+    def fetch(self, ref: Any, dest_dir: Any, *, have: Any = None) -> Any:
+        return self._releases.fetch(ref, dest_dir, have=have)
 
     def latest(self) -> Any:
         rel = self._releases.latest()

@@ -24,6 +24,8 @@ def _process_umask() -> int:
 FILE_MODE = 0o666 & ~_process_umask()
 
 
+# os.O_NOFOLLOW is POSIX-only (Windows lacks it): 0 adds no flag there. One of the two
+# literal getattr probes the core allows (tests/core/test_no_capability_probes.py).
 _FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
 
 

@@ -31,6 +31,7 @@ from yeto_core.records import (
     LocalRelease,
     SamplingParams,
 )
+from yeto_core.sampler.interfaces import Follower
 from yeto_core.stores.dir_store import DirStore
 
 
@@ -203,10 +204,11 @@ class RemoteLookingDirStore(DirStore):
         return SleepWatch()
 
 
-class EngineFollower:
+class EngineFollower(Follower):
     """The policy follower a :class:`~yeto_core.sampler.loop.SamplerLoop` reads, serving
     ``engine.version`` (a test loads versions into the engine by hand, e.g. behind the
-    trainer); no release is ever fetched."""
+    trainer); no release is ever fetched, so no load is recorded or waited for (the
+    :class:`~yeto_core.sampler.interfaces.Follower` defaults)."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
