@@ -140,3 +140,35 @@ def test_the_allowed_probes_are_few_present_and_commented():
         assert "#" in source[at] or source[at - 1].lstrip().startswith("#"), (
             f"{module}:{lines[0]}: say in a comment why {name!r} is probed"
         )
+
+
+def _getattr_with_default(source: str) -> list[int]:
+    """Lines of every ``getattr(obj, name, default)``, whatever ``name`` is."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "getattr"
+        and len(node.args) == 3
+    ]
+
+
+def test_getattr_with_a_default_is_found_with_any_name():
+    assert _getattr_with_default("getattr(o, name, None)\ngetattr(o, 'x', 0)\ngetattr(o, n)\n") == [
+        1,
+        2,
+    ]
+
+
+def test_at_most_two_getattr_with_a_default_remain_in_the_core():
+    """A default hides a missing or misspelt attribute, computed names included: only the
+    allowed ``os`` flag probes keep one."""
+    found = {
+        f"{path.relative_to(CORE).as_posix()}:{line}"
+        for path in sorted(CORE.rglob("*.py"))
+        for line in _getattr_with_default(path.read_text())
+    }
+    allowed = {module for module, _ in ALLOWED_PROBES}
+    assert len(found) <= 2, "getattr(obj, name, default) in the core:\n" + "\n".join(sorted(found))
+    assert {f.split(":")[0] for f in found} <= allowed, sorted(found)

@@ -204,9 +204,17 @@ class Plugins:
         """Call this plugin's registration hooks and record what it provides."""
         staged: list[Registration] = []
         attempted: list[tuple[str, Any]] = []
+        # The plugin's registration hooks as pluggy parsed them at register (its @hookimpl
+        # functions), never looked up on the plugin object by name.
+        impls = {
+            caller.name: impl.function
+            for caller in self.pm.get_hookcallers(plugin) or ()
+            for impl in caller.get_hookimpls()
+            if impl.plugin is plugin
+        }
         for port, hook_name in REGISTRATION_HOOKS.items():
-            impl = getattr(plugin, hook_name, None)
-            if impl is None or not callable(impl):
+            impl = impls.get(hook_name)
+            if impl is None:
                 continue
 
             def register(cls: type, _port: str = port) -> None:
