@@ -84,6 +84,7 @@ class HeadTrainer:
             loop_config,
             clock=self.clock,
             emit=self._on_loop_event,
+            ready_timeout_s=float(t.ready_timeout_s),
         )
 
     def backlog_for_scheduler(self) -> Any:
@@ -115,6 +116,7 @@ class HeadTrainer:
             "head_finish": "trainer_finish",
             "head_gave_up": "trainer_gave_up",
             "head_start_failed": "trainer_start_failed",
+            "head_ready_timeout": "trainer_ready_timeout",
             "head_train_failed": "trainer_train_failed",
             "head_drain_failed": "trainer_drain_failed",
         }
