@@ -70,6 +70,15 @@ def test_a_run_finishes_and_accounts_for_every_group(tmp_path: Path) -> None:
     assert not (Path(config.run_dir) / "head.json").exists()
     events = (Path(config.run_dir) / "store" / "events" / "head.jsonl").read_text()
     assert '"kind":"trainer_start"' in events
+    # T_s from the local provider's submission stamp, not from the trainer's start call
+    trainer = (Path(config.run_dir) / "store" / "events" / "trainer.jsonl").read_text()
+    starts = [
+        json.loads(line)["data"]
+        for line in trainer.splitlines()
+        if '"kind":"trainer_start_summary"' in line
+    ]
+    assert starts and all(d["start_measured_from"] == "submission" for d in starts), starts
+    assert all(d["start_s"] >= d["start_in_process_s"] for d in starts), starts
 
 
 def test_wall_clock_backstop_stops_cleanly(tmp_path: Path) -> None:

@@ -331,7 +331,7 @@ class IslandTrainerAgent:
             self.events.send({"kind": "failed", "error": str(exc)})
             raise
         summary = {
-            "start_s": self.driver.start_seconds,
+            "start_s": self.driver.start_seconds,  # from the submission when stamped
             "cut_id": self.driver.restored_cut.cut_id if self.driver.restored_cut else None,
         }
         self.events.send({"kind": "ready", "summary": summary, "counters": self._counters()})
