@@ -279,9 +279,9 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         }
         if submitted is None:
             out["start_note"] = (
-                "no YETO_START_SUBMITTED_UNIX in this trainer's environment (its provider "
-                "does not stamp launches): measured from the trainer's start call, without "
-                "provisioning, image pull and imports"
+                "no YETO_START_SUBMITTED_UNIX for this start (a trainer in the head's "
+                "process, or a provider that does not stamp its launches): measured from "
+                "the trainer's start call, without provisioning, image pull and imports"
             )
         elif submitted > now:
             out["start_note"] = (
