@@ -70,7 +70,7 @@ def test_run_dir_override(tmp_path: Path) -> None:
     [
         (
             ("[trainer]", "[trainer]\nbatch = 3"),
-            "unknown key 'trainer.batch'; allowed keys here: backend,",
+            "unknown key 'trainer.batch'; allowed keys here: answer_timeout_s, backend,",
         ),
         (
             ("[[samplers]]\nengine", "[[samplers]]\ncolour = 1\nengine"),

@@ -70,6 +70,15 @@ def test_a_run_finishes_and_accounts_for_every_group(tmp_path: Path) -> None:
     assert not (Path(config.run_dir) / "head.json").exists()
     events = (Path(config.run_dir) / "store" / "events" / "head.jsonl").read_text()
     assert '"kind":"trainer_start"' in events
+    # T_s from the local provider's submission stamp, not from the trainer's start call
+    trainer = (Path(config.run_dir) / "store" / "events" / "trainer.jsonl").read_text()
+    starts = [
+        json.loads(line)["data"]
+        for line in trainer.splitlines()
+        if '"kind":"trainer_start_summary"' in line
+    ]
+    assert starts and all(d["start_measured_from"] == "submission" for d in starts), starts
+    assert all(d["start_s"] >= d["start_in_process_s"] for d in starts), starts
 
 
 def test_wall_clock_backstop_stops_cleanly(tmp_path: Path) -> None:
@@ -193,7 +202,7 @@ def test_a_tripped_breaker_stops_the_run_cleanly_with_its_exit_code(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The fake groups' rewards are random: any drop of the rolling mean below its best
-    trips a reward_drop of 1e-9; the head stops with a cut and exit code 8.
+    trips a reward_drop of 1e-9; the head stops with a cut and exit code 10.
 
     The head reads the streams as on a remote store here: on a thread while the trainer's
     command runs, acted on after it (on ``dir`` it calls the same ``observe_streams``
@@ -284,23 +293,27 @@ def test_the_head_rides_out_a_store_that_fails_for_a_while(tmp_path: Path, monke
 def test_a_head_that_gave_up_leaves_the_run_resumable_not_finished(tmp_path: Path) -> None:
     """Regression (found by `make chaos`: three trainer kills in a row): a head whose
     trainer loop gave up wrote FINISHED, so the next `yeto run up` said the run had
-    finished (exit 0) with 3 of 20 rounds trained and no cut."""
+    finished (exit 0) with 3 of 20 rounds trained and no cut.
+
+    A head whose loop gave up exits 8, the seed's code for it (issue 52 item 5; it
+    exited 1, the code of any failure, before)."""
     config = _config(tmp_path)
     # every trainer incarnation fails to start
     trainer = attrs.evolve(config.trainer, backend_options={"no_such_option": 1})
     config = attrs.evolve(config, trainer=trainer)
-    assert _head(config).run(lambda m: None) == 1  # EXIT_FAILED
+    assert _head(config).run(lambda m: None) == 8  # EXIT_GAVE_UP
     run_dir = Path(config.run_dir)
     assert not (run_dir / "FINISHED").exists()
     status = json.loads((run_dir / "status.json").read_text())
-    assert status["state"] == "stopped" and status["exit_code"] == 1
+    assert status["state"] == "stopped" and status["exit_code"] == 8
+    assert _summary(config)["exit_code"] == 8
     assert "gave" in status["stop_reason"] or "GaveUp" in status["stop_reason"]
     starts = lambda: len([r for r in _journal(config) if r["kind"] == "start"])  # noqa: E731
     first_starts = starts()
     assert first_starts == 3  # max_failures
     # the next head tries again with its own max_failures starts (and gives up again),
     # rather than reporting a finished run or giving up at once on the journal's count
-    assert _head(config).run(lambda m: None) == 1
+    assert _head(config).run(lambda m: None) == 8
     assert starts() == 2 * first_starts
     _no_islands_left(config)
     # once what failed the starts is fixed, the next head trains the run to its end

@@ -152,4 +152,7 @@ def test_dry_run_prints_the_plan_and_checks_and_starts_nothing(tmp_path: Path) -
         [*YETO, "run", "up", str(bad), "--dry-run"], cwd=ROOT, capture_output=True, text=True
     )
     assert res.returncode == 2
-    assert "unknown key 'trainer.batch'; allowed keys here: backend, backend_options" in res.stderr
+    assert (
+        "unknown key 'trainer.batch'; allowed keys here: answer_timeout_s, backend, "
+        "backend_options" in res.stderr
+    )

@@ -40,6 +40,7 @@ def write_base(path: Path) -> Path:
     conf = json.loads((path / "config.json").read_text())
     conf["yeto_base_only"] = {"kept": True}  # a key an export does not write
     conf["quantization_config"] = {"quant_method": "fp8"}  # never restored into a release
+    conf["compression_config"] = {"format": "dense"}  # never restored either
     (path / "config.json").write_text(json.dumps(conf, indent=1))
     (path / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {"type": "test"}}))
     (path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 64}))

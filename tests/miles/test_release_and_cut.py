@@ -47,6 +47,7 @@ def test_release_from_transformers_export(tmp_path, base_dir):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["yeto_base_only"] == {"kept": True}  # restored from the base
     assert "quantization_config" not in cfg  # never restored
+    assert "compression_config" not in cfg  # never restored (issue 52 item 6)
     assert "yeto_base_only" in info.extra["restored_config_keys"]
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (out / name).read_bytes() == (base_dir / name).read_bytes()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from types import SimpleNamespace as NS
 
 import pytest
@@ -91,6 +92,24 @@ def test_one_spawn_per_incarnation_with_identity_only_and_a_journal(call_service
         p.launch(launch("sampler-0", 0))
     events = [e.kind for e in p.events(h0)]
     assert events == ["modal_spawned"]
+
+
+def test_each_spawn_carries_its_own_submission_time(call_service, provider_for):
+    """Issue 52 item 2 (the seed's Modal T_s bug): the deployed function's environment is
+    built once; each spawn stamps YETO_START_SUBMITTED_UNIX itself."""
+    from yeto_core.providers.env import ENV_START_SUBMITTED
+
+    call_service.command = SLEEP
+    p = provider_for(call_service)
+    stamps = []
+    for inc in (0, 1):
+        before = time.time()
+        h = p.launch(launch("trainer", inc, role="trainer"))
+        after = time.time()
+        spec = json.loads((call_service.root / f"{p.record(h)['call_id']}.spec").read_text())
+        stamps.append(float(spec["env"][ENV_START_SUBMITTED]))
+        assert before <= stamps[-1] <= after
+    assert stamps[1] >= stamps[0]
 
 
 def test_release_cancels_terminating_containers_and_confirms(call_service, provider_for):

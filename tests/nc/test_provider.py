@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -65,14 +66,19 @@ def test_registered_through_the_hooks():
 
 def test_launch_status_release_and_cost(market, tmp_path):
     p = NcIslands(tmp_path / "run")
+    before = time.time()
     h = p.launch(_launch(market, gpu="H100"))
+    after = time.time()
     assert h == "hf-0-i0"
     rec = p.record(h)
     assert rec["offer"] == "dear" and rec["lease_id"]
     assert p.price_per_hour(h) == 3.6  # the granted offer's price
     wait_for(lambda: p.status(h) == IslandStatus.RUNNING, what="running")
     lease = market.leases[rec["lease_id"]]
-    assert lease.req["env"] == {"YETO_ISLAND": "hf-0", "YETO_HANDLE": h}
+    env = dict(lease.req["env"])
+    submitted = float(env.pop("YETO_START_SUBMITTED_UNIX"))  # issue 52 item 2
+    assert before <= submitted <= after
+    assert env == {"YETO_ISLAND": "hf-0", "YETO_HANDLE": h}
     assert lease.req["labels"]["yeto_run"] == "r1"
     assert p.release(h) is True
     assert _gone(lease.proc.pid) and p.status(h) == IslandStatus.GONE

@@ -37,6 +37,7 @@ ALLOWED_ENV = {
     "YETO_ISLAND",
     "YETO_INCARNATION",
     "YETO_TRAINER_CUT",
+    "YETO_START_SUBMITTED_UNIX",  # a provider's submission time (T_s from submission)
     "YETO_STORE_S3_ACCESS_KEY_ID",
     "YETO_STORE_S3_SECRET_ACCESS_KEY",
     "YETO_STORE_S3_SESSION_TOKEN",

@@ -78,7 +78,10 @@ def test_a_cluster_per_incarnation_runs_the_island_with_only_store_and_ids(provi
     wait_for(lambda: log.is_file() and "env " in log.read_text(), what="the island's log")
     text = log.read_text()
     assert "probe sampler-0 i0" in text and "cwd-entries 0" in text
-    assert "env YETO_INCARNATION,YETO_ISLAND,YETO_ROLE,YETO_RUN_ID,YETO_STORE" in text
+    assert (
+        "env YETO_INCARNATION,YETO_ISLAND,YETO_ROLE,YETO_RUN_ID,YETO_START_SUBMITTED_UNIX,"
+        "YETO_STORE" in text
+    )
     events = list(provider.events(handle))
     kinds = [e.kind for e in events]
     assert kinds[:3] == ["sky_task", "sky_launch_requested", "sky_cluster_up"]
@@ -88,6 +91,18 @@ def test_a_cluster_per_incarnation_runs_the_island_with_only_store_and_ids(provi
     assert provider.release(handle) is True
     assert handle not in cloud.clusters() and provider.status(handle) == GONE
     assert provider.record(handle)["state"] == "released"
+
+
+def test_each_launch_carries_its_submission_time_as_a_plain_variable(provider, cloud):
+    """Issue 52 item 2: the island's start (provisioning included) is timed from it."""
+    before = time.time()
+    handle = provider.launch(make_launch())
+    after = time.time()
+    wait_for(lambda: provider.record(handle)["request_id"], what="the launch request")
+    config = cloud.requests[provider.record(handle)["request_id"]][1]
+    assert before <= float(config["envs"]["YETO_START_SUBMITTED_UNIX"]) <= after
+    assert "YETO_START_SUBMITTED_UNIX" not in config.get("secrets", {})
+    assert provider.release(handle) is True
 
 
 def test_spot_preemption_is_a_lost_incarnation_that_is_replaced(provider, cloud):

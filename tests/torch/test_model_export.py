@@ -108,6 +108,27 @@ def test_export_puts_back_dropped_config_keys_but_never_quantization_config(sort
     assert "quantization_config" not in out
 
 
+def test_a_release_never_carries_compression_or_quantization_config(sort_base, tmp_path):
+    """A release holds trained, unquantized, uncompressed weights: neither config is copied
+    from the base, nor kept from the export (issue 52 item 6)."""
+    base = {"a": 1, "compression_config": {"format": "pack"}, "quantization_config": {"bits": 4}}
+    out = restore_dropped_keys(base, {"a": 2, "compression_config": {"format": "dense"}})
+    assert out == {"a": 2}
+    # end to end: the torch backend's full release of a base whose config has both
+    import shutil
+
+    custom = tmp_path / "base"
+    shutil.copytree(sort_base, custom)
+    cfg = json.loads((custom / "config.json").read_text())
+    cfg["compression_config"] = {"format": "dense", "yeto_test": True}
+    (custom / "config.json").write_text(json.dumps(cfg))
+    be = TorchBackend(str(custom))
+    be.restore(None)
+    be.publish_release(tmp_path / "rel")
+    released = json.loads((tmp_path / "rel" / "config.json").read_text())
+    assert "compression_config" not in released and "quantization_config" not in released
+
+
 def test_engine_logprobs_are_at_the_sampling_temperature(sort_base):
     eng = HFEngine(str(sort_base), seed=2)
     from yeto_core.records import SamplingParams

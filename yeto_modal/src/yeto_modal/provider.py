@@ -13,6 +13,7 @@ from typing import Any, Optional
 from yeto_core.errors import YetoError
 from yeto_core.head.run_dir import write_json_atomic
 from yeto_core.ports import IslandProvider
+from yeto_core.providers.env import stamp_submitted
 from yeto_core.records import Event, IslandStatus
 from yeto_modal import app as modal_app
 from yeto_modal.entry import ENV_ENTRY, ENV_MOUNTS
@@ -165,6 +166,9 @@ class ModalIslands(IslandProvider):
             ENV_MOUNTS: json.dumps(group.volumes),
             ENV_ENTRY: launch.entry_module,
         }
+        # each spawn its own submission time: the deployed function's environment was
+        # built once, at the run's launch (the seed's T_s bug)
+        env = stamp_submitted(env)
         try:
             call_id = self.seam.spawn(built, group.name, env)
         except Exception as exc:

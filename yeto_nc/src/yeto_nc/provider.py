@@ -32,6 +32,7 @@ import attrs
 
 from yeto_core.errors import ConfigError, YetoError
 from yeto_core.ports import IslandProvider
+from yeto_core.providers.env import stamp_submitted
 from yeto_core.records import Event, IslandLaunch, IslandStatus
 from yeto_nc.client import TERMINAL, LeaseClient, MarketplaceError, Refused
 
@@ -210,7 +211,8 @@ class NcIslands(IslandProvider):
         }
         self._write(handle, rec)  # before the request: a crashed head finds it by label
         command = list(pool.command) or [sys.executable, "-m", launch.entry_module]
-        env = {**launch.env, "YETO_HANDLE": handle}
+        # submitted now: the wait for an offer counts towards this incarnation's start
+        env = stamp_submitted({**launch.env, "YETO_HANDLE": handle}, self.clock())
         deadline = self.clock() + pool.launch_timeout_s
         tries = 0
         while True:

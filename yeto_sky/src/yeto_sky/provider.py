@@ -36,7 +36,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional, Union
 
+import attrs
+
 from yeto_core.ports import IslandProvider
+from yeto_core.providers.env import stamp_submitted
 from yeto_core.records import Event, IslandLaunch, IslandStatus
 from yeto_sky.seam import TERMINAL_JOB_STATES, SkyLaunchError, SkySeam
 from yeto_sky.tasks import SkyTaskError, build_task, redacted_yaml
@@ -170,6 +173,9 @@ class SkyIslands(IslandProvider):
 
     def launch(self, launch: IslandLaunch) -> str:
         """Validate the task, journal it, launch on a worker thread; return the cluster name."""
+        # this incarnation's submission time: its start (provisioning included) is timed
+        # from it (``trainer_start_summary.start_s``)
+        launch = attrs.evolve(launch, env=stamp_submitted(launch.env, self.clock()))
         task = self._task(launch)
         cluster = task.cluster
         if cluster in self._live:

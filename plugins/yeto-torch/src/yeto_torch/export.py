@@ -2,7 +2,8 @@
 
 A full export is what ``transformers.AutoModelForCausalLM.from_pretrained``
 loads: ``config.json`` (every top-level key of the base ``config.json`` that
-the export dropped is put back, never ``quantization_config``),
+the export dropped is put back; never ``quantization_config`` or
+``compression_config``),
 ``model.safetensors`` and the base's tokenizer files. A LoRA export is a
 PEFT-layout adapter (``adapter_config.json``, ``adapter_model.safetensors``).
 The ``weight_checksum`` is :func:`yeto_torch.checksum.weight_checksum` of the

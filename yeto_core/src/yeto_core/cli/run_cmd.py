@@ -103,8 +103,9 @@ _UP_EXIT_CODES = {
     5: "stopped by the wall-clock backstop",
     6: "stopped by the silence backstop",
     7: "another head runs on this run dir",
-    8: "stopped by a run health breaker ([breakers])",
+    8: "the trainer loop gave up (max_failures failed incarnations in a row)",
     9: "fenced: another head took the run's lease; this one stopped without writing",
+    10: "stopped by a run health breaker ([breakers])",
     130: "interrupted (Ctrl-C); the run was stopped cleanly",
 }
 

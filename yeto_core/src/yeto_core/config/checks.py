@@ -152,6 +152,8 @@ def validate(config: RunConfig) -> list[str]:
     _positive(errors, "trainer.max_policy_age", t.max_policy_age, zero_ok=True)
     _positive(errors, "trainer.price_per_hour", t.price_per_hour, zero_ok=True)
     _positive(errors, "trainer.total_rounds", t.total_rounds, zero_ok=True)
+    _positive(errors, "trainer.ready_timeout_s", t.ready_timeout_s)
+    _positive(errors, "trainer.answer_timeout_s", t.answer_timeout_s)
     if isinstance(t.publish_every, bool) or not isinstance(t.publish_every, int):
         errors.append(f"trainer.publish_every = {t.publish_every!r}; it must be an integer >= 1")
     elif not 1 <= t.publish_every <= 1_000_000:

@@ -101,6 +101,11 @@ class TrainerConfig:
     #: Publish a release after every N-th trained round (and after the last round of
     #: every train command, so a held or stopped trainer's newest policy is out).
     publish_every: int = 1
+    #: Seconds an incarnation may take from its launch to ``ready`` (provisioning, image
+    #: pull, imports, the restore); past it the head ends it as a failed start.
+    ready_timeout_s: float = 1800.0
+    #: Seconds the head waits for a remote trainer's answer to one command.
+    answer_timeout_s: float = 600.0
 
 
 @attrs.frozen

@@ -75,6 +75,7 @@ from yeto_core.head.run_dir import (  # noqa: F401 (the run-dir protocol, re-exp
     EXIT_CONFIG,
     EXIT_FAILED,
     EXIT_FENCED,
+    EXIT_GAVE_UP,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_PREFLIGHT,
@@ -97,6 +98,7 @@ from yeto_core.ports import IslandProvider, TrainerLifecycle
 from yeto_core.stage_profile import emit_snapshot, stage
 from yeto_core.stores.parallel import in_background, is_remote
 from yeto_core.stores.retrying import RetryingStore
+from yeto_core.trainer.loop import TrainerLoopGaveUp
 
 #: The head rides out a store that fails (a 503 storm past the store's own retries, a
 #: full disk) for this long with failing ticks in a row, then stops the run cleanly.
@@ -394,7 +396,7 @@ class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands):
             elif self._stop_requested == "interrupt":
                 code = EXIT_INTERRUPTED
             elif self.trainer_loop.finished == "gave_up":
-                code = EXIT_FAILED
+                code = EXIT_GAVE_UP
         except KeyboardInterrupt:
             reason, code = "interrupt", EXIT_INTERRUPTED
         except HeadBusyError as exc:
@@ -404,7 +406,11 @@ class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands):
             if isinstance(exc, HeadFencedError) or (self.lease and self.lease.fenced):
                 return self._fenced(say, exc)
             reason, code = f"error: {type(exc).__name__}: {exc}", EXIT_FAILED
-            say(f"yeto: the head failed: {exc}; stopping the run cleanly")
+            if isinstance(exc, TrainerLoopGaveUp):
+                code = EXIT_GAVE_UP
+                say(f"yeto: the trainer loop gave up: {exc}; stopping the run cleanly")
+            else:
+                say(f"yeto: the head failed: {exc}; stopping the run cleanly")
         if self.lease is not None and self.lease.fenced:
             return self._fenced(say, HeadFencedError(self.lease.fenced))
         say(f"stopping: {reason}")

@@ -35,8 +35,9 @@ EXIT_BUDGET = 4  # the cost guard stopped the run at its budget (docs/cost.md)
 EXIT_WALL_CLOCK = 5  # backstop: the wall-clock limit was reached
 EXIT_SILENCE = 6  # backstop: no new group for silence_s
 EXIT_BUSY = 7  # another head is running on this run dir
-EXIT_BREAKER = 8  # a run health breaker tripped (docs/run-config.md#breakers)
+EXIT_GAVE_UP = 8  # the trainer loop gave up: max_failures incarnations in a row trained nothing
 EXIT_FENCED = 9  # another head took this run's lease (this one was paused); nothing written
+EXIT_BREAKER = 10  # a run health breaker tripped (docs/run-config.md#breakers)
 EXIT_INTERRUPTED = 130  # Ctrl-C (the run was still stopped cleanly)
 
 EXIT_CODES: dict[int, str] = {
@@ -48,8 +49,10 @@ EXIT_CODES: dict[int, str] = {
     EXIT_WALL_CLOCK: "stopped by the wall-clock backstop",
     EXIT_SILENCE: "stopped by the silence backstop",
     EXIT_BUSY: "another head runs on this run dir",
-    EXIT_BREAKER: "stopped by a run health breaker",
+    EXIT_GAVE_UP: "the trainer loop gave up: max_failures incarnations in a row trained "
+    "nothing (see head/journal); the run stays resumable",
     EXIT_FENCED: "fenced: another head took the run's lease; this one stopped without writing",
+    EXIT_BREAKER: "stopped by a run health breaker",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C); stopped cleanly",
 }
 

@@ -19,6 +19,12 @@ from yeto_core.ports import LifecycleContext
 from yeto_core.records import StopReason
 
 
+def lora_run(config: Any) -> bool:
+    """Whether the run trains a LoRA adapter (``[trainer] backend_options.tuning = "lora"``,
+    the backends' tuning option): its releases are adapters, which its samplers wait for."""
+    return (config.trainer.backend_options or {}).get("tuning") == "lora"
+
+
 class HeadTrainer:
     """Building and stopping the trainer loop (the host holds the config, plugins,
     store, providers, cost guard, events, fences, ``launch_record`` and ``build_driver``)."""
@@ -42,6 +48,11 @@ class HeadTrainer:
         )
         self.lifecycle = self.plugins.trainer_lifecycle(t.lifecycle).create(context)
         options = dict(self.config.scheduler.options)
+        # A first-policy start only for a LoRA run (the seed's rule): its samplers serve
+        # no adapter before the first release. A full-parameter run's samplers serve the
+        # base, policy version 0. ``scheduler.options.first_policy_start`` still decides
+        # when given.
+        options.setdefault("first_policy_start", lora_run(self.config))
         try:
             loop_config = LoopConfig(
                 groups_per_round=self.config.trainer.groups_per_round,
@@ -73,6 +84,7 @@ class HeadTrainer:
             loop_config,
             clock=self.clock,
             emit=self._on_loop_event,
+            ready_timeout_s=float(t.ready_timeout_s),
         )
 
     def backlog_for_scheduler(self) -> Any:
@@ -104,6 +116,7 @@ class HeadTrainer:
             "head_finish": "trainer_finish",
             "head_gave_up": "trainer_gave_up",
             "head_start_failed": "trainer_start_failed",
+            "head_ready_timeout": "trainer_ready_timeout",
             "head_train_failed": "trainer_train_failed",
             "head_drain_failed": "trainer_drain_failed",
         }

@@ -232,6 +232,8 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         reader_options={"fenced_incarnations": StoreFences(store)},
         overlap_uploads=True,  # a round's release upload overlaps the next round
         publish_every=config.trainer.publish_every,
+        # T_s from the provider's submission of this launch (YETO_START_SUBMITTED_UNIX)
+        start_submitted_unix=ident.start_submitted_unix,
     )
     agent = IslandTrainerAgent(store, driver, incarnation)
     try:

@@ -11,7 +11,11 @@ incarnation with :func:`island_launch`; its ``env`` holds exactly:
 - the store's explicit credentials (:meth:`~yeto_core.ports.ObjectStore.credentials_env`,
   e.g. ``YETO_STORE_S3_*``);
 - ``YETO_CPUS`` (optional, set by a provider such as ``local`` from its ``cpus`` option):
-  the CPUs the island process pins itself to before anything else (:func:`pin_cpus`).
+  the CPUs the island process pins itself to before anything else (:func:`pin_cpus`);
+- ``YETO_START_SUBMITTED_UNIX`` (set by the provider at each launch,
+  :func:`stamp_submitted`): when this incarnation was submitted (seconds since the epoch,
+  the head host's clock). A trainer measures its start (``trainer_start_summary.start_s``,
+  S1's ``T_s``) from it, so provisioning, image pull and imports count.
 
 Everything else (the resolved config, the base model, releases) the island
 reads from the store (:mod:`yeto_core.config.run_store`).
@@ -19,7 +23,9 @@ reads from the store (:mod:`yeto_core.config.run_store`).
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from collections.abc import Mapping
 from typing import Any, Optional
 
@@ -36,6 +42,7 @@ ENV_ISLAND = "YETO_ISLAND"
 ENV_INCARNATION = "YETO_INCARNATION"
 ENV_CUT = "YETO_TRAINER_CUT"
 ENV_CPUS = "YETO_CPUS"
+ENV_START_SUBMITTED = "YETO_START_SUBMITTED_UNIX"
 
 #: Every variable an island reads (besides the store's credentials).
 ISLAND_VARIABLES = (
@@ -46,7 +53,19 @@ ISLAND_VARIABLES = (
     ENV_INCARNATION,
     ENV_CUT,
     ENV_CPUS,
+    ENV_START_SUBMITTED,
 )
+
+
+def stamp_submitted(env: Mapping[str, str], now: Optional[float] = None) -> dict[str, str]:
+    """``env`` with ``YETO_START_SUBMITTED_UNIX`` set to ``now`` (default: ``time.time()``).
+
+    Every provider calls it when it submits a launch, so each incarnation carries its own
+    submission time (a launch record reused for another incarnation keeps none of it).
+    """
+    out = dict(env)
+    out[ENV_START_SUBMITTED] = repr(float(time.time() if now is None else now))
+    return out
 
 
 def parse_cpus(value: Any) -> list[int]:
@@ -106,6 +125,8 @@ class IslandIdentity:
     island: str
     incarnation: int
     cut: Optional[str] = None
+    #: ``YETO_START_SUBMITTED_UNIX`` (None: absent or not a number)
+    start_submitted_unix: Optional[float] = None
 
 
 def island_launch(
@@ -150,6 +171,7 @@ def relaunch(launch: IslandLaunch, incarnation: int, cut: Optional[str] = None) 
     env = dict(launch.env)
     env[ENV_INCARNATION] = str(int(incarnation))
     env.pop(ENV_CUT, None)
+    env.pop(ENV_START_SUBMITTED, None)  # the provider stamps the new launch
     if cut:
         env[ENV_CUT] = cut
     return attrs.evolve(launch, incarnation=int(incarnation), env=env)
@@ -174,4 +196,14 @@ def identity_from_env(env: Mapping[str, str]) -> IslandIdentity:
         island=env[ENV_ISLAND],
         incarnation=incarnation,
         cut=env.get(ENV_CUT) or None,
+        start_submitted_unix=_submitted(env.get(ENV_START_SUBMITTED)),
     )
+
+
+def _submitted(raw: Optional[str]) -> Optional[float]:
+    """The submission stamp, or None (absent or unusable: the start is measured in process)."""
+    try:
+        value = float(raw) if raw else None
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) else None

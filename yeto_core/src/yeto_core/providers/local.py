@@ -4,7 +4,8 @@ Every sampler island and every trainer incarnation runs as its own process
 (``python -m <launch.entry_module>``, i.e. ``yeto_core.islands.main``) in a new
 session, so it and everything it starts share one process group. Its
 environment is this process's plus the launch record's ``env`` (store URL,
-run id, role, island, incarnation, store credentials); its working directory
+run id, role, island, incarnation, store credentials) and the launch's
+submission time (``YETO_START_SUBMITTED_UNIX``); its working directory
 is ``<state_dir>/work/<handle>`` (its scratch space; it reads nothing there
 from the head). Output goes to ``<state_dir>/logs/<handle>.log``.
 
@@ -38,7 +39,7 @@ from typing import Any, Optional
 
 from yeto_core.errors import ConfigError, YetoError
 from yeto_core.ports import IslandProvider
-from yeto_core.providers.env import ENV_CPUS, parse_cpus
+from yeto_core.providers.env import ENV_CPUS, parse_cpus, stamp_submitted
 from yeto_core.records import Event, IslandLaunch, IslandStatus
 
 ISLANDS_DIR = "islands"
@@ -195,6 +196,7 @@ class LocalIslands(IslandProvider):
         if cpus is not None:
             full_env[ENV_CPUS] = ",".join(str(c) for c in self._cpus(handle, cpus))
         command = self.command or default_command(launch.entry_module)
+        full_env = stamp_submitted(full_env)  # last: the process starts right after
         cwd = self.run_dir / WORK_DIR / handle
         cwd.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path(handle), "ab")

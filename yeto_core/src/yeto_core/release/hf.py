@@ -13,8 +13,10 @@ from typing import Any
 
 from yeto_core.errors import ReleaseError
 
-#: Never copied back from a base config: a release holds the trained, unquantized weights.
-NEVER_RESTORE = ("quantization_config",)
+#: Never on a release, neither copied from the base config nor kept from the export: a
+#: release holds the trained, unquantized and uncompressed weights, and an engine that
+#: read either key would load them as quantized or compressed.
+NEVER_RESTORE = ("quantization_config", "compression_config")
 #: Files of the tokenizer that a release copies from the base checkpoint.
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -31,7 +33,8 @@ TOKENIZER_FILES = (
 
 
 def restore_dropped_keys(base: dict[str, Any], exported: dict[str, Any]) -> dict[str, Any]:
-    """``exported`` plus every top-level key of ``base`` it lacks (never ``quantization_config``)."""
+    """``exported`` plus every top-level key of ``base`` it lacks, without the keys of
+    :data:`NEVER_RESTORE` (``quantization_config``, ``compression_config``)."""
     out = dict(exported)
     for key, value in base.items():
         if key not in out and key not in NEVER_RESTORE:

@@ -115,6 +115,10 @@ class TrainerLoop:
     :param start_seconds: returns the measured start seconds of the current
         incarnation (None until it finished starting); default: the lifecycle's
         ``start_seconds``.
+    :param ready_timeout_s: an incarnation still STARTING this many seconds (of
+        ``clock``) after its start was asked for ends as a failed start: journaled
+        ``ready_timeout``, released (``release`` with ``failed``), counted towards
+        ``max_failures`` like a start that failed. None: no limit.
 
     The start of every incarnation is recorded once (journal ``started`` with
     ``start_s``, which S1 uses as ``T_s``) when the loop first sees it past STARTING,
@@ -135,6 +139,7 @@ class TrainerLoop:
         clock: Callable[[], float] = time.time,
         start_seconds: Optional[Callable[[], Optional[float]]] = None,
         emit: Optional[Callable[[Event], None]] = None,
+        ready_timeout_s: Optional[float] = None,
     ) -> None:
         self.scheduler, self.lifecycle = scheduler, lifecycle
         self._backlog, self._has_release = backlog, has_release
@@ -156,6 +161,9 @@ class TrainerLoop:
         self.more_ready = False
         #: an incarnation was started and its start not recorded yet
         self._awaiting_start = False
+        self.ready_timeout_s = ready_timeout_s
+        #: when the current incarnation's start was asked for (``clock``)
+        self._start_asked_at: Optional[float] = None
         self._resume()
 
     # -- journal ------------------------------------------------------------------------
@@ -242,6 +250,14 @@ class TrainerLoop:
         self.more_ready = False
         state = self.lifecycle.state()
         self._note_started(state)
+        if state == S.STARTING and self._ready_overdue(now):
+            self._log(
+                "ready_timeout",
+                incarnation=self.incarnation,
+                waited_s=now - self._start_asked_at,
+                ready_timeout_s=self.ready_timeout_s,
+            )
+            state = S.FAILED  # a start that never finished is a failed start
         if state in (S.FAILED, S.LEFT):
             self._release(failed=state == S.FAILED)
             state = self.lifecycle.state()
@@ -277,9 +293,19 @@ class TrainerLoop:
         self._act(decision, state)
         return decision
 
+    def _ready_overdue(self, now: float) -> bool:
+        """The current incarnation has been starting for longer than ``ready_timeout_s``."""
+        return (
+            self.ready_timeout_s is not None
+            and self._awaiting_start
+            and self._start_asked_at is not None
+            and now - self._start_asked_at > self.ready_timeout_s
+        )
+
     def _act(self, d: Decision, state: LifecycleState) -> None:
         if d.action == Action.START:
             self.incarnation += 1
+            self._start_asked_at = self._clock()
             self.first_policy = d.reason == "first_policy"
             self.rounds_this_incarnation = 0
             self._awaiting_start = True

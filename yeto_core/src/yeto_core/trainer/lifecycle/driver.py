@@ -72,6 +72,11 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         never reached a cut are set aside by :meth:`BatchLedger.rebase` to round 0.
     :param reader_options: extra :class:`~yeto_core.buffer.batch_reader.BatchReader` keyword
         arguments (``fenced_incarnations``, ``quarantined``, ``expected_layers``, ...).
+    :param start_submitted_unix: when the provider submitted this incarnation's launch
+        (``YETO_START_SUBMITTED_UNIX``, on ``clock``'s scale: seconds since the epoch).
+        The next start's ``start_s`` (S1's ``T_s``) is measured from it, so provisioning,
+        image pull and imports count; without it (or when it lies ahead of ``clock``) from
+        the ``start`` call, and ``trainer_start_summary`` says why in ``start_note``.
 
     Every round is taken by a :class:`~yeto_core.buffer.batch_reader.BatchReader` built per
     incarnation (``try_take``: a round is trained only when it is full, or short after the
@@ -107,6 +112,7 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         reader_options: Optional[Mapping[str, Any]] = None,
         overlap_uploads: bool = False,
         publish_every: int = 1,
+        start_submitted_unix: Optional[float] = None,
     ) -> None:
         self.backend_factory = backend_factory
         self.buffer = buffer
@@ -135,6 +141,9 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         self.restored_cut: Optional[ConsistentCut] = None
         self.last_cut: Optional[ConsistentCut] = None
         self._start_seconds: Optional[float] = None
+        #: the submission time of the next start (one start only: a later one in this
+        #: process was not submitted then)
+        self.start_submitted_unix = start_submitted_unix
         #: overlap each round's release upload with the next round (see :meth:`_publish`)
         self.overlap_uploads = bool(overlap_uploads)
         self._uploader: Any = None
@@ -245,16 +254,45 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
             raise TrainerFailedError(
                 f"trainer incarnation {incarnation} failed to start: {exc}"
             ) from exc
-        self._start_seconds = self._clock() - t0
+        measured = self._measure_start(t0)
+        self._start_seconds = measured["start_s"]
         self.sm.go(S.READY, "finish start")
         self._event(
             "trainer_start_summary",
             incarnation=incarnation,
-            start_s=self._start_seconds,
+            **measured,
             cut_id=self.restored_cut.cut_id if self.restored_cut else None,
             ledger_set_aside=len(self.ledger_set_aside),
             **attrs.asdict(self.counters),
         )
+
+    def _measure_start(self, t0: float) -> dict[str, Any]:
+        """``start_s`` from the submission stamp when there is a usable one, else from
+        ``t0`` (the ``start`` call), with how it was measured."""
+        now = self._clock()
+        submitted, self.start_submitted_unix = self.start_submitted_unix, None
+        out: dict[str, Any] = {
+            "start_s": now - t0,
+            "start_measured_from": "trainer_start",
+            "start_submitted_unix": submitted,
+            "start_in_process_s": now - t0,
+        }
+        if submitted is None:
+            out["start_note"] = (
+                "no YETO_START_SUBMITTED_UNIX for this start (a trainer in the head's "
+                "process, or a provider that does not stamp its launches): measured from "
+                "the trainer's start call, without provisioning, image pull and imports"
+            )
+        elif submitted > now:
+            out["start_note"] = (
+                f"YETO_START_SUBMITTED_UNIX is {submitted - now:.1f} s ahead of this host's "
+                "clock (the head's and this host's clocks disagree): measured from the "
+                "trainer's start call instead"
+            )
+        else:
+            out["start_s"] = now - submitted
+            out["start_measured_from"] = "submission"
+        return out
 
     def _rebase_ledger(self, incarnation: int) -> None:
         rec = self.restored_cut

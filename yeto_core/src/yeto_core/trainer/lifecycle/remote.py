@@ -86,7 +86,8 @@ class RemoteTrainerLifecycle(TrainerLifecycle):
     :param provider: launches the trainer island (``launch``/``status``/``release``).
     :param launch: the trainer island's launch record; each incarnation launches it
         with its own incarnation number (and cut).
-    :param timeout_s: how long ``train``/``drain`` wait for the trainer's answer.
+    :param timeout_s: how long ``train``/``drain`` (and ``wait_ready`` at shutdown) wait
+        for the trainer's answer (``[trainer] answer_timeout_s``).
     :param sleep: waits between polls (injected).
     """
 
@@ -94,7 +95,13 @@ class RemoteTrainerLifecycle(TrainerLifecycle):
 
     @classmethod
     def create(cls, context: LifecycleContext) -> RemoteTrainerLifecycle:
-        return cls(context.store, context.provider, context.launch, emit=context.emit)
+        return cls(
+            context.store,
+            context.provider,
+            context.launch,
+            timeout_s=float(context.config.trainer.answer_timeout_s),
+            emit=context.emit,
+        )
 
     def __init__(
         self,
@@ -324,7 +331,7 @@ class IslandTrainerAgent:
             self.events.send({"kind": "failed", "error": str(exc)})
             raise
         summary = {
-            "start_s": self.driver.start_seconds,
+            "start_s": self.driver.start_seconds,  # from the submission when stamped
             "cut_id": self.driver.restored_cut.cut_id if self.driver.restored_cut else None,
         }
         self.events.send({"kind": "ready", "summary": summary, "counters": self._counters()})
