@@ -30,6 +30,7 @@ $(STAMP): $(DEPS)
 WHEELS ?= build/wheels
 wheels: install
 	@mkdir -p $(WHEELS)
+	rm -rf $(foreach d,$(DISTS),$(d)/build)  # setuptools' build/lib keeps modules since removed
 	$(PIP) wheel -q --no-deps --no-build-isolation -w $(WHEELS) $(foreach d,$(DISTS),./$(d))
 	@ls $(WHEELS)
 

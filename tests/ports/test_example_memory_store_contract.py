@@ -6,9 +6,9 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from yeto_example_memory import MemoryStore
 
 from yeto_core.testing.store_contract import ObjectStoreContract
-from yeto_example_memory import MemoryStore
 
 
 class TestMemoryStore(ObjectStoreContract):
