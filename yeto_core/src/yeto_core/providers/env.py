@@ -11,7 +11,10 @@ incarnation with :func:`island_launch`; its ``env`` holds exactly:
 - the store's explicit credentials (:meth:`~yeto_core.ports.ObjectStore.credentials_env`,
   e.g. ``YETO_STORE_S3_*``);
 - ``YETO_CPUS`` (optional, set by a provider such as ``local`` from its ``cpus`` option):
-  the CPUs the island process pins itself to before anything else (:func:`pin_cpus`).
+  the CPUs the island process pins itself to before anything else (:func:`pin_cpus`);
+- ``YETO_VERSIONS`` (optional, set by a remote provider such as ``modal`` or ``sky``): the
+  run's yeto distributions and versions; an island whose installed ones differ refuses to
+  start (:func:`yeto_core.providers.dists.check_version_lock`).
 
 Everything else (the resolved config, the base model, releases) the island
 reads from the store (:mod:`yeto_core.config.run_store`).
@@ -36,6 +39,7 @@ ENV_ISLAND = "YETO_ISLAND"
 ENV_INCARNATION = "YETO_INCARNATION"
 ENV_CUT = "YETO_TRAINER_CUT"
 ENV_CPUS = "YETO_CPUS"
+ENV_VERSIONS = "YETO_VERSIONS"
 
 #: Every variable an island reads (besides the store's credentials).
 ISLAND_VARIABLES = (
@@ -46,6 +50,7 @@ ISLAND_VARIABLES = (
     ENV_INCARNATION,
     ENV_CUT,
     ENV_CPUS,
+    ENV_VERSIONS,
 )
 
 
