@@ -170,17 +170,20 @@ def test_the_body_runs_through_local():
     assert island.__module__ == "yeto_modal.entry"
 
 
-def test_an_island_with_other_yeto_versions_refuses_to_start(capfd):
+def test_an_island_with_other_yeto_versions_refuses_to_start(capfd, monkeypatch):
     """The body runs the island entry, which checks the run's versions first."""
     cfg = config(SAMPLER)
     built = modal_app.build(cfg, modal_app.plan(cfg, get_plugins()), config_json={})
     env = {
+        "YETO_MODAL_ENTRY": "yeto_core.islands.main",
         "YETO_STORE": "memory://nowhere",
         "YETO_ROLE": "sampler",
         "YETO_ISLAND": "gen-0",
         "YETO_INCARNATION": "0",
         "YETO_VERSIONS": '{"yeto-core": "9.9.9", "yeto-modal": "0.1.0"}',
     }
+    for k, v in env.items():  # the body puts env into os.environ: restored after the test
+        monkeypatch.setenv(k, v)
     assert built.functions["yeto-gen"].local(env) == 2
     err = capfd.readouterr().err
     assert "island gen-0 refuses to start" in err
