@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 DEPS := constraints.txt requirements-dev.txt $(foreach d,$(DISTS),$(d)/pyproject.toml) \
         examples/third_party_plugin/pyproject.toml
 
-.PHONY: install test lint quickstart fuzz chaos chaos-evict soak clean vllm-venv vllm-example examples
+.PHONY: install test lint quickstart fuzz chaos chaos-evict soak clean vllm-venv vllm-example examples wheels
 
 install: $(STAMP)
 
@@ -24,6 +24,15 @@ $(STAMP): $(DEPS)
 	$(PIP) install -q 'torch==2.13.0'
 	$(PIP) install -q -r requirements-dev.txt $(foreach d,$(DISTS),-e ./$(d)) -e ./examples/third_party_plugin
 	@touch $(STAMP)
+
+# Every distribution's wheel (LICENSE and py.typed inside) into build/wheels/, built with the
+# venv's setuptools (no isolated build environment to download).
+WHEELS ?= build/wheels
+wheels: install
+	@mkdir -p $(WHEELS)
+	rm -rf $(foreach d,$(DISTS),$(d)/build)  # setuptools' build/lib keeps modules since removed
+	$(PIP) wheel -q --no-deps --no-build-isolation -w $(WHEELS) $(foreach d,$(DISTS),./$(d))
+	@ls $(WHEELS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -43,3 +43,11 @@ def wait_until():
         raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
     return wait
+
+
+@pytest.fixture(scope="session", autouse=True)
+def wheel_cache(tmp_path_factory):
+    """The run's wheels built at launch are cached per session, not in the user's ~/.cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("YETO_WHEEL_CACHE", str(tmp_path_factory.mktemp("wheel-cache")))
+        yield

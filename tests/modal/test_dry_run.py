@@ -33,7 +33,16 @@ def test_example_dry_run_prints_the_plan_and_passes(tmp_path, monkeypatch, volum
     assert "modal-store: modal-volume://yeto-runs/modal-quickstart: one appender" in out
     assert "yeto-sampler (sampler: sampler-0): gpu L4, cpu 4, memory 16384 MiB" in out
     assert "yeto-trainer (trainer: trainer): gpu L4" in out
-    assert "pip_install yeto-core==0.1.0 yeto-modal==0.1.0 yeto-torch==0.1.0" in out
+    wheels = [
+        f"/yeto/wheels/{d}-0.1.0-py3-none-any.whl"
+        for d in ("yeto_core", "yeto_modal", "yeto_torch")
+    ]
+    assert f"pip_install {' '.join(wheels)};" in out  # the run's own wheels, no index
+    assert "yeto-core==" not in out
+    assert (
+        f"add_local_file {tmp_path / 'run' / 'wheels' / 'yeto_core-0.1.0-py3-none-any.whl'}" in out
+    )
+    assert "yeto-core 0.1.0: wheel built at launch from" in out
     assert f"${price:.4f}/hour per island" in out
     assert "FAIL" not in out
     assert not (tmp_path / "run" / "modal").exists()  # nothing was launched
@@ -52,8 +61,11 @@ def test_example_dry_run_offline_needs_no_token(tmp_path, monkeypatch):
     assert "[WARN] store: modal-volume://yeto-runs/modal-quickstart not probed (--offline)" in out
     assert "yeto-sampler (sampler: sampler-0): gpu L4, cpu 4, memory 16384 MiB" in out
     assert f"${round(hourly_usd('L4', 4, 16384), 4):.4f}/hour per island" in out
+    assert "the images install the run's own yeto" in out
+    assert "pip_install /yeto/wheels/yeto_core-0.1.0-py3-none-any.whl" in out
     assert "FAIL" not in out
     assert not (tmp_path / "run" / "modal").exists()
+    assert not (tmp_path / "run" / "wheels").exists()  # built at launch, not by a dry run
 
 
 def test_offline_without_dry_run_is_refused(tmp_path):

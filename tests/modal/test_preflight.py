@@ -32,6 +32,7 @@ def cfg(store, counts=(1,), layout="auto", price=None, gpu="L4"):
     }
     return NS(
         name="demo",
+        run_dir="runs/demo",
         samplers=samplers,
         trainer=trainer,
         task=NS(name="sort4"),

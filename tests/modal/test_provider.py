@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 import time
+import zipfile
+from pathlib import Path
 from types import SimpleNamespace as NS
 
 import pytest
@@ -33,7 +35,12 @@ def sampler_config():
     )
     t = NS(name="trainer", backend="torch", provider="modal", provider_options={"gpu": "A10"})
     return NS(
-        name="demo", samplers=[s], trainer=t, task=NS(name="sort4"), store_url=lambda: "s3://b/r"
+        name="demo",
+        run_dir="runs/demo",
+        samplers=[s],
+        trainer=t,
+        task=NS(name="sort4"),
+        store_url=lambda: "s3://b/r",
     )
 
 
@@ -85,6 +92,9 @@ def test_one_spawn_per_incarnation_with_identity_only_and_a_journal(call_service
     assert "YETO_STORE_S3_SECRET_ACCESS_KEY" not in spec["env"]  # credentials go by Secret
     assert spec["env"]["YETO_INCARNATION"] == "0"
     assert json.loads(spec["env"][ENV_MOUNTS]) == {"/models": "weights"}
+    assert json.loads(spec["env"]["YETO_VERSIONS"]) == {  # the island's version lock
+        d: "0.1.0" for d in ("yeto-core", "yeto-modal", "yeto-s3", "yeto-torch")
+    }
     rec = p.record(h1)
     assert rec["function"] == "yeto-trainer" and rec["call_id"] in calls
     assert p.status(h0) == IslandStatus.RUNNING
@@ -166,6 +176,52 @@ def test_finished_and_failed_bodies(call_service, provider_for, wait_until):
     for h, code in ((ok, 0), (bad, 1)):
         wait_until(lambda h=h: p.status(h) == IslandStatus.EXITED, what=f"{h} to end")
         assert p.returncode(h) == code
+
+
+def run_config(tmp_path):
+    from yeto_core.config.load import parse_config
+
+    modal = {"provider": "modal", "provider_options": {"gpu": "L4"}, "price_per_hour": 0.8}
+    return parse_config(
+        {
+            "name": "demo",
+            "run_dir": str(tmp_path / "run"),
+            "store": "s3://b/r",
+            "model": {"path": str(tmp_path / "model")},
+            "task": {"name": "sort4"},
+            "samplers": [{"name": "sampler", "engine": "hf", "count": 2, **modal}],
+            "trainer": {"backend": "torch", **modal},
+        }
+    )
+
+
+@pytest.mark.slow
+def test_the_first_launch_builds_the_runs_wheels_before_it_deploys(
+    call_service, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("YETO_WHEEL_CACHE", str(tmp_path / "cache"))
+    call_service.command = SLEEP
+    deployed = []
+    real_deploy = call_service.deploy
+
+    def deploy(built):
+        # what the images copy exists when the app is deployed
+        copied = [a[0] for p in built.plans.values() for m, a in p.image if m == "add_local_file"]
+        deployed.append({path: Path(path).is_file() for path in copied})
+        real_deploy(built)
+
+    call_service.deploy = deploy
+    cfg = run_config(tmp_path)
+    p = ModalIslands(tmp_path / "run", seam=call_service, load_config=lambda url: cfg)
+    p.launch(launch("sampler-0", 0))
+    p.launch(launch("sampler-1", 0))
+    assert len(deployed) == 1 and deployed[0] and all(deployed[0].values()), deployed
+    wheels = sorted(x.name for x in (tmp_path / "run" / "wheels").iterdir())
+    assert wheels == [
+        f"{d}-0.1.0-py3-none-any.whl" for d in ("yeto_core", "yeto_modal", "yeto_s3", "yeto_torch")
+    ]
+    with zipfile.ZipFile(tmp_path / "run" / "wheels" / wheels[0]) as z:
+        assert "yeto_core/providers/dists.py" in z.namelist()  # this checkout's code
 
 
 def test_refused_spawn_journals_nothing(call_service, provider_for):

@@ -11,6 +11,7 @@ from yeto_sky import plugin
 def _config(store="s3://bucket/demo", sampler_options=None, trainer_provider="local", **kw):
     sampler = SimpleNamespace(
         name="sampler",
+        engine="hf",
         provider="sky",
         provider_options=sampler_options
         or {"resources": {"infra": "aws/us-east-1", "accelerators": "L4:1", "use_spot": True}},
@@ -19,6 +20,7 @@ def _config(store="s3://bucket/demo", sampler_options=None, trainer_provider="lo
     )
     trainer = SimpleNamespace(
         name="trainer",
+        backend="torch",
         provider=trainer_provider,
         provider_options={"resources": {"infra": "gcp", "accelerators": "H100:1"}},
         price_per_hour=kw.get("trainer_price", 3.9),
@@ -26,6 +28,8 @@ def _config(store="s3://bucket/demo", sampler_options=None, trainer_provider="lo
     return SimpleNamespace(
         name="demo",
         run_id="demo",
+        run_dir="runs/demo",
+        task=SimpleNamespace(name="sort4"),
         samplers=[sampler],
         trainer=trainer,
         store_url=lambda: store,
@@ -45,6 +49,15 @@ def test_each_island_task_is_shown_with_its_resources_and_price():
     assert "cluster demo-sampler-0-i0 (spot, aws/us-east-1, {'L4': 1})" in s0.detail
     assert "~$0.31/h from SkyPilot catalog aws/vms.csv us-east-1 g6.xlarge (spot)" in s0.detail
     assert "run: exec python3 -m yeto_core.islands.main" in s0.detail
+    # the run's own wheels, uploaded with the task and installed on the node; the lock
+    assert "~/.yeto/wheels: runs/demo/wheels" in s0.detail
+    assert "~/.yeto/wheels/yeto_core-0.1.0-py3-none-any.whl" in s0.detail
+    assert (
+        """YETO_VERSIONS: '{"yeto-core": "0.1.0", "yeto-s3": "0.1.0", "yeto-torch": "0.1.0"}'"""
+        in (s0.detail)
+    )
+    install = checks["sky.install[samplers[0]]"]
+    assert install.status == "ok" and "yeto-core 0.1.0 (wheel built at launch)" in install.detail
     assert "sky.task[sampler-1]" in checks
     t = checks["sky.task[trainer]"]
     assert "(on-demand, gcp, {'H100': 1})" in t.detail and "table 2025-06" in t.detail

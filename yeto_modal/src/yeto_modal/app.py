@@ -8,11 +8,13 @@ import json
 import re
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Optional
 
 import attrs
 
 from yeto_core.errors import ConfigError
+from yeto_core.providers.dists import BUILD, FILE, INDEX, Shipped, island_modules, run_distributions
 from yeto_modal import refuse_unknown
 from yeto_modal.prices import PRICES_DATE, hourly_usd
 
@@ -23,6 +25,10 @@ OPTIONS = {
     "image", "prices", "price_multiplier", "environment",
 }  # fmt: skip
 IMAGE_OPTIONS = {"python", "apt", "pip", "env", "source"}
+#: ``image.source``: the run's own wheels (built at launch), the index, or the local sources.
+SOURCES = ("wheels", "index", "local")
+#: Where the run's wheels are copied into the image.
+WHEELS_IN_IMAGE = "/yeto/wheels"
 
 
 @attrs.frozen
@@ -40,6 +46,8 @@ class FunctionPlan:
     secrets: tuple[str, ...]
     usd_per_hour: float
     environment: Optional[str] = None
+    #: The run's yeto distributions in this image (the island's version lock).
+    shipped: tuple[Any, ...] = ()
 
 
 def modal_groups(config: Any) -> list[tuple[str, str, tuple[str, ...], str, dict[str, Any]]]:
@@ -54,16 +62,6 @@ def modal_groups(config: Any) -> list[tuple[str, str, tuple[str, ...], str, dict
     return out
 
 
-def distributions(modules: list[str]) -> list[tuple[str, str]]:
-    """(distribution, version) that install each top-level module, without repeats."""
-    owners = md.packages_distributions()
-    out: dict[str, str] = {}
-    for module in modules:
-        for dist in owners.get(module.split(".")[0], [])[:1]:
-            out.setdefault(dist, md.version(dist))
-    return sorted(out.items())
-
-
 def _requirements(dists: list[str]) -> list[str]:
     """Third-party requirements of local yeto distributions (the ``source = "local"`` image)."""
     reqs: set[str] = set()
@@ -75,43 +73,73 @@ def _requirements(dists: list[str]) -> list[str]:
     return sorted(reqs)
 
 
-def image_steps(options: Mapping[str, Any], modules: list[str]) -> tuple[tuple[str, Any], ...]:
-    """The image as (method, argument) steps: debian_slim, apt, pip, env, local sources."""
+def image_steps(
+    options: Mapping[str, Any], modules: list[str], wheel_dir: str | Path
+) -> tuple[tuple[tuple[str, Any], ...], tuple[Shipped, ...]]:
+    """The image as (method, argument) steps, and the yeto distributions it holds.
+
+    ``source = "wheels"`` (the default): each yeto distribution's wheel, built at launch into
+    ``wheel_dir`` (:func:`yeto_core.providers.dists.build_wheels`), is copied into the image
+    and pip-installed from there; a distribution the head installed from an index is pinned
+    from it. ``"index"``: every one pinned from the index (``dist==version``: publish them
+    first). ``"local"``: the sources copied (``add_local_python_source``), only their
+    third-party requirements installed.
+    """
     img = dict(options.get("image") or {})
     refuse_unknown("provider_options.image", img, IMAGE_OPTIONS)
+    source = img.get("source", "wheels")
+    if source == "pypi":  # the earlier name of "index"
+        source = "index"
+    if source not in SOURCES:
+        raise ConfigError(
+            f"provider_options.image.source = {source!r}; use one of {', '.join(SOURCES)}"
+        )
     python = str(img.get("python") or f"{sys.version_info.major}.{sys.version_info.minor}")
     steps: list[tuple[str, Any]] = [("debian_slim", python)]
     if img.get("apt"):
         steps.append(("apt_install", tuple(img["apt"])))
-    dists = distributions(modules)
-    if img.get("source", "pypi") == "local":
-        pip = _requirements([d for d, _ in dists])
-    elif img.get("source", "pypi") == "pypi":
-        pip = [f"{d}=={v}" for d, v in dists]
+    shipped = tuple(run_distributions(modules))
+    if source == "local":
+        pip = _requirements([s.dist for s in shipped])
+    elif source == "index":
+        pip = [s.requirement for s in shipped]
     else:
-        raise ConfigError(f"provider_options.image.source = {img['source']!r}; use pypi or local")
+        pip = []
+        for s in shipped:
+            if s.how == INDEX:
+                pip.append(s.requirement)
+            else:
+                remote = f"{WHEELS_IN_IMAGE}/{s.wheel}"
+                steps.append(("add_local_file", (str(Path(wheel_dir) / s.wheel), remote)))
+                pip.append(remote)
     pip += list(img.get("pip") or ())
     if pip:
         steps.append(("pip_install", tuple(pip)))
     if img.get("env"):
         steps.append(("env", dict(img["env"])))
-    if img.get("source") == "local":
+    if source == "local":
         tops = sorted({m.split(".")[0] for m in modules if m.split(".")[0].startswith("yeto")})
         steps.append(("add_local_python_source", tuple(tops)))
-    return tuple(steps)
+        shipped = ()  # the sources carry no distribution metadata: nothing to lock
+    return tuple(steps), shipped
 
 
-def plan(config: Any, plugins: Any) -> list[FunctionPlan]:
-    """The functions of ``config``'s Modal island groups (``plugins`` resolves names)."""
-    resolve = plugins.resolve
-    base = ["yeto_core", "yeto_modal", resolve("Task", config.task.name).__module__]
-    base.append(plugins.store_class_for_url(config.store_url()).__module__)
+def wheel_dir_of(config: Any) -> Path:
+    """Where the run's wheels are built at launch: ``<run_dir>/wheels``."""
+    return Path(config.run_dir) / "wheels"
+
+
+def plan(config: Any, plugins: Any, wheel_dir: Optional[str | Path] = None) -> list[FunctionPlan]:
+    """The functions of ``config``'s Modal island groups (``plugins`` resolves names); the
+    run's wheels are taken from ``wheel_dir`` (default ``<run_dir>/wheels``)."""
+    wheels = Path(wheel_dir) if wheel_dir is not None else wheel_dir_of(config)
     out = []
     for role, group, islands, impl, options in modal_groups(config):
         where = "trainer" if role == "trainer" else f"samplers[name={group!r}]"
         refuse_unknown(f"{where}.provider_options", options, OPTIONS)
-        port = "TrainerBackend" if role == "trainer" else "SamplerEngine"
-        modules = [*base, resolve(port, impl).__module__]
+        # the island function's body is yeto_modal.entry: yeto-modal is in every image
+        modules = [*island_modules(config, plugins, role, impl), "yeto_modal"]
+        image, shipped = image_steps(options, modules, wheels)
         gpu = options.get("gpu")
         out.append(
             FunctionPlan(
@@ -127,7 +155,7 @@ def plan(config: Any, plugins: Any) -> list[FunctionPlan]:
                     "region": options.get("region"),
                     "nonpreemptible": bool(options.get("nonpreemptible", False)),
                 },
-                image=image_steps(options, modules),
+                image=image,
                 volumes=dict(options.get("volumes") or {}),
                 secrets=tuple(options.get("secrets") or ()),
                 usd_per_hour=hourly_usd(
@@ -138,16 +166,22 @@ def plan(config: Any, plugins: Any) -> list[FunctionPlan]:
                     multiplier=float(options.get("price_multiplier", 1.0)),
                 ),
                 environment=options.get("environment"),
+                shipped=shipped,
             )
         )
     return out
+
+
+def shipped_of(plans: list[FunctionPlan]) -> list[Shipped]:
+    """The yeto distributions of every function's image, without repeats."""
+    return sorted({s.dist: s for p in plans for s in p.shipped}.values(), key=lambda s: s.dist)
 
 
 def render(plans: list[FunctionPlan], app_name: str) -> list[str]:
     """The plan as lines for ``yeto run up --dry-run``."""
     lines = [f"Modal app {app_name!r} (prices of {PRICES_DATE}):"]
     for p in plans:
-        steps = "; ".join(f"{m} {' '.join(a) if isinstance(a, tuple) else a}" for m, a in p.image)
+        steps = "; ".join(_step(m, a) for m, a in p.image)
         islands = ", ".join(p.islands)
         vols = ", ".join(f"{k} <- {v}" for k, v in p.volumes.items()) or "none"
         r = p.resources
@@ -159,6 +193,25 @@ def render(plans: list[FunctionPlan], app_name: str) -> list[str]:
             f"(+ store credentials); ${p.usd_per_hour:.4f}/hour per island, "
             f"${p.usd_per_hour * len(p.islands):.4f}/hour for {len(p.islands)}"
         )
+    return lines
+
+
+def _step(method: str, arg: Any) -> str:
+    if method == "add_local_file":  # the run's wheel: where it is built at launch
+        return f"add_local_file {arg[0]} -> {arg[1]}"
+    return f"{method} {' '.join(arg) if isinstance(arg, tuple) else arg}"
+
+
+def render_wheels(plans: list[FunctionPlan]) -> list[str]:
+    """What ``yeto run up`` builds at launch and how each image gets yeto."""
+    lines = []
+    for s in shipped_of(plans):
+        how = {
+            BUILD: f"wheel built at launch from {s.source}",
+            FILE: f"the wheel it was installed from, {s.source}",
+            INDEX: "from the package index (the head installed it from one)",
+        }[s.how]
+        lines.append(f"  {s.dist} {s.version}: {how}")
     return lines
 
 
@@ -200,7 +253,10 @@ def build(
     for p in plans:
         image: Any = modal.Image
         for method, arg in p.image:  # each step's argument is its positional argument(s)
-            image = getattr(image, method)(*(arg if isinstance(arg, tuple) else (arg,)))
+            # a wheel is copied into a layer (copy=True) so that pip_install, a later
+            # build step, can read it
+            kw = {"copy": True} if method == "add_local_file" else {}
+            image = getattr(image, method)(*(arg if isinstance(arg, tuple) else (arg,)), **kw)
         secrets = [modal.Secret.from_name(s, environment_name=p.environment) for s in p.secrets]
         if creds is not None:
             secrets.append(creds)

@@ -84,6 +84,15 @@ def check_plan(config: Any, report: Any) -> None:
         return
     for line in modal_app.render(plans, modal_app.app_name_of(config)):
         report.ok(PLAN_CHECK, line.strip())
+    wheels = modal_app.render_wheels(plans)
+    if wheels:
+        report.ok(
+            PLAN_CHECK,
+            f"the images install the run's own yeto ({modal_app.wheel_dir_of(config)}, built "
+            "at launch; each island checks these versions before it starts):",
+        )
+        for line in wheels:
+            report.ok(PLAN_CHECK, line.strip())
     prices = config.island_prices()
     for p in plans:
         have, want = prices.get(p.islands[0], 0.0), round(p.usd_per_hour, 4)

@@ -13,7 +13,8 @@ from typing import Any, Optional
 from yeto_core.errors import YetoError
 from yeto_core.head.run_dir import write_json_atomic
 from yeto_core.ports import IslandProvider
-from yeto_core.providers.env import stamp_submitted
+from yeto_core.providers.dists import build_wheels, lock_env
+from yeto_core.providers.env import ENV_VERSIONS, stamp_submitted
 from yeto_core.records import Event, IslandStatus
 from yeto_modal import app as modal_app
 from yeto_modal.entry import ENV_ENTRY, ENV_MOUNTS
@@ -103,6 +104,8 @@ class ModalIslands(IslandProvider):
     ) -> None:
         self.dir = Path(state_dir) / "modal"
         self.dir.mkdir(parents=True, exist_ok=True)
+        #: The run's yeto wheels, built at the first launch (the images copy them).
+        self.wheel_dir = Path(state_dir) / "wheels"
         self.seam = seam if seam is not None else type(self).seam_factory()
         self.load_config = load_config
         self.plugins = plugins
@@ -134,9 +137,12 @@ class ModalIslands(IslandProvider):
             from yeto_core.plugins import get_plugins
 
             config = self.load_config(launch.store_url)
+            plans = modal_app.plan(config, self.plugins or get_plugins(), self.wheel_dir)
+            # the run's own yeto: its wheels built now, copied into the images at deploy
+            build_wheels(modal_app.shipped_of(plans), self.wheel_dir)
             built = modal_app.build(
                 config,
-                modal_app.plan(config, self.plugins or get_plugins()),
+                plans,
                 credentials=split_env(launch.env)[1],
                 config_json=config_to_dict(config),
             )
@@ -169,6 +175,8 @@ class ModalIslands(IslandProvider):
         # each spawn its own submission time: the deployed function's environment was
         # built once, at the run's launch (the seed's T_s bug)
         env = stamp_submitted(env)
+        if group.shipped:  # the island refuses to start on other yeto versions
+            env[ENV_VERSIONS] = lock_env(group.shipped)
         try:
             call_id = self.seam.spawn(built, group.name, env)
         except Exception as exc:

@@ -64,13 +64,32 @@ def yeto_preflight(config, report):
     groups = list(sky_groups(config))
     if not groups:
         return
+    from pathlib import Path
+
+    from yeto_core.errors import ConfigError
+    from yeto_core.plugins import get_plugins
+    from yeto_core.providers.dists import island_modules, run_distributions
     from yeto_sky import prices
-    from yeto_sky.tasks import SkyTaskError, build_task, check_accelerators, redacted_yaml
+    from yeto_sky.tasks import Ship, SkyTaskError, build_task, check_accelerators, redacted_yaml
 
     check_store(config, report)
     run_id = config.run_id
     for path, role, islands, group, options in groups:
         where = f"{path}.provider_options"
+        impl = group.backend if role == "trainer" else group.engine
+        try:
+            shipped = tuple(run_distributions(island_modules(config, get_plugins(), role, impl)))
+        except (ConfigError, LookupError) as exc:
+            report.fail(f"{CHECK}.install[{path}]", f"{where}: {exc}")
+            continue
+        ship = Ship(shipped=shipped, wheel_dir=str(Path(config.run_dir) / "wheels"))
+        how = {"build": "wheel built at launch", "file": "its installed wheel", "index": "index"}
+        report.ok(
+            f"{CHECK}.install[{path}]",
+            f"{options.get('install', 'wheels')}: "
+            + ", ".join(f"{s.dist} {s.version} ({how[s.how]})" for s in shipped)
+            + "; each island checks these versions before it starts",
+        )
         for island in islands:
             name = f"{CHECK}.task[{island}]"
             try:
@@ -81,6 +100,7 @@ def yeto_preflight(config, report):
                     env=_env(config, config.store_url(), role, island),
                     options=options,
                     where=where,
+                    ship=ship,
                 )
                 checked, detail = check_accelerators(task, where)
             except SkyTaskError as exc:

@@ -42,7 +42,7 @@ from yeto_core.ports import IslandProvider
 from yeto_core.providers.env import stamp_submitted
 from yeto_core.records import Event, IslandLaunch, IslandStatus
 from yeto_sky.seam import TERMINAL_JOB_STATES, SkyLaunchError, SkySeam
-from yeto_sky.tasks import SkyTaskError, build_task, redacted_yaml
+from yeto_sky.tasks import Ship, SkyTaskError, build_task, redacted_yaml
 
 STARTING, RUNNING, EXITED, GONE, LOST = (
     IslandStatus.STARTING,
@@ -60,6 +60,23 @@ MAX_EVENTS = 10_000
 _ALIVE = ("UP", "INIT")
 
 
+def _run_dir_config(state_dir: Path) -> Any:
+    """The run config the head keeps in its run dir, or None."""
+    from yeto_core.config.load import config_from_dict
+
+    try:
+        data = json.loads((state_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return config_from_dict(data)
+
+
+def cluster_name_of(launch: IslandLaunch) -> str:
+    from yeto_sky.tasks import cluster_name
+
+    return cluster_name(launch.run_id, launch.island, launch.incarnation)
+
+
 class SkyIslands(IslandProvider):
     """Islands as SkyPilot clusters.
 
@@ -68,6 +85,10 @@ class SkyIslands(IslandProvider):
     :param poll_s: seconds between status polls of the live clusters.
     :param release_timeout_s: how long ``release`` waits for a launch still in flight.
     :param clock: seconds since the epoch.
+    :param load_config: the run's config from the run dir (default: ``state_dir/config.json``,
+        which the head writes before any launch; None when there is none), to know which
+        yeto distributions each island needs.
+    :param plugins: resolves the config's names (default: every installed plugin).
     """
 
     PLUGIN_NAME = "sky"
@@ -80,8 +101,13 @@ class SkyIslands(IslandProvider):
         poll_s: float = 10.0,
         release_timeout_s: float = 3600.0,
         clock: Callable[[], float] = time.time,
+        load_config: Optional[Callable[[Path], Any]] = None,
+        plugins: Any = None,
     ) -> None:
         self.state_dir = Path(state_dir)
+        self.load_config = load_config or _run_dir_config
+        self.plugins = plugins
+        self._ships: dict[tuple[str, str], Optional[Ship]] = {}
         self.dir = self.state_dir / self.PLUGIN_NAME
         (self.dir / "clusters").mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -140,7 +166,7 @@ class SkyIslands(IslandProvider):
 
     # -- the port --------------------------------------------------------------------
 
-    def _task(self, launch: IslandLaunch) -> Any:
+    def _task(self, launch: IslandLaunch, ship: Optional[Ship] = None) -> Any:
         return build_task(
             run_id=launch.run_id,
             island=launch.island,
@@ -149,7 +175,45 @@ class SkyIslands(IslandProvider):
             options=launch.options,
             entry_module=launch.entry_module,
             where=f"provider_options of {launch.island}",
+            ship=ship,
         )
+
+    def ship(self, launch: IslandLaunch) -> Optional[Ship]:
+        """The run's yeto for ``launch``'s island: the distributions its role needs, their
+        wheels built (once per group) into ``state_dir/wheels``, which the task uploads.
+        None when the run dir holds no config (nothing is installed or locked then)."""
+        from yeto_core.providers.dists import build_wheels, island_modules, run_distributions
+
+        config = self.load_config(self.state_dir)
+        if config is None:
+            self._emit(
+                cluster_name_of(launch),
+                "sky_no_run_config",
+                detail=f"no run config in {self.state_dir}: yeto is not installed by the task",
+            )
+            return None
+        if launch.role == "trainer":
+            impl = config.trainer.backend
+        else:
+            impl = next(
+                (s.engine for s in config.samplers if launch.island in s.island_names()), ""
+            )
+            if not impl:
+                raise SkyTaskError(f"island {launch.island!r} is in no sampler group of the run")
+        key = (launch.role, impl)
+        if key not in self._ships:
+            if self.plugins is None:
+                from yeto_core.plugins import get_plugins
+
+                self.plugins = get_plugins()
+            shipped = tuple(
+                run_distributions(island_modules(config, self.plugins, launch.role, impl))
+            )
+            wheel_dir = (self.state_dir / "wheels").absolute()
+            if launch.options.get("install", "wheels") == "wheels":
+                build_wheels(shipped, wheel_dir)
+            self._ships[key] = Ship(shipped=shipped, wheel_dir=str(wheel_dir))
+        return self._ships[key]
 
     def price_per_hour(self, handle: Union[str, IslandLaunch]) -> Optional[float]:
         """The estimated $/hour of a cluster (catalog, else the dated table).
@@ -176,7 +240,7 @@ class SkyIslands(IslandProvider):
         # this incarnation's submission time: its start (provisioning included) is timed
         # from it (``trainer_start_summary.start_s``)
         launch = attrs.evolve(launch, env=stamp_submitted(launch.env, self.clock()))
-        task = self._task(launch)
+        task = self._task(launch, self.ship(launch))
         cluster = task.cluster
         if cluster in self._live:
             raise ValueError(f"cluster {cluster} is already held; release it first")

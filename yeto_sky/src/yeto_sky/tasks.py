@@ -5,16 +5,20 @@ A sampler group or the trainer chooses ``provider = "sky"``; its
 
     provider_options = { resources = { infra = "aws/us-east-1", accelerators = "L4:1",
                                        use_spot = true },
-                         setup = "pip install yeto-core yeto-s3 yeto-torch",
                          autostop_minutes = 30 }
 
 ``resources`` is a SkyPilot ``resources`` table, passed as it is; ``setup``
-installs yeto on the node (default: nothing, for an image that has it);
+runs first on the node (your own packages: a CUDA torch, vLLM, ...);
+``install`` says how yeto gets there: ``"wheels"`` (default) uploads the run's
+own wheels, built at launch, with the task (``file_mounts``) and pip-installs
+them after ``setup``; ``"index"`` pip-installs the run's exact versions from
+the package index; ``"image"`` installs nothing (the image has yeto). Every
+way, the island checks the run's versions (``YETO_VERSIONS``) before it starts.
 ``autostop_minutes`` tears the cluster down after that long idle, a backstop
 for a head that died (default 30); ``python`` is the interpreter on the node
 (default ``python3``). The task's ``run`` starts the island entry with only
-the store URL and the ids in ``envs``; the store's credentials go into
-``secrets`` (SkyPilot redacts them).
+the store URL, the ids and the version lock in ``envs``; the store's
+credentials go into ``secrets`` (SkyPilot redacts them).
 
 Validation uses ``sky.Task.from_yaml_config`` (SkyPilot's schema: an unknown
 field or a bad value is refused with SkyPilot's message). Accelerator names
@@ -34,7 +38,11 @@ from typing import Any, Optional
 import attrs
 
 #: provider_options keys this provider reads.
-OPTION_KEYS = ("resources", "setup", "autostop_minutes", "python", "poll_s")
+OPTION_KEYS = ("resources", "setup", "install", "autostop_minutes", "python", "poll_s")
+#: ``install``: how yeto reaches the node.
+INSTALL_MODES = ("wheels", "index", "image")
+#: Where the run's wheels are uploaded on the node (``file_mounts``).
+WHEELS_ON_NODE = "~/.yeto/wheels"
 DEFAULT_AUTOSTOP_MINUTES = 30
 #: Island variables that go into ``envs``; every other variable is a credential (``secrets``).
 PLAIN_VARIABLES = (
@@ -45,11 +53,21 @@ PLAIN_VARIABLES = (
     "YETO_INCARNATION",
     "YETO_TRAINER_CUT",
     "YETO_START_SUBMITTED_UNIX",
+    "YETO_VERSIONS",
 )
 
 
 class SkyTaskError(ValueError):
     """An island's SkyPilot task is invalid; the message names the TOML path."""
+
+
+@attrs.frozen
+class Ship:
+    """How the run's yeto reaches an island's node: its distributions (``Shipped``, with
+    versions: the lock) and the local directory of their wheels (uploaded as it is)."""
+
+    shipped: tuple[Any, ...]
+    wheel_dir: str
 
 
 @attrs.frozen
@@ -78,6 +96,28 @@ def check_options(options: Mapping[str, Any], where: str) -> None:
     res = options.get("resources", {})
     if not isinstance(res, Mapping):
         raise SkyTaskError(f"{where}.resources must be a table of SkyPilot resources fields")
+    if options.get("install", "wheels") not in INSTALL_MODES:
+        raise SkyTaskError(
+            f"{where}.install = {options['install']!r}; use one of {', '.join(INSTALL_MODES)}"
+        )
+
+
+def install_yeto(
+    options: Mapping[str, Any], ship: Ship, python: str
+) -> tuple[Optional[str], dict[str, str]]:
+    """(the setup line that installs the run's yeto, the task's ``file_mounts``)."""
+    from yeto_core.providers.dists import INDEX
+
+    mode = options.get("install", "wheels")
+    pip = f"{shlex.quote(python)} -m pip install --quiet"
+    if mode == "image" or not ship.shipped:
+        return None, {}
+    if mode == "index":
+        return f"{pip} " + " ".join(shlex.quote(s.requirement) for s in ship.shipped), {}
+    wheels = [f"{WHEELS_ON_NODE}/{shlex.quote(s.wheel)}" for s in ship.shipped if s.how != INDEX]
+    pins = [shlex.quote(s.requirement) for s in ship.shipped if s.how == INDEX]
+    mounts = {WHEELS_ON_NODE: str(ship.wheel_dir)} if wheels else {}
+    return f"{pip} " + " ".join(wheels + pins), mounts
 
 
 def build_task(
@@ -89,10 +129,13 @@ def build_task(
     options: Mapping[str, Any],
     entry_module: str = "yeto_core.islands.main",
     where: str = "provider_options",
+    ship: Optional[Ship] = None,
 ) -> IslandTask:
     """The SkyPilot task of one island incarnation, validated by ``sky.Task.from_yaml_config``.
 
     :param where: the TOML path of ``options`` (named in every error).
+    :param ship: the run's yeto for the node (installed as ``options.install`` says, its
+        versions locked in ``YETO_VERSIONS``); None: nothing of yeto is installed or locked.
     :raises SkyTaskError: SkyPilot refused the task; its message and ``where`` are kept.
     """
     check_options(options, where)
@@ -107,8 +150,19 @@ def build_task(
     secrets = {k: str(v) for k, v in env.items() if k not in PLAIN_VARIABLES}
     if secrets:
         config["secrets"] = secrets
-    if options.get("setup"):
-        config["setup"] = str(options["setup"])
+    setup = [str(options["setup"])] if options.get("setup") else []
+    if ship is not None and ship.shipped:
+        from yeto_core.providers.dists import lock_env
+        from yeto_core.providers.env import ENV_VERSIONS
+
+        config["envs"][ENV_VERSIONS] = lock_env(ship.shipped)
+        line, mounts = install_yeto(options, ship, python)
+        if line:
+            setup.append(line)
+        if mounts:
+            config["file_mounts"] = mounts
+    if setup:
+        config["setup"] = "\n".join(setup)
     try:
         autostop = int(options.get("autostop_minutes", DEFAULT_AUTOSTOP_MINUTES))
     except (TypeError, ValueError):

@@ -5,7 +5,7 @@ and a ``yeto_event`` observer (every event of every stream to ``YETO_EXAMPLE_EVE
 from yeto_core import hookimpl
 from yeto_core.errors import NotFoundError
 from yeto_core.ports import ObjectStore
-from yeto_core.stores.keys import check_key
+from yeto_core.stores.keys import check_key, check_prefix
 
 _SPACES: dict[str, dict[str, bytes]] = {}
 
@@ -43,6 +43,7 @@ class MemoryStore(ObjectStore):
         return check_key(key) in self._d
 
     def list(self, prefix="", after=None):
+        check_prefix(prefix)
         keys = (k for k in self._d if k.startswith(prefix) and (after is None or k > after))
         return iter(sorted(keys))
 

@@ -485,9 +485,11 @@ def run_island(env: Mapping[str, str], plugins: Any = None) -> int:
     :returns: the exit code.
     """
     from yeto_core.errors import YetoError
+    from yeto_core.providers.dists import check_version_lock
     from yeto_core.sampler.engine_server import EXIT_INFRA_FAILED, InfraFailedError
 
     ident = identity_from_env(env)
+    check_version_lock(env, ident.island)  # a remote island runs the run's own yeto, or nothing
     if plugins is None:
         from yeto_core.plugins import Plugins
 

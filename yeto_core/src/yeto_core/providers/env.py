@@ -16,6 +16,9 @@ incarnation with :func:`island_launch`; its ``env`` holds exactly:
   :func:`stamp_submitted`): when this incarnation was submitted (seconds since the epoch,
   the head host's clock). A trainer measures its start (``trainer_start_summary.start_s``,
   S1's ``T_s``) from it, so provisioning, image pull and imports count.
+- ``YETO_VERSIONS`` (optional, set by a remote provider such as ``modal`` or ``sky``): the
+  run's yeto distributions and versions; an island whose installed ones differ refuses to
+  start (:func:`yeto_core.providers.dists.check_version_lock`).
 
 Everything else (the resolved config, the base model, releases) the island
 reads from the store (:mod:`yeto_core.config.run_store`).
@@ -43,6 +46,7 @@ ENV_INCARNATION = "YETO_INCARNATION"
 ENV_CUT = "YETO_TRAINER_CUT"
 ENV_CPUS = "YETO_CPUS"
 ENV_START_SUBMITTED = "YETO_START_SUBMITTED_UNIX"
+ENV_VERSIONS = "YETO_VERSIONS"
 
 #: Every variable an island reads (besides the store's credentials).
 ISLAND_VARIABLES = (
@@ -54,6 +58,7 @@ ISLAND_VARIABLES = (
     ENV_CUT,
     ENV_CPUS,
     ENV_START_SUBMITTED,
+    ENV_VERSIONS,
 )
 
 
