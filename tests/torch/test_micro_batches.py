@@ -68,7 +68,11 @@ def test_micro_batches_give_the_update_of_one_batch(sort_base, batches):
         losses = [be.train_round(b)["loss"] for b in batches]
         assert (len(seen) > len(batches)) == (mb == 16)
         runs[mb] = (losses, {n: p.detach().clone() for n, p in be.model.named_parameters()})
-    assert runs[16][0] == pytest.approx(runs[1024][0], rel=1e-5, abs=1e-8)
+    # the first round starts from the same weights: its loss agrees to float32 round-off; the
+    # later rounds start from weights an Adam step apart by rounding (below), so their losses
+    # agree to that (1.3e-5 relative was measured on an AVX-512 Xeon)
+    assert runs[16][0][0] == pytest.approx(runs[1024][0][0], rel=1e-5, abs=1e-8)
+    assert runs[16][0][1:] == pytest.approx(runs[1024][0][1:], rel=1e-4, abs=1e-8)
     assert any(abs(x) > 1e-6 for x in runs[16][0]), "zero losses: the test checks nothing"
     # gradients summed in another order differ by float rounding; Adam can turn that into
     # ~1e-5 on weights whose gradient is near zero (see test_lean_forward)
