@@ -191,8 +191,7 @@ def trainer_event_bridge(stream: EventStream, recorder: dict[str, RecordingBacke
 
 def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdentity) -> int:
     from yeto_core.config.run_store import head_started_at
-    from yeto_core.trainer.cut import CutStore
-    from yeto_core.trainer.lifecycle import DriverLifecycle, IslandTrainerAgent
+    from yeto_core.trainer.lifecycle import IslandTrainerAgent
 
     island, incarnation = ident.island, ident.incarnation
     with stage("trainer.setup.backend_import"):
@@ -218,20 +217,15 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         return rec
 
     bridge = trainer_event_bridge(stream, recorder)
-    driver = DriverLifecycle(
-        factory,
+    driver = trainer_driver(
+        plugins,
+        store,
+        config,
         buffer,
-        CutStore(store, emit=bridge),  # cut_invalid / cut_fallback reach the trainer stream
-        release_store(plugins, config, store),
-        groups_per_round=config.trainer.groups_per_round,
-        max_policy_age=config.trainer.max_policy_age,
+        factory,
         emit=bridge,
         workdir=work,
-        partial_last_round=True,
         ledger_set_aside_before=head_started_at(store),
-        reader_options={"fenced_incarnations": StoreFences(store)},
-        overlap_uploads=True,  # a round's release upload overlaps the next round
-        publish_every=config.trainer.publish_every,
     )
     agent = IslandTrainerAgent(store, driver, incarnation)
     try:
@@ -240,6 +234,40 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         emit_snapshot(stream.emit)
         stream.flush()
     return 0
+
+
+def trainer_driver(
+    plugins: Any,
+    store: Any,
+    config: RunConfig,
+    buffer: Any,
+    factory: Any,
+    *,
+    emit: Any,
+    workdir: Path,
+    ledger_set_aside_before: Optional[float],
+) -> Any:
+    """The trainer island's :class:`~yeto_core.trainer.lifecycle.DriverLifecycle`: rounds
+    read from ``buffer``, backends built by ``factory(incarnation)``, cuts, releases and the
+    ledger in ``store``, events to ``emit``."""
+    from yeto_core.trainer.cut import CutStore
+    from yeto_core.trainer.lifecycle import DriverLifecycle
+
+    return DriverLifecycle(
+        factory,
+        buffer,
+        CutStore(store, emit=emit),  # cut_invalid / cut_fallback reach the trainer stream
+        release_store(plugins, config, store),
+        groups_per_round=config.trainer.groups_per_round,
+        max_policy_age=config.trainer.max_policy_age,
+        emit=emit,
+        workdir=workdir,
+        partial_last_round=True,
+        ledger_set_aside_before=ledger_set_aside_before,
+        reader_options={"fenced_incarnations": StoreFences(store)},
+        overlap_uploads=True,  # a round's release upload overlaps the next round
+        publish_every=config.trainer.publish_every,
+    )
 
 
 def store_outage_reporter(stream: EventStream, store: Any, observer: Any = None) -> Any:
