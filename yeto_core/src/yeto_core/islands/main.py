@@ -43,7 +43,7 @@ from yeto_core.providers.env import (  # noqa: F401 (ENV_* re-exported: the old 
     identity_from_env,
     pin_cpus,
 )
-from yeto_core.records import Batch, Event, ReleaseInfo, Trigger
+from yeto_core.records import Batch, Event, ModelFacts, ReleaseInfo, Trigger
 from yeto_core.stage_profile import emit_snapshot, stage
 from yeto_core.stores.parallel import is_remote
 
@@ -116,6 +116,9 @@ class RecordingBackend(TrainerBackend):
 
     def prompt_logprobs(self, prompts: Any) -> Optional[list[list[float]]]:
         return self.backend.prompt_logprobs(prompts)
+
+    def model_facts(self) -> ModelFacts:  # the reader's checks (a malformed group left out)
+        return self.backend.model_facts()
 
 
 def trainer_event_bridge(stream: EventStream, recorder: dict[str, RecordingBackend]):
