@@ -302,7 +302,7 @@ class BatchReader(ReaderAdmission):
                     continue
                 self._carry.append(held)
                 admitted += 1
-            if entries and len(causes) == len(entries):
+            if entries and len(causes) == len(entries) and not stale and not dups:
                 bad_takes.append("; ".join(causes))
                 if len(bad_takes) >= self.max_unconvertible_takes:
                     raise UnconvertibleRoundError(
@@ -313,9 +313,10 @@ class BatchReader(ReaderAdmission):
                         "routed experts) against the trainer's."
                     )
                 continue  # taken again at once
-            if entries and admitted:
-                bad_takes.clear()
             if entries or stale or dups:
+                # a take that found any group of another fate (trained, too small, stale,
+                # ...) ends a row of all-unconvertible takes: the cause is not systematic
+                bad_takes.clear()
                 continue
             # nothing new selected: the round is short for now
             waited = self.clock() - last_progress
