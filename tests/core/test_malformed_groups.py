@@ -181,3 +181,18 @@ def test_takes_of_only_malformed_groups_are_taken_again_then_a_systematic_cause_
         driver.train(1)
     assert isinstance(info.value.__cause__, UnconvertibleRoundError)
     assert "token ids" in str(info.value) and "vocab_size" in str(info.value)
+
+
+def test_a_too_small_first_group_does_not_decide_g_for_the_island_trainer(tmp_path: Path) -> None:
+    """G is the samplers' group_size, not the size of the first group the buffer offers."""
+    events: list = []
+    _, buffer, driver = _driver(tmp_path, events)
+    small = _group(0)
+    buffer.append(attrs.evolve(small, samples=small.samples[:1]))
+    for i in (1, 2):
+        buffer.append(_group(i))
+    buffer.mark_data_end()
+    driver.start(0)
+    assert driver.train(10) == 1
+    rnd = [e for e in events if e.kind == "trainer_round"][-1].data
+    assert rnd["positions"] == [1, 2] and rnd["skipped"] == {"too_small": [0]}

@@ -266,11 +266,20 @@ def trainer_driver(
         emit=emit,
         workdir=workdir,
         partial_last_round=True,
+        group_size=run_group_size(config),
         ledger_set_aside_before=ledger_set_aside_before,
         reader_options={"fenced_incarnations": StoreFences(store)},
         overlap_uploads=True,  # a round's release upload overlaps the next round
         publish_every=config.trainer.publish_every,
     )
+
+
+def run_group_size(config: RunConfig) -> Optional[int]:
+    """G of the run's rounds: the samplers' ``group_size`` when every sampler group has the
+    same (None: they differ, and the first group the buffer offers decides). Given, a
+    too-small or oversized first group cannot decide G for the trainer."""
+    sizes = {s.group_size for s in config.samplers}
+    return sizes.pop() if len(sizes) == 1 else None
 
 
 def store_outage_reporter(stream: EventStream, store: Any, observer: Any = None) -> Any:
