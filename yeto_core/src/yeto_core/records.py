@@ -43,7 +43,11 @@ class Sample:
 
     ``logprobs`` and ``loss_mask`` cover the response only (length
     ``len(tokens) - prompt_len``). ``routed_experts`` (MoE engines) has shape
-    ``(len(tokens) - 1, layers, top_k)``.
+    ``(len(tokens) - 1, layers, top_k)``. ``top_logprobs`` and ``top_token_ids``
+    (when the sampler group asks for ``top_logprobs = K``) have shape
+    ``(response length, K)``: at every response position the K most likely tokens
+    and their log-probs, best first, processed as ``logprobs`` are; a position
+    with fewer than K is padded with id ``-1`` and log-prob ``-inf``.
     """
 
     tokens: np.ndarray
@@ -54,6 +58,8 @@ class Sample:
     weight_version: int
     status: SampleStatus = SampleStatus.COMPLETED
     routed_experts: Optional[np.ndarray] = None
+    top_logprobs: Optional[np.ndarray] = None
+    top_token_ids: Optional[np.ndarray] = None
 
     @property
     def response_len(self) -> int:
@@ -197,6 +203,9 @@ class SamplingParams:
     top_k: int = 0
     stop_token_ids: tuple[int, ...] = ()
     seed: Optional[int] = None
+    #: K: also return the top-K log-probs of every response position (0: none); a
+    #: sampler group sets it with ``[[samplers]] top_logprobs``
+    top_logprobs: int = 0
 
 
 @attrs.frozen(eq=False)
@@ -204,7 +213,9 @@ class Completion:
     """One generated response: token ids and their behavior log-probs.
 
     ``logprobs`` are processed at the sampling temperature (the probabilities
-    the tokens were actually drawn with), one per response token.
+    the tokens were actually drawn with), one per response token. With
+    ``SamplingParams.top_logprobs = K``: ``top_logprobs`` / ``top_token_ids`` of
+    shape ``(len(tokens), K)`` (see :class:`Sample`).
     """
 
     tokens: np.ndarray
@@ -212,6 +223,8 @@ class Completion:
     finish_reason: str = "stop"
     weight_version: int = 0
     routed_experts: Optional[np.ndarray] = None
+    top_logprobs: Optional[np.ndarray] = None
+    top_token_ids: Optional[np.ndarray] = None
 
 
 @attrs.frozen(eq=False)
