@@ -69,7 +69,7 @@ fuzz: install
 	@mkdir -p build
 	YETO_FUZZ_EXAMPLES=$${YETO_FUZZ_EXAMPLES:-2000} YETO_FUZZ_RANDOM=$${YETO_FUZZ_RANDOM:-1} \
 	  YETO_FUZZ_REPORT=$(CURDIR)/build/fuzz.txt \
-	  $(BIN)/python -m pytest -q -p no:cacheprovider tests/core/test_fuzz_chain.py
+	  $(BIN)/python -m pytest -q -p no:cacheprovider tests/core/test_fuzz_chain.py tests/core/test_fuzz_island_trainer.py
 	@cat build/fuzz.txt
 
 # SIGKILL campaign: 50 kills of heads, samplers and trainers of real runs (docs/reliability.md).

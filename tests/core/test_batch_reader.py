@@ -242,6 +242,21 @@ def test_all_unconvertible_takes_are_retried_then_fail_after_k(buf: HookBuffer) 
     assert buf.watermark == 6
 
 
+def test_a_take_with_a_group_of_another_reason_breaks_the_row_of_unconvertible_takes(
+    buf: HookBuffer,
+) -> None:
+    # one group a round: [bad], [too small], [bad], [good]: the too-small group is no
+    # malformed group, so the two bad takes are not "in a row" (K = 2 would fail them)
+    buf.append(group(0, token=500))
+    buf.append(group(1, n=G - 1))
+    buf.append(group(2, token=500))
+    buf.append(group(3))
+    r = reader(buf, groups_per_round=1, vocab_size=100, max_unconvertible_takes=2)
+    b = r.take(0)
+    assert b.positions == (3,)
+    assert b.skipped == {"unconvertible": (0, 2), "too_small": (1,)}
+
+
 @pytest.mark.parametrize(
     ("kw", "match"),
     [

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import attrs
 import pytest
-from conftest import HERE, group
+from conftest import HERE, VOCAB, group
 
 from yeto_core.buffer.ledger import BatchLedger
 from yeto_core.buffer.sample_buffer import FileSampleBuffer
@@ -140,3 +140,47 @@ def test_miles_dying_fails_the_round(tmp_path, base_dir):
     assert BatchLedger(store).check()["rounds"] == 1  # round 2 was never recorded
     assert lc.buffer.watermark == 3  # nor committed
     lc.release()
+
+
+def test_a_group_the_model_cannot_take_is_left_out_of_the_miles_round(tmp_path, base_dir):
+    """The base's config.json facts reach the reader: a token id past the vocabulary (Miles'
+    embedding would raise on it) is consumed as unconvertible, the round filled by the next."""
+    events: list = []
+    store, sampler, lc = _lifecycle(tmp_path, base_dir, events)
+    for i in range(5):
+        g = group(i, g=G)
+        if i == 1:
+            bad = attrs.evolve(g.samples[0], tokens=g.samples[0].tokens + VOCAB)
+            g = attrs.evolve(g, samples=(bad, *g.samples[1:]))
+        sampler.append(g)
+    lc.start(0)
+    try:
+        assert lc.reader.vocab_size == VOCAB
+        assert lc.train(5) == 1
+        w0 = _lines(tmp_path / "work-i0" / "fake_miles_rollouts.jsonl")
+        assert [(x["positions"], x["padding"]) for x in w0] == [([0, 2, 3], 0)]
+        assert lc.skipped_by_reason["unconvertible"] == 1
+    finally:
+        lc.drain(StopReason.STOPPED)
+        lc.release()
+
+
+def test_model_facts_come_from_the_base_config():
+    from yeto_core.records import ModelFacts
+    from yeto_miles.backend import model_facts_of
+
+    moe = {
+        "vocab_size": 160,
+        "num_hidden_layers": 3,
+        "num_experts_per_tok": 2,
+        "n_routed_experts": 8,
+    }
+    assert model_facts_of(moe, False) == ModelFacts(vocab_size=160)
+    assert model_facts_of(moe, True) == ModelFacts(
+        vocab_size=160, moe_layers=3, top_k=2, num_experts=8, routed_experts_required=True
+    )
+    nested = {"text_config": dict(moe, n_routed_experts=None, num_local_experts=4)}
+    assert model_facts_of(nested, True).num_experts == 4
+    assert model_facts_of({"vocab_size": 10, "num_hidden_layers": 2}, True) == ModelFacts(
+        vocab_size=10
+    )

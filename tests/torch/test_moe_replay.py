@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import numpy as np
 import pytest
 import torch
@@ -347,3 +348,78 @@ def test_make_base_warms_a_moe_base_and_reuses_it(tmp_path):
         make_base(out, "sort4", seed=1, arch="llama", target_reward=0.0)
     with pytest.raises(ValueError, match="'llama' \\(dense\\) or 'mixtral'"):
         make_base(tmp_path / "c", "sort4", arch="gpt2")
+
+
+def test_the_backend_reports_the_facts_the_reader_checks(moe_base):
+    from yeto_core.records import ModelFacts
+
+    vocab = int(tiny.load_model(moe_base).config.vocab_size)
+    assert backend(moe_base).model_facts() == ModelFacts(
+        vocab_size=vocab,
+        moe_layers=2,
+        top_k=2,
+        num_experts=4,
+        routed_experts_required=False,
+        distinct_experts=True,
+    )
+    # replay off: the routing rows are ignored, so only the vocabulary is checked
+    assert backend(moe_base, routing_replay=False).model_facts() == ModelFacts(vocab_size=vocab)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda r: r + 4,  # an expert id past the model's
+        lambda r: r[:, :1],  # another layer count
+        lambda r: np.where(np.arange(r.shape[-1]) == 1, -1, r),  # pads mixed with ids
+        lambda r: np.repeat(r[..., :1], 2, axis=-1),  # the same expert twice
+    ],
+)
+def test_a_group_whose_routing_does_not_fit_is_left_out_on_the_trainer_island(
+    moe_base, tmp_path, fn
+):
+    """The island's trainer (DriverLifecycle around RecordingBackend) over the real buffer:
+    the malformed group is skipped as unconvertible instead of raising in train_round."""
+    from yeto_core.buffer.sample_buffer import FileSampleBuffer
+    from yeto_core.islands.main import RecordingBackend
+    from yeto_core.release.store import ReleaseStore
+    from yeto_core.stores.dir_store import DirStore
+    from yeto_core.trainer.cut import CutStore
+    from yeto_core.trainer.lifecycle import DriverLifecycle
+
+    b = backend(moe_base)
+    good = make_batch(b.model, tiny.load_tokenizer(moe_base), n_prompts=3)
+    first = good.groups[0]
+    rows = [fn(s.routed_experts) for s in first.samples]
+    if rows[0].shape[1:] == first.samples[0].routed_experts.shape[1:]:
+        rows[1:] = [s.routed_experts for s in first.samples[1:]]  # one malformed sample
+    # (another layer count goes for the whole group: a group's rows share one shape)
+    bad = attrs.evolve(
+        first,
+        samples=tuple(
+            attrs.evolve(s, routed_experts=r) for s, r in zip(first.samples, rows, strict=True)
+        ),
+    )
+    store = DirStore(tmp_path / "store", fsync=False)
+    buffer = FileSampleBuffer(store, host="trainer", clock=lambda: 0.0)
+    for g in (bad, *good.groups[1:]):
+        buffer.append(g)
+    buffer.mark_data_end()
+    events: list = []
+    driver = DriverLifecycle(
+        lambda inc: RecordingBackend(TorchBackend(str(moe_base), lr=1e-3)),
+        buffer,
+        CutStore(store),
+        ReleaseStore(store),
+        groups_per_round=1,
+        max_policy_age=4,
+        emit=events.append,
+        workdir=tmp_path / "work",
+        partial_last_round=True,
+    )
+    driver.start(0)
+    assert driver.train(10) == 2  # raised RoutingShapeError before the facts reached the reader
+    rounds = [e.data for e in events if e.kind == "trainer_round"]
+    assert [r["positions"] for r in rounds] == [[1], [2]]
+    assert rounds[0]["skipped"] == {"unconvertible": [0]}
+    assert not [e for e in events if e.kind == "trainer_failed"]

@@ -191,3 +191,28 @@ def test_generate_checks_the_routed_experts_of_every_sample(offline_moe_engine, 
         which["k"] = k
         with pytest.raises(ReleaseError, match=msg):
             offline_moe_engine.generate([[71, 72, 73]], 1)
+
+
+def test_top_logprobs_asked_by_the_sampler_group_reach_the_completion(offline_engine):
+    from yeto_core.errors import ConfigError
+    from yeto_core.records import SamplingParams
+
+    body = offline_engine.generate_bodies([[71, 72]], 2, SamplingParams(top_logprobs=2))[0]
+    assert body["sampling_params"]["logprobs"] == 2
+    top = [
+        {"token_id": 230, "logprob": -5.3, "rank": 3},
+        {"token_id": 11, "logprob": -0.2, "rank": 1},
+        {"token_id": 12, "logprob": -1.1, "rank": 2},
+    ]
+    choice = dict(CHOICE, logprobs={"content": [
+        {"token_id": t, "logprob": lp, "top_logprobs": top if i == 0 else top[:1]}
+        for i, (t, lp) in enumerate([(230, -5.3), (87, -5.2), (271, -5.2), (99, -5.2)])
+    ]})  # fmt: skip
+    (c,), _ = offline_engine._decode_answer({"choices": [choice]}, 2)
+    assert c.top_token_ids.tolist() == [[11, 12], [230, -1], [230, -1], [230, -1]]
+    assert c.top_logprobs[0].tolist() == pytest.approx([-0.2, -1.1])
+    assert c.top_logprobs[1, 1] == -np.inf
+    (plain,), _ = offline_engine._decode_answer({"choices": [CHOICE]})
+    assert plain.top_logprobs is None
+    with pytest.raises(ConfigError, match="--max-logprobs"):
+        offline_engine.generate([[71]], 1, SamplingParams(top_logprobs=21))

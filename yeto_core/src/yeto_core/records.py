@@ -8,7 +8,8 @@ these records, a builtin, or a :class:`pathlib.Path`:
 - the buffer: :class:`GroupEntry`, :class:`BufferRound`, :class:`RoundSpec`,
   :class:`Backlog`;
 - the trainer: :class:`Batch`, :class:`Trigger`, :class:`StopReason`,
-  :class:`ConsistentCut`, :class:`ReleaseInfo`, :class:`LifecycleState`;
+  :class:`ConsistentCut`, :class:`ReleaseInfo`, :class:`LifecycleState`,
+  :class:`ModelFacts`;
 - the scheduler: :class:`SchedulerInputs`, :class:`Decision`, :class:`Action`;
 - releases as engines load them: :class:`LocalRelease`;
 - islands: :class:`IslandLaunch`, :class:`IslandStatus`;
@@ -42,7 +43,11 @@ class Sample:
 
     ``logprobs`` and ``loss_mask`` cover the response only (length
     ``len(tokens) - prompt_len``). ``routed_experts`` (MoE engines) has shape
-    ``(len(tokens) - 1, layers, top_k)``.
+    ``(len(tokens) - 1, layers, top_k)``. ``top_logprobs`` and ``top_token_ids``
+    (when the sampler group asks for ``top_logprobs = K``) have shape
+    ``(response length, K)``: at every response position the K most likely tokens
+    and their log-probs, best first, processed as ``logprobs`` are; a position
+    with fewer than K is padded with id ``-1`` and log-prob ``-inf``.
     """
 
     tokens: np.ndarray
@@ -53,6 +58,8 @@ class Sample:
     weight_version: int
     status: SampleStatus = SampleStatus.COMPLETED
     routed_experts: Optional[np.ndarray] = None
+    top_logprobs: Optional[np.ndarray] = None
+    top_token_ids: Optional[np.ndarray] = None
 
     @property
     def response_len(self) -> int:
@@ -196,6 +203,9 @@ class SamplingParams:
     top_k: int = 0
     stop_token_ids: tuple[int, ...] = ()
     seed: Optional[int] = None
+    #: K: also return the top-K log-probs of every response position (0: none); a
+    #: sampler group sets it with ``[[samplers]] top_logprobs``
+    top_logprobs: int = 0
 
 
 @attrs.frozen(eq=False)
@@ -203,7 +213,9 @@ class Completion:
     """One generated response: token ids and their behavior log-probs.
 
     ``logprobs`` are processed at the sampling temperature (the probabilities
-    the tokens were actually drawn with), one per response token.
+    the tokens were actually drawn with), one per response token. With
+    ``SamplingParams.top_logprobs = K``: ``top_logprobs`` / ``top_token_ids`` of
+    shape ``(len(tokens), K)`` (see :class:`Sample`).
     """
 
     tokens: np.ndarray
@@ -211,6 +223,8 @@ class Completion:
     finish_reason: str = "stop"
     weight_version: int = 0
     routed_experts: Optional[np.ndarray] = None
+    top_logprobs: Optional[np.ndarray] = None
+    top_token_ids: Optional[np.ndarray] = None
 
 
 @attrs.frozen(eq=False)
@@ -231,6 +245,51 @@ class Batch:
     @property
     def n_real_samples(self) -> int:
         return sum(len(g.samples) for g in self.groups)
+
+
+@attrs.frozen
+class ModelFacts:
+    """What the trainer's model accepts, for the batch reader's per-group checks.
+
+    A trainer backend reports them (:meth:`~yeto_core.ports.TrainerBackend.model_facts`)
+    once its model is loaded; the reader then leaves a group the model cannot take out of
+    the round as ``unconvertible`` instead of the backend raising on it. None: not checked.
+
+    :ivar vocab_size: token ids must be below it (the embedding's rows).
+    :ivar moe_layers: routed-expert rows per token (``routed_experts.shape[1]``): the
+        MoE layers the trainer replays. None: the trainer replays no routing (dense
+        model, or routing replay off), and ``top_k``/``num_experts`` are not checked.
+    :ivar top_k: expert ids per token and layer (``routed_experts.shape[2]``).
+    :ivar num_experts: expert ids must be below it.
+    :ivar routed_experts_required: a sample without routed experts cannot be trained
+        (the trainer replays routing for every sample); False: such a sample uses the
+        trainer's own routing, and only samples that carry rows are checked.
+    :ivar distinct_experts: the trainer's replay needs ``top_k`` distinct expert ids per
+        token and layer (a repeat is unconvertible).
+    """
+
+    vocab_size: Optional[int] = None
+    moe_layers: Optional[int] = None
+    top_k: Optional[int] = None
+    num_experts: Optional[int] = None
+    routed_experts_required: bool = False
+    distinct_experts: bool = False
+
+    def reader_options(self) -> dict[str, Any]:
+        """The :class:`~yeto_core.buffer.batch_reader.BatchReader` keyword arguments of
+        these facts (only the ones that are known)."""
+        out: dict[str, Any] = {}
+        if self.vocab_size is not None:
+            out["vocab_size"] = int(self.vocab_size)
+        if self.moe_layers is not None:
+            out["expected_layers"] = int(self.moe_layers)
+            out["routed_experts_required"] = bool(self.routed_experts_required)
+            out["distinct_experts"] = bool(self.distinct_experts)
+            if self.top_k is not None:
+                out["top_k"] = int(self.top_k)
+            if self.num_experts is not None:
+                out["num_experts"] = int(self.num_experts)
+        return out
 
 
 # -- the buffer --------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from yeto_core.config.run_store import read_config
 from yeto_core.errors import ConfigError, CutError, ReleaseError
 from yeto_core.plugins import get_plugins
 from yeto_core.ports import TrainerBackend
-from yeto_core.records import ReleaseInfo, Trigger
+from yeto_core.records import ModelFacts, ReleaseInfo, Trigger
 from yeto_core.release.hf import copy_tokenizer_files, restore_dropped_keys
 from yeto_miles import inventory
 from yeto_miles.rollout import Bridge
@@ -131,6 +131,33 @@ def run_sizes(cfg: Any) -> dict[str, Any]:
     """``group_size`` (of the first sampler) and ``groups_per_round`` of a run config."""
     g = cfg.samplers[0].group_size if cfg.samplers else None
     return {"group_size": g, "groups_per_round": cfg.trainer.groups_per_round}
+
+
+def model_facts_of(config: dict[str, Any], routed_experts: bool) -> ModelFacts:
+    """:class:`ModelFacts` of a Hugging Face ``config.json`` (a multimodal config's
+    ``text_config``): ``vocab_size``; with ``routed_experts``, ``(num_hidden_layers,
+    num_experts_per_tok, experts)`` as the engines' routing rows have them (every layer),
+    required of every sample. A config without them (a dense model) gives none."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    vocab = config.get("vocab_size") or text.get("vocab_size")
+    facts = ModelFacts(vocab_size=int(vocab) if vocab else None)
+    if not routed_experts:
+        return facts
+    cfg = config if config.get("num_experts_per_tok") else text
+    experts = next(
+        (cfg[k] for k in ("n_routed_experts", "num_local_experts", "num_experts") if cfg.get(k)),
+        None,
+    )
+    top_k, layers = cfg.get("num_experts_per_tok"), cfg.get("num_hidden_layers")
+    if not (experts and top_k and layers):
+        return facts
+    return attrs.evolve(
+        facts,
+        moe_layers=int(layers),
+        top_k=int(top_k),
+        num_experts=int(experts),
+        routed_experts_required=True,
+    )
 
 
 def _default_workdir() -> str:
@@ -322,6 +349,15 @@ class MilesBackend(TrainerBackend):
         """The release of the last round's HF export (before the first: the cut's, or the base)."""
         src = self.model_dir if self.last_saved is None else Path(self.last_saved["hf_dir"])
         return publish_from_export(src, self.model_dir, Path(out_dir))
+
+    def model_facts(self) -> ModelFacts:
+        """The base's ``config.json`` facts the reader checks every group against: the
+        vocabulary, and with ``routed_experts`` (Miles replays the sampler's routing for
+        every sample) the routed-expert shape. A group that fails them is left out of the
+        round (``unconvertible``) instead of stopping Miles."""
+        return model_facts_of(
+            json.loads((self.model_dir / "config.json").read_text()), self.routed_experts
+        )
 
     def _identity(self) -> dict[str, Any]:
         """What a cut shares with the trainer that may restore it."""

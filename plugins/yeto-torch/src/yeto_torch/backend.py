@@ -37,7 +37,7 @@ from safetensors.torch import load_file, save_file
 
 from yeto_core.errors import ConfigError, CutError
 from yeto_core.ports import TrainerBackend
-from yeto_core.records import Batch, Trigger
+from yeto_core.records import Batch, ModelFacts, Trigger
 from yeto_torch import export, moe
 from yeto_torch import lora as lora_mod
 from yeto_torch import model as tiny
@@ -912,6 +912,24 @@ class TorchBackend(TrainerBackend):
     def vocab_size(self) -> Optional[int]:  # type: ignore[override]
         """The model's vocabulary size (for the policy fingerprint's probes)."""
         return int(self.model.config.vocab_size) if self.model is not None else None
+
+    def model_facts(self) -> ModelFacts:
+        """The vocabulary and, with ``routing_replay`` on a MoE model, the routed-expert shape
+        :func:`~yeto_torch.moe.check_routed` needs: the reader leaves a group that fails them
+        out of the round instead of :meth:`train_round` raising on it. A sample without routed
+        experts is trained with the model's own routing, so they are not required."""
+        vocab = self.vocab_size
+        if self.moe_shape is None or not self.opts["routing_replay"]:
+            return ModelFacts(vocab_size=vocab)
+        layers, top_k, experts = self.moe_shape
+        return ModelFacts(
+            vocab_size=vocab,
+            moe_layers=layers,
+            top_k=top_k,
+            num_experts=experts,
+            routed_experts_required=False,
+            distinct_experts=True,  # check_routed refuses a repeated expert
+        )
 
     @property
     def weights_dtype(self) -> str:  # type: ignore[override]

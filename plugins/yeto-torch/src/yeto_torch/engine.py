@@ -32,8 +32,8 @@ from yeto_torch import moe
 from yeto_torch.checksum import model_checksum
 from yeto_torch.export import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from yeto_torch.lean import lean_for
+from yeto_torch.sampling import process_logits, sample
 from yeto_torch.sampling import prompt_logprobs as score_prompts
-from yeto_torch.sampling import sample
 
 #: weight files up to this size are read whole and parsed from memory (faster on small
 #: models); larger ones are loaded by safetensors from the file
@@ -126,11 +126,33 @@ class HFEngine(SamplerEngine):
                     finish_reason=reason,
                     weight_version=version,
                     routed_experts=self._routing(prompt, ids),
+                    **self._top(prompt, ids, sp),
                 )
                 for ids, lps, reason in group
             ]
             for prompt, group in zip(prompts, raw, strict=True)
         ]
+
+    @torch.no_grad()
+    def _top(self, prompt: Sequence[int], ids: Sequence[int], sp: SamplingParams) -> dict:
+        """``top_logprobs`` / ``top_token_ids`` of the response (``sp.top_logprobs`` = K;
+        none when 0): one forward over ``prompt + ids``, every response position's
+        distribution processed as the behaviour log-probs are (temperature, top-k, top-p)."""
+        k = int(sp.top_logprobs)
+        if not k:
+            return {}
+        seq = torch.as_tensor([[*map(int, prompt), *map(int, ids)]], dtype=torch.long)
+        logits = self.model(input_ids=seq).logits[0, len(prompt) - 1 : seq.shape[1] - 1]
+        lps = process_logits(logits, sp.temperature, sp.top_k, sp.top_p)
+        k_here = min(k, lps.shape[-1])
+        best = torch.topk(lps, k_here, dim=-1)
+        top = np.full((len(ids), k), -np.inf, dtype=np.float32)
+        top_ids = np.full((len(ids), k), -1, dtype=np.int32)
+        top[:, :k_here] = best.values.float().numpy()
+        top_ids[:, :k_here] = best.indices.numpy().astype(np.int32)
+        # a token outside the top-k / top-p nucleus has no probability: no entry
+        top_ids[~np.isfinite(top)] = -1
+        return {"top_logprobs": top, "top_token_ids": top_ids}
 
     def _routing(self, prompt: Sequence[int], ids: Sequence[int]) -> Optional[np.ndarray]:
         """The served routers' experts for ``prompt + ids`` (one forward), or None."""

@@ -149,7 +149,8 @@ class VLLMEngine(SamplerEngine):
     - ``enforce_eager`` (false): ``--enforce-eager`` (no compile warm-up: starts much faster
       on CPU; float32 only there, see docs/vllm.md);
     - ``top_logprobs`` (0): also return the top-K log-probs of every position
-      (:attr:`last_top_logprobs`);
+      (:attr:`last_top_logprobs`), and the server's ``--max-logprobs`` (at least 20): the
+      most ``[[samplers]] top_logprobs`` may ask to record in the samples;
     - ``routed_experts`` (false): MoE bases: start the server with
       ``--enable-return-routed-experts``; every sample then carries the experts the
       server routed each token to (``(tokens - 1, layers, top_k)``), for the trainer's
@@ -201,6 +202,8 @@ class VLLMEngine(SamplerEngine):
             max_model_len = min(256, int(self.base_config.get("max_position_embeddings", 256)))
         self.dtype = dtype
         self.top_logprobs = int(top_logprobs)
+        #: the server's ``--max-logprobs``: the most top log-probs a request may ask for
+        self.max_logprobs = max(20, self.top_logprobs)
         self.routed_experts = bool(routed_experts)
         self.moe = moe_shape(self.base_config)
         if self.routed_experts and self.moe is None:
@@ -231,7 +234,7 @@ class VLLMEngine(SamplerEngine):
                     seed=self.seed,
                     lora=self.lora_enabled,
                     max_lora_rank=max_lora_rank,
-                    max_logprobs=max(20, self.top_logprobs),
+                    max_logprobs=self.max_logprobs,
                     routed_experts=self.routed_experts,
                     extra=[*(["--enforce-eager"] if enforce_eager else []), *server_args],
                 ),
@@ -391,7 +394,7 @@ class VLLMEngine(SamplerEngine):
             "top_p": float(sp.top_p),
             "top_k": int(sp.top_k) if sp.top_k else -1,
             "seed": int(seed),
-            "logprobs": self.top_logprobs,
+            "logprobs": max(self.top_logprobs, int(sp.top_logprobs)),
             "detokenize": False,  # token-in/token-out: the island decodes
         }
         if sp.stop_token_ids:
@@ -422,13 +425,19 @@ class VLLMEngine(SamplerEngine):
     def generate(
         self, prompts: Sequence[Sequence[int]], n: int, sampling: Optional[SamplingParams] = None
     ) -> list[list[Completion]]:
+        k = int((sampling or SamplingParams()).top_logprobs)
+        if k > self.max_logprobs:
+            raise ConfigError(
+                f"[[samplers]] top_logprobs = {k}, but the vLLM server returns at most "
+                f"{self.max_logprobs} (--max-logprobs); set engine_options.top_logprobs = {k}"
+            )
         bodies = self.generate_bodies(prompts, n, sampling)
         with self._batch_lock:
             futures = [self.pool.submit(self._generate_one, body) for body in bodies]
             answers = [fut.result() for fut in futures]
         out, tops = [], []
         for prompt, answer in zip(prompts, answers, strict=True):
-            group, top = self._decode_answer(answer)
+            group, top = self._decode_answer(answer, k)
             if self.routed_experts:
                 for c in group:
                     check_routed_shape(c, len(prompt), self.moe)  # type: ignore[arg-type]
@@ -437,7 +446,11 @@ class VLLMEngine(SamplerEngine):
         self.last_top_logprobs = tops
         return out
 
-    def _decode_answer(self, answer: dict[str, Any]) -> tuple[list[Completion], list[Any]]:
+    def _decode_answer(
+        self, answer: dict[str, Any], k: int = 0
+    ) -> tuple[list[Completion], list[Any]]:
+        """The completions of one answer (with ``k``: their top-``k`` log-probs) and the
+        raw top log-probs per position (:attr:`last_top_logprobs`)."""
         comps, tops = [], []
         for choice in sorted(answer.get("choices", []), key=lambda c: c.get("index", 0)):
             version = sample_version(choice)
@@ -451,6 +464,7 @@ class VLLMEngine(SamplerEngine):
                 )
                 continue
             tokens, lps, top = choice_logprobs(choice)
+            top_lp, top_ids = top_arrays(top, k) if k else (None, None)
             comps.append(
                 Completion(
                     tokens=np.asarray(tokens, dtype=np.int64),
@@ -458,6 +472,8 @@ class VLLMEngine(SamplerEngine):
                     finish_reason=str(choice.get("finish_reason") or "stop"),
                     weight_version=version,
                     routed_experts=decode_routed_experts(choice.get("routed_experts")),
+                    top_logprobs=top_lp,
+                    top_token_ids=top_ids,
                 )
             )
             tops.append(top)
@@ -662,6 +678,19 @@ def choice_logprobs(choice: dict[str, Any]) -> tuple[list[int], list[float], lis
             [(int(t["token_id"]), float(t["logprob"])) for t in entry.get("top_logprobs") or []]
         )
     return tokens, lps, top
+
+
+def top_arrays(top: Sequence[Sequence[tuple[int, float]]], k: int) -> tuple[Any, Any]:
+    """``(log-probs, token ids)`` of shape ``(positions, k)``, best first, from the
+    ``(token id, log-prob)`` lists of every position (vLLM may add the sampled token to
+    its top list: the best ``k`` are kept); short rows are padded with ``-inf`` / ``-1``."""
+    lps = np.full((len(top), k), -np.inf, dtype=np.float32)
+    ids = np.full((len(top), k), -1, dtype=np.int32)
+    for t, row in enumerate(top):
+        best = sorted(dict(row).items(), key=lambda e: -e[1])[:k]
+        for j, (tok, lp) in enumerate(best):
+            ids[t, j], lps[t, j] = int(tok), float(lp)
+    return lps, ids
 
 
 def parse_prompt_logprobs(rows: Sequence[Any], prompt: Sequence[int]) -> list[float]:

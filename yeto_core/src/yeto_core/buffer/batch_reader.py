@@ -63,6 +63,10 @@ class BatchReader(ReaderAdmission):
     :param max_policy_age: groups older than this many versions are ``stale``.
     :param vocab_size: token ids must be below it (None: not checked).
     :param expected_layers, top_k, num_experts: routed-expert checks (MoE).
+    :param routed_experts_required: with ``expected_layers``, a sample without routed
+        experts is ``unconvertible`` (False: only samples that carry them are checked).
+    :param distinct_experts: a token and layer that names one expert twice is
+        ``unconvertible`` (a trainer whose replay needs ``top_k`` distinct experts).
     :param fenced_incarnations: ``(host, incarnation)`` pairs, or a callable
         ``(host, incarnation) -> bool``, of fenced sampler incarnations.
     :param quarantined: host names or group ids, or a callable ``entry -> bool``.
@@ -88,6 +92,8 @@ class BatchReader(ReaderAdmission):
         expected_layers: Optional[int] = None,
         top_k: Optional[int] = None,
         num_experts: Optional[int] = None,
+        routed_experts_required: bool = True,
+        distinct_experts: bool = False,
         fenced_incarnations: Union[Callable[[str, int], bool], Collection[Any], None] = None,
         quarantined: Union[Callable[[Any], bool], Collection[str], None] = None,
         wait_s: float = 600.0,
@@ -127,6 +133,8 @@ class BatchReader(ReaderAdmission):
         self.expected_layers = expected_layers
         self.top_k = top_k
         self.num_experts = num_experts
+        self.routed_experts_required = bool(routed_experts_required)
+        self.distinct_experts = bool(distinct_experts)
         for name, v in (("wait_s", wait_s), ("poll_s", poll_s)):
             if not isinstance(v, (int, float)) or not v > 0 or not math.isfinite(v):
                 raise ConfigError(f"reader.{name} must be a finite number > 0, got {v!r}")
@@ -294,7 +302,7 @@ class BatchReader(ReaderAdmission):
                     continue
                 self._carry.append(held)
                 admitted += 1
-            if entries and len(causes) == len(entries):
+            if entries and len(causes) == len(entries) and not stale and not dups:
                 bad_takes.append("; ".join(causes))
                 if len(bad_takes) >= self.max_unconvertible_takes:
                     raise UnconvertibleRoundError(
@@ -305,9 +313,10 @@ class BatchReader(ReaderAdmission):
                         "routed experts) against the trainer's."
                     )
                 continue  # taken again at once
-            if entries and admitted:
-                bad_takes.clear()
             if entries or stale or dups:
+                # a take that found any group of another fate (trained, too small, stale,
+                # ...) ends a row of all-unconvertible takes: the cause is not systematic
+                bad_takes.clear()
                 continue
             # nothing new selected: the round is short for now
             waited = self.clock() - last_progress

@@ -16,7 +16,14 @@ name                   dtype     shape   meaning
 ``status``             uint8     (n,)    index into :data:`STATUS_CODES`
 ``routed_experts``     int32     (E,)    optional: rows of ``layers*top_k`` per sample
 ``routed_offsets``     int64     (n+1,)  optional: row offsets into ``routed_experts``
+``top_logprobs``       float32   (P*K,)  optional: top-K log-probs per response token
+``top_token_ids``      int32     (P*K,)  optional: their token ids (``-1``: no entry)
 =====================  ========  ======  ==============================================
+
+``P`` is the response tokens of the samples that carry top-K log-probs, sample
+after sample (``top_present``: one ``0``/``1`` per sample; ``top_k_logprobs``: K).
+A payload without them (every payload written before they existed) reads back
+with ``top_logprobs`` None.
 
 Response offsets follow from ``token_offsets`` and ``prompt_lens``. The
 safetensors metadata (strings) holds ``format``, ``group_id``, ``prompt_id``,
@@ -96,8 +103,11 @@ def encode_group(group: SampleGroup) -> bytes:
             {"temperature": float(sp.temperature), "top_k": int(sp.top_k), "top_p": float(sp.top_p)}
         )
     routed = [s.routed_experts for s in samples]
-    if all(r is None for r in routed) and all(
-        a.ndim == 1 for parts in (tokens, logprobs, loss_mask) for a in parts
+    tops = [s.top_logprobs for s in samples]
+    if (
+        all(r is None for r in routed)
+        and all(t is None for t in tops)
+        and all(a.ndim == 1 for parts in (tokens, logprobs, loss_mask) for a in parts)
     ):
         return _plain_bytes(samples, tokens, logprobs, loss_mask, status, metadata)
     arrays: dict[str, Any] = {
@@ -127,7 +137,34 @@ def encode_group(group: SampleGroup) -> bytes:
         arrays["routed_offsets"] = r_off
         metadata["routed_shape"] = f"{layers},{top_k}"
         metadata["routed_present"] = "".join("0" if r is None else "1" for r in routed)
+    if any(t is not None for t in tops):
+        _top_arrays(group.group_id, samples, arrays, metadata)
     return _safetensors_bytes(arrays, metadata)
+
+
+def _top_arrays(
+    group_id: str, samples: Sequence[Sample], arrays: dict[str, Any], metadata: dict[str, str]
+) -> None:
+    """Add the samples' top-K log-probs (and their token ids) to ``arrays``."""
+    ks = {int(np.shape(s.top_logprobs)[-1]) for s in samples if s.top_logprobs is not None}
+    lps, ids = [], []
+    for i, s in enumerate(samples):
+        if s.top_logprobs is None:
+            continue
+        want = (s.response_len, next(iter(ks)))
+        lp, tid = np.asarray(s.top_logprobs), np.asarray(s.top_token_ids)
+        if len(ks) != 1 or lp.shape != want or tid.shape != want:
+            raise SampleBufferError(
+                f"group {group_id!r} sample {i}: top_logprobs {lp.shape} and top_token_ids "
+                f"{tid.shape} must both be (response tokens, K) with one K per group, "
+                f"expected {want}"
+            )
+        lps.append(np.ascontiguousarray(lp, dtype=np.float32).reshape(-1))
+        ids.append(np.ascontiguousarray(tid, dtype=np.int32).reshape(-1))
+    arrays["top_logprobs"] = lps
+    arrays["top_token_ids"] = ids
+    metadata["top_k_logprobs"] = str(next(iter(ks)))
+    metadata["top_present"] = "".join("0" if s.top_logprobs is None else "1" for s in samples)
 
 
 def _status_code(status: Any) -> int:
@@ -319,8 +356,11 @@ def _samples_group(arrays: dict[str, Any], meta: dict[str, str]) -> SampleGroup:
     rewards = [float(x) for x in arrays["rewards"].tolist()]
     versions = [int(x) for x in arrays["weight_versions"].tolist()]
     codes = [int(x) for x in arrays["status"].tolist()]
+    top_lp, top_ids = arrays.get("top_logprobs"), arrays.get("top_token_ids")
+    top_present = meta.get("top_present", "")
+    top_n = int(meta["top_k_logprobs"]) if top_lp is not None else 0
     samples = []
-    r0 = 0
+    r0 = q0 = 0
     for i in range(len(plist)):
         t0, t1 = offs[i], offs[i + 1]
         p = plist[i]
@@ -329,6 +369,12 @@ def _samples_group(arrays: dict[str, Any], meta: dict[str, str]) -> SampleGroup:
         if routed is not None and present[i] == "1":
             a, b = int(r_off[i]), int(r_off[i + 1])
             experts = routed[a * layers * top_k : b * layers * top_k].reshape(b - a, layers, top_k)
+        top = top_tid = None
+        if top_lp is not None and top_present[i] == "1":
+            q1 = q0 + (r1 - r0) * top_n
+            top = top_lp[q0:q1].reshape(r1 - r0, top_n)
+            top_tid = top_ids[q0:q1].reshape(r1 - r0, top_n)
+            q0 = q1
         samples.append(
             Sample(
                 tokens=tokens[t0:t1],
@@ -339,6 +385,8 @@ def _samples_group(arrays: dict[str, Any], meta: dict[str, str]) -> SampleGroup:
                 weight_version=versions[i],
                 status=STATUS_CODES[codes[i]],
                 routed_experts=experts,
+                top_logprobs=top,
+                top_token_ids=top_tid,
             )
         )
         r0 = r1

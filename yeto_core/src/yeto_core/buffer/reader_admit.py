@@ -89,6 +89,8 @@ class ReaderAdmission:
             expected_layers=self.expected_layers,
             top_k=self.top_k,
             num_experts=self.num_experts,
+            routed_experts_required=self.routed_experts_required,
+            distinct_experts=self.distinct_experts,
         )
         if why is not None:
             return None, why

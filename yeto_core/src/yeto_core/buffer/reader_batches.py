@@ -77,14 +77,20 @@ def check_group(
     expected_layers: Optional[int] = None,
     top_k: Optional[int] = None,
     num_experts: Optional[int] = None,
+    routed_experts_required: bool = True,
+    distinct_experts: bool = False,
 ) -> Optional[tuple[str, str]]:
     """Why ``group`` cannot be trained, as ``(reason, detail)``; None when it can.
 
     Pure: looks only at the loaded group. ``too_small`` is a group with fewer
     than ``group_size`` samples; ``unconvertible`` is a malformed sample
     (arrays of the wrong length, token ids outside the vocabulary, a routed
-    expert row with the wrong layer count or out-of-range expert ids);
-    ``nonfinite_reward`` is any NaN/inf reward.
+    expert row with the wrong layer count or out-of-range expert ids, pads
+    mixed with ids); ``nonfinite_reward`` is any NaN/inf reward. With
+    ``expected_layers`` set, a sample without routed experts is unconvertible
+    unless ``routed_experts_required`` is False (the trainer then routes it
+    itself); with ``distinct_experts``, a token and layer naming one expert twice
+    is unconvertible.
     """
     if len(group.samples) < group_size:
         return "too_small", f"{len(group.samples)} samples, the round needs {group_size}"
@@ -96,6 +102,8 @@ def check_group(
             expected_layers=expected_layers,
             top_k=top_k,
             num_experts=num_experts,
+            routed_experts_required=routed_experts_required,
+            distinct_experts=distinct_experts,
         )
         if detail is not None:
             return "unconvertible", f"sample {i}: {detail}"
@@ -151,6 +159,8 @@ def _sample_problem(
     expected_layers: Optional[int],
     top_k: Optional[int],
     num_experts: Optional[int],
+    routed_experts_required: bool = True,
+    distinct_experts: bool = False,
 ) -> Optional[str]:
     tokens = np.asarray(s.tokens)
     if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
@@ -174,7 +184,7 @@ def _sample_problem(
         )
     re = s.routed_experts
     if re is None:
-        if expected_layers is not None:
+        if expected_layers is not None and routed_experts_required:
             return "routed_experts missing (this model routes experts)"
         return None
     re = np.asarray(re)
@@ -193,6 +203,10 @@ def _sample_problem(
             f"routed expert ids {int(re.min())}..{int(re.max())} are outside "
             f"0..{(num_experts or 0) - 1}"
         )
+    if distinct_experts and re.size and re.shape[2] > 1:
+        srt = np.sort(re, axis=-1)
+        if np.any(srt[..., 1:] == srt[..., :-1]):
+            return "routed_experts names the same expert twice for one token and layer"
     return None
 
 

@@ -129,7 +129,16 @@ def validate(config: RunConfig) -> list[str]:
         _positive(errors, f"{p}.backlog_cap", s.backlog_cap)
         _positive(errors, f"{p}.whole_call_wait_s", s.whole_call_wait_s, zero_ok=True)
         _positive(errors, f"{p}.price_per_hour", s.price_per_hour, zero_ok=True)
+        if isinstance(s.top_logprobs, bool) or not isinstance(s.top_logprobs, int):
+            errors.append(f"{p}.top_logprobs = {s.top_logprobs!r}; give an integer K (0: none)")
+        else:
+            _positive(errors, f"{p}.top_logprobs", s.top_logprobs, zero_ok=True, most=1024)
         sp = s.sampling
+        if sp.top_logprobs:
+            errors.append(
+                f"{p}.sampling.top_logprobs = {sp.top_logprobs!r}; set it as {p}.top_logprobs "
+                "(the [[samplers]] key)"
+            )
         _positive(errors, f"{p}.sampling.max_new_tokens", sp.max_new_tokens)
         _positive(errors, f"{p}.sampling.temperature", sp.temperature)
         if not (isinstance(sp.top_p, (int, float)) and 0 < sp.top_p <= 1):

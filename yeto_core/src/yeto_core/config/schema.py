@@ -73,10 +73,18 @@ class SamplerIslandConfig:
     node_class: str = "fixed"
     spot: bool = False
     precision: str = ""
+    #: K: record the top-K log-probs of every response position in each group
+    #: (``Sample.top_logprobs`` / ``top_token_ids``; 0: none).
+    top_logprobs: int = 0
 
     def island_names(self) -> list[str]:
         """The islands of this group: ``<name>-0``, ``<name>-1``, ..."""
         return [f"{self.name}-{i}" for i in range(self.count)]
+
+    def engine_sampling(self) -> SamplingParams:
+        """The :class:`SamplingParams` the engine is asked with: ``sampling`` plus
+        ``top_logprobs``."""
+        return attrs.evolve(self.sampling, top_logprobs=int(self.top_logprobs))
 
 
 @attrs.frozen

@@ -329,6 +329,7 @@ class HeadIslands:
             RecordingBackend,
             open_run_buffer,
             release_store,
+            run_group_size,
             trainer_event_bridge,
         )
         from yeto_core.trainer.cut import CutStore
@@ -360,6 +361,7 @@ class HeadIslands:
             emit=bridge,
             workdir=self.run_dir / "work" / config.trainer.name,
             partial_last_round=True,
+            group_size=run_group_size(config),
             ledger_set_aside_before=self.state.started_at,
             reader_options={"fenced_incarnations": StoreFences(self.store)},
             publish_every=config.trainer.publish_every,

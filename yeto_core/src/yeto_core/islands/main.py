@@ -43,7 +43,7 @@ from yeto_core.providers.env import (  # noqa: F401 (ENV_* re-exported: the old 
     identity_from_env,
     pin_cpus,
 )
-from yeto_core.records import Batch, Event, ReleaseInfo, Trigger
+from yeto_core.records import Batch, Event, ModelFacts, ReleaseInfo, Trigger
 from yeto_core.stage_profile import emit_snapshot, stage
 from yeto_core.stores.parallel import is_remote
 
@@ -116,6 +116,9 @@ class RecordingBackend(TrainerBackend):
 
     def prompt_logprobs(self, prompts: Any) -> Optional[list[list[float]]]:
         return self.backend.prompt_logprobs(prompts)
+
+    def model_facts(self) -> ModelFacts:  # the reader's checks (a malformed group left out)
+        return self.backend.model_facts()
 
 
 def trainer_event_bridge(stream: EventStream, recorder: dict[str, RecordingBackend]):
@@ -191,8 +194,7 @@ def trainer_event_bridge(stream: EventStream, recorder: dict[str, RecordingBacke
 
 def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdentity) -> int:
     from yeto_core.config.run_store import head_started_at
-    from yeto_core.trainer.cut import CutStore
-    from yeto_core.trainer.lifecycle import DriverLifecycle, IslandTrainerAgent
+    from yeto_core.trainer.lifecycle import IslandTrainerAgent
 
     island, incarnation = ident.island, ident.incarnation
     with stage("trainer.setup.backend_import"):
@@ -218,20 +220,15 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         return rec
 
     bridge = trainer_event_bridge(stream, recorder)
-    driver = DriverLifecycle(
-        factory,
+    driver = trainer_driver(
+        plugins,
+        store,
+        config,
         buffer,
-        CutStore(store, emit=bridge),  # cut_invalid / cut_fallback reach the trainer stream
-        release_store(plugins, config, store),
-        groups_per_round=config.trainer.groups_per_round,
-        max_policy_age=config.trainer.max_policy_age,
+        factory,
         emit=bridge,
         workdir=work,
-        partial_last_round=True,
         ledger_set_aside_before=head_started_at(store),
-        reader_options={"fenced_incarnations": StoreFences(store)},
-        overlap_uploads=True,  # a round's release upload overlaps the next round
-        publish_every=config.trainer.publish_every,
         # T_s from the provider's submission of this launch (YETO_START_SUBMITTED_UNIX)
         start_submitted_unix=ident.start_submitted_unix,
     )
@@ -242,6 +239,51 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         emit_snapshot(stream.emit)
         stream.flush()
     return 0
+
+
+def trainer_driver(
+    plugins: Any,
+    store: Any,
+    config: RunConfig,
+    buffer: Any,
+    factory: Any,
+    *,
+    emit: Any,
+    workdir: Path,
+    ledger_set_aside_before: Optional[float],
+    start_submitted_unix: Optional[float] = None,
+) -> Any:
+    """The trainer island's :class:`~yeto_core.trainer.lifecycle.DriverLifecycle`: rounds
+    read from ``buffer``, backends built by ``factory(incarnation)``, cuts, releases and the
+    ledger in ``store``, events to ``emit``."""
+    from yeto_core.trainer.cut import CutStore
+    from yeto_core.trainer.lifecycle import DriverLifecycle
+
+    return DriverLifecycle(
+        factory,
+        buffer,
+        CutStore(store, emit=emit),  # cut_invalid / cut_fallback reach the trainer stream
+        release_store(plugins, config, store),
+        groups_per_round=config.trainer.groups_per_round,
+        max_policy_age=config.trainer.max_policy_age,
+        emit=emit,
+        workdir=workdir,
+        partial_last_round=True,
+        group_size=run_group_size(config),
+        ledger_set_aside_before=ledger_set_aside_before,
+        reader_options={"fenced_incarnations": StoreFences(store)},
+        overlap_uploads=True,  # a round's release upload overlaps the next round
+        publish_every=config.trainer.publish_every,
+        start_submitted_unix=start_submitted_unix,
+    )
+
+
+def run_group_size(config: RunConfig) -> Optional[int]:
+    """G of the run's rounds: the samplers' ``group_size`` when every sampler group has the
+    same (None: they differ, and the first group the buffer offers decides). Given, a
+    too-small or oversized first group cannot decide G for the trainer."""
+    sizes = {s.group_size for s in config.samplers}
+    return sizes.pop() if len(sizes) == 1 else None
 
 
 class _Busy(threading.local):
@@ -370,7 +412,7 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         task_name=config.task.name,
         group_size=scfg.group_size,
         prompts_per_call=scfg.prompts_per_call,
-        sampling=scfg.sampling,
+        sampling=scfg.engine_sampling(),  # with [[samplers]] top_logprobs
         seed=config.seed,
         backlog_cap=scfg.backlog_cap,
         backlog_poll_s=0.1,

@@ -17,6 +17,7 @@ from yeto_core.records import (
     Event,
     IslandLaunch,
     LifecycleState,
+    ModelFacts,
     ReleaseInfo,
     SchedulerInputs,
     StopReason,
@@ -324,6 +325,19 @@ class TrainerBackend(Port):
         training thread.
         """
         return None
+
+    # -- optional: what the model accepts -----------------------------------------------
+
+    def model_facts(self) -> ModelFacts:
+        """Optional: what the loaded model accepts (vocabulary, routed-expert shape).
+
+        Called after :meth:`restore`. The batch reader checks every group against these
+        facts and leaves a group the model cannot take out of the round (``unconvertible``,
+        counted, padded instead) rather than letting :meth:`train_round` raise on it. The
+        default knows only :attr:`vocab_size`; a backend that replays MoE routing reports
+        ``moe_layers``, ``top_k`` and ``num_experts`` as well.
+        """
+        return ModelFacts(vocab_size=self.vocab_size)
 
     # -- optional: the policy fingerprint ---------------------------------------------
 

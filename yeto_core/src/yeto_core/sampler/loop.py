@@ -32,6 +32,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from yeto_core.errors import ConfigError
 from yeto_core.records import Event, Sample, SampleGroup, SampleStatus, SamplingParams
 from yeto_core.sampler.interfaces import Follower
 from yeto_core.sampler.room import SamplerRoom, room_report
@@ -240,6 +241,7 @@ class SamplerLoop(SamplerRoom):
                 f"{len(prompts)} prompts"
             )
         groups, rewards, versions = [], [], []
+        want_top = int(self.sampling.top_logprobs) if self.sampling is not None else 0
         scoring = time.perf_counter()
         for k, (index, (_text, answer), prompt_ids, comps) in enumerate(
             zip(indices, prompts, ids, outs, strict=True)
@@ -260,8 +262,16 @@ class SamplerLoop(SamplerRoom):
                         if c.finish_reason == "length"
                         else SampleStatus.COMPLETED,
                         routed_experts=c.routed_experts,
+                        top_logprobs=c.top_logprobs,
+                        top_token_ids=c.top_token_ids,
                     )
                 )
+                if want_top and c.top_logprobs is None:
+                    raise ConfigError(
+                        f"[[samplers]] top_logprobs = {want_top}, but the "
+                        f"{type(self.engine).__name__} engine returned no top-K log-probs; "
+                        "use an engine that records them (hf, vllm) or remove the key"
+                    )
                 rewards.append(reward)
                 versions.append(int(c.weight_version))
             if slots is not None:

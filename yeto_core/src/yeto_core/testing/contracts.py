@@ -330,6 +330,20 @@ class TrainerBackendContract:
         b.save_cut(cut, Trigger.MANUAL)
         assert any(p.is_file() for p in cut.rglob("*"))
 
+    def test_its_model_facts_build_a_reader_that_takes_its_batches(self, make_backend):
+        """After :meth:`restore`, :meth:`model_facts` are facts the batch reader accepts,
+        and a group this backend trains passes the reader's checks under them."""
+        from yeto_core.buffer.reader_batches import check_group
+        from yeto_core.records import ModelFacts
+
+        b = make_backend()
+        b.restore(None)
+        facts = b.model_facts()
+        assert isinstance(facts, ModelFacts)
+        options = facts.reader_options()
+        for g in self.batch(0).groups:
+            assert check_group(g, group_size=len(g.samples), **options) is None
+
     def test_a_restored_cut_continues_bitwise(self, make_backend, tmp_path):
         a = make_backend()
         a.restore(None)

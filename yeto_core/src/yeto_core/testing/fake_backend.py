@@ -31,6 +31,7 @@ from yeto_core.records import (
     Batch,
     BufferRound,
     GroupEntry,
+    ModelFacts,
     RoundSpec,
     Sample,
     SampleGroup,
@@ -43,8 +44,19 @@ class FakeBackend(TrainerBackend):
 
     PLUGIN_NAME = "fake"
 
-    def __init__(self, *, seed: int = 0, n_params: int = 4, lr: float = 0.01) -> None:
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        n_params: int = 4,
+        lr: float = 0.01,
+        facts: Optional[ModelFacts] = None,
+    ) -> None:
         self.seed, self.n_params, self.lr = seed, n_params, lr
+        #: what the fake model accepts: with it, a sample it cannot take raises in
+        #: :meth:`train_round` as a real model does (an embedding row past the vocabulary,
+        #: routing rows of another shape); None: every sample is taken
+        self.facts = facts
         self.params = np.zeros(n_params, dtype=np.float64)
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.trained_groups: list[str] = []
@@ -60,7 +72,35 @@ class FakeBackend(TrainerBackend):
         self.trained_groups = list(state["trained_groups"])
         self.rounds = int(state["rounds"])
 
+    def model_facts(self) -> ModelFacts:
+        return self.facts if self.facts is not None else ModelFacts()
+
+    def _take(self, s: Sample, where: str) -> None:
+        """Raise as a real model would on a sample that does not fit :attr:`facts`."""
+        f = self.facts
+        if f is None:
+            return
+        tokens = np.asarray(s.tokens)
+        if f.vocab_size is not None and tokens.size and int(tokens.max()) >= f.vocab_size:
+            raise IndexError(f"{where}: index {int(tokens.max())} is out of range (embedding)")
+        re = s.routed_experts
+        if f.moe_layers is None or (re is None and not f.routed_experts_required):
+            return
+        want = (len(tokens) - 1, f.moe_layers, f.top_k)
+        if re is None or np.asarray(re).shape != want:
+            got = None if re is None else np.asarray(re).shape
+            raise ValueError(f"{where}: routed_experts {got}, the model routes {want}")
+        ids = np.asarray(re)
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= (f.num_experts or 0)):
+            raise IndexError(f"{where}: expert id outside 0..{(f.num_experts or 0) - 1}")
+        srt = np.sort(ids, axis=-1)
+        if f.distinct_experts and np.any(srt[..., 1:] == srt[..., :-1]):
+            raise ValueError(f"{where}: the same expert twice for one token and layer")
+
     def train_round(self, batch: Batch) -> dict[str, float]:
+        for group in batch.groups:
+            for i, s in enumerate(group.samples):
+                self._take(s, f"group {group.group_id} sample {i}")
         for group in batch.groups:
             rewards = np.array([s.reward for s in group.samples], dtype=np.float64)
             adv = rewards - rewards.mean()

@@ -64,7 +64,9 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         (padded by the reader) instead of holding.
     :param group_size: G, samples per group (None: the first group the buffer offers
         decides, once; give it when known).
-    :param vocab_size: the reader refuses token ids at or above it (None: not checked).
+    :param vocab_size: the reader refuses token ids at or above it (None: the backend's
+        :meth:`~yeto_core.ports.TrainerBackend.model_facts` say, with its routed-expert
+        shape; every incarnation's reader checks its groups against its backend's facts).
     :param ledger: the batch ledger (None: ``BatchLedger(cuts.store)``, the run's store).
     :param ledger_set_aside_before: on a start from the base (no cut), move ledger rounds
         recorded before this time (seconds since the epoch) to ``ledger.before-<ts>/``
@@ -319,14 +321,18 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
             if not rnd.entries:
                 return None
             g = int(rnd.entries[0].n_samples)
-        options = dict(self.reader_options)
+        # what the loaded model accepts (a malformed group is left out, never trained);
+        # the driver's own vocab_size and reader_options win over the backend's facts
+        options = self.backend.model_facts().reader_options() if self.backend else {}
+        if self.vocab_size is not None:
+            options["vocab_size"] = self.vocab_size
+        options.update(self.reader_options)
         options.setdefault("clock", self._clock)
         self.reader = BatchReader(
             self.buffer,
             group_size=g,
             groups_per_round=self.groups_per_round,
             max_policy_age=self.max_policy_age,
-            vocab_size=self.vocab_size,
             **options,
         )
         return self.reader
