@@ -457,13 +457,14 @@ class TorchBackend(TrainerBackend):
 
     # -- training ---------------------------------------------------------------------
 
-    def _processing(self, group: Any) -> tuple[float, int, float]:
-        """(temperature, top_k, top_p) the group's behavior log-probs were computed under."""
+    def _processing(self, group: Any) -> tuple[float, int, float, str]:
+        """(temperature, top_k, top_p, filter_order) the group's behavior log-probs were
+        computed under (a group without the record: sequential, no top-k/top-p)."""
         configured = self.opts["temperature"]
         sp = getattr(group, "sampling", None)
         if sp is None:
-            return (1.0 if configured is None else configured, 0, 1.0)
-        key = (float(sp.temperature), int(sp.top_k), float(sp.top_p))
+            return (1.0 if configured is None else configured, 0, 1.0, "sequential")
+        key = (float(sp.temperature), int(sp.top_k), float(sp.top_p), str(sp.filter_order))
         if configured is not None and key[0] != configured:
             raise ConfigError(
                 f"group {group.group_id}: sampled at temperature {key[0]:g}, but "
@@ -489,7 +490,8 @@ class TorchBackend(TrainerBackend):
         keep_from: int = 0,
     ) -> torch.Tensor:
         """Log-prob of token t+1 at every position t (``[B, T-1]``), row ``r`` under the
-        processing ``procs[r]`` (temperature, top-k, top-p: the sampler's own function).
+        processing ``procs[r]`` (temperature, top-k, top-p, filter order: the sampler's
+        own function).
         With ``routed`` (per row: ``(tokens - 1, layers, top_k)`` or None), every MoE layer
         uses those experts (routing replay, :mod:`yeto_torch.moe`). Positions before
         ``keep_from`` (no row's response is predicted there) are 0, without a gradient;
@@ -512,9 +514,9 @@ class TorchBackend(TrainerBackend):
         for row, key in enumerate(procs):
             by_key.setdefault(key, []).append(row)
         parts, order = [], []
-        for (temp, top_k, top_p), rows in by_key.items():
+        for (temp, top_k, top_p, filters), rows in by_key.items():
             idx = torch.tensor(rows, dtype=torch.long)
-            logp = process_logits(logits[idx], temp, top_k, top_p)
+            logp = process_logits(logits[idx], temp, top_k, top_p, filters)
             parts.append(logp.gather(-1, targets[idx]).squeeze(-1))
             order.extend(rows)
         out = torch.cat(parts) if len(parts) > 1 else parts[0]
