@@ -96,6 +96,9 @@ def loss(
             lw = torch.where(outside, torch.full_like(b, NEG), prox - b)
             if level == "sequence":
                 lw = torch.full_like(b, float(torch.sum(torch.where(m > 0, lw, zero))))
+            elif level == "sequence-geo":  # the geometric mean of the sequence's weights
+                mean = torch.sum(torch.where(m > 0, lw, zero)) / max(float(m.sum()), 1.0)
+                lw = torch.full_like(b, float(mean))
             w = torch.exp(lw)
             if kind == "ppo-clip":
                 is_w = torch.ones_like(w)
@@ -117,7 +120,8 @@ def loss(
                 d = torch.where(out_kl, zero, q - torch.where(out_kl, zero, new))
                 k3 = torch.exp(d) - d - 1
                 if kl_estimator == "k3-is":
-                    k3 = k3 * torch.exp(torch.where(out_kl, b, new) - b)
+                    # the policy term's ratio (with its gradient) times its token weight
+                    k3 = k3 * r * is_w
                 tok = tok + kl_coef * k3
             out = out + (tok * m).sum() / total
             n["tokens"] += float(m.sum())

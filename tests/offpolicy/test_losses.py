@@ -110,6 +110,8 @@ CASES = [
     dict(kind="tis", level="sequence", cap=1.1),
     dict(kind="mis", level="token", cap=1.1, cap_low=0.9),
     dict(kind="mis", level="sequence", cap=1.5, cap_low=0.5),
+    dict(kind="tis", level="sequence-geo", cap=1.02),
+    dict(kind="mis", level="sequence-geo", cap=1.2, cap_low=0.9),
 ]
 
 
@@ -140,12 +142,26 @@ def test_loss_options_match_the_reference_at_staleness_3(sort_base, stale3, case
         assert 0 < m["is_masked_frac"] < 1
 
 
-@pytest.mark.parametrize("estimator", ["k3", "k3-is"])
-def test_kl_estimators_match_the_reference(sort_base, stale3, estimator):
+@pytest.mark.parametrize(
+    "estimator, case",
+    [
+        ("k3", {}),
+        ("k3-is", {}),
+        ("k3-is", dict(kind="decoupled")),
+        ("k3-is", dict(kind="tis", level="token", cap=1.1)),
+    ],
+    ids=["k3", "k3-is-ppo-clip", "k3-is-decoupled", "k3-is-tis"],
+)
+def test_kl_estimators_match_the_reference(sort_base, stale3, estimator, case):
     batch, state = stale3
-    be, start = _at(sort_base, state, kl_coef=0.5, kl_estimator=estimator)
+    opts = {"loss": case.get("kind", "ppo-clip")}
+    if "level" in case:
+        opts.update(is_level=case["level"], is_cap=case["cap"])
+    be, start = _at(sort_base, state, kl_coef=0.5, kl_estimator=estimator, **opts)
     base_model = copy.deepcopy(be.ref_model)
-    m, _ = _compare(be, batch, start, kl_coef=0.5, kl_estimator=estimator, ref_model=base_model)
+    m, _ = _compare(
+        be, batch, start, kl_coef=0.5, kl_estimator=estimator, ref_model=base_model, **case
+    )
     assert m["kl"] > 1e-4
 
 

@@ -47,11 +47,14 @@ from yeto_torch.sampling import process_logits
 
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 LOSSES = ("ppo-clip", "decoupled", "tis", "mis")
-IS_LEVELS = ("token", "sequence")
+IS_LEVELS = ("token", "sequence", "sequence-geo")
 KL_ESTIMATORS = ("k3", "k3-is")
 ADV_STDS = ("population", "sample")
 #: Log-probs of tokens outside the processed support (top-k / top-p) are floored here.
 LOGP_FLOOR = -1e4
+#: Every log-ratio is clamped to ``[-LOG_RATIO_BOUND, LOG_RATIO_BOUND]`` before ``exp``
+#: (ratios within e^±20, about 4.9e8: finite in float32, and squares too)
+LOG_RATIO_BOUND = 20.0
 SCHEDULES = ("constant", "linear", "cosine")
 TUNINGS = ("full", "lora")
 CUT_FORMAT = 1
@@ -72,6 +75,11 @@ def lr_at(
     if schedule == "linear":
         return floor + (lr - floor) * (1.0 - frac)
     return floor + (lr - floor) * 0.5 * (1.0 + math.cos(math.pi * frac))
+
+
+def _bounded(log_ratio: torch.Tensor) -> torch.Tensor:
+    """``log_ratio`` clamped to ``±LOG_RATIO_BOUND`` (no gradient beyond the bound)."""
+    return torch.clamp(log_ratio, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
 
 
 def _grad_norm(params: list[torch.nn.Parameter]) -> float:
@@ -797,19 +805,26 @@ class TorchBackend(TrainerBackend):
         if all(it.proximal is None for it in items):
             prox = new.detach()  # one step per round: the weights are still those of its start
         loss_kind = o["loss"]
+        live = mask > 0
         if loss_kind == "ppo-clip":
             anchor = behavior
         else:
             # a token outside the proximal support has weight 0: keep its ratio finite (1)
             anchor = torch.where(prox <= LOGP_FLOOR, new.detach(), prox)
-        ratio = torch.exp(new - anchor)
+        # a masked token's log-ratio is 0 (ratio 1, no gradient: never 0 * inf), a live
+        # one's is bounded before exp (beyond the bound the ratio is constant)
+        ratio = torch.exp(_bounded(torch.where(live, new - anchor, torch.zeros_like(new))))
         lo, hi = 1.0 - o["clip_eps"], 1.0 + o["clip_eps_high"]
         clipped = torch.clamp(ratio, lo, hi)
         pg = -torch.minimum(ratio * adv, clipped * adv)
-        log_w = (prox - behavior) * mask  # log behavior ratio pi_prox / pi_behavior
+        # log behavior ratio pi_prox / pi_behavior on the live tokens (0 elsewhere)
+        log_w = torch.where(live, prox - behavior, torch.zeros_like(prox))
         if o["is_level"] == "sequence":
             log_w = log_w.sum(-1, keepdim=True).expand_as(log_w)
-        w = torch.exp(log_w)
+        elif o["is_level"] == "sequence-geo":
+            n_live = live.sum(-1, keepdim=True).clamp(min=1)
+            log_w = (log_w.sum(-1, keepdim=True) / n_live).expand_as(log_w)
+        w = torch.exp(_bounded(log_w))
         if loss_kind == "ppo-clip":
             is_w = torch.ones_like(w)
         elif loss_kind == "decoupled":
@@ -825,13 +840,14 @@ class TorchBackend(TrainerBackend):
         if self.ref_model is not None:
             with torch.no_grad():
                 ref = self._logprobs(self.ref_model, ids, attn, procs, keep_from=keep_from)
-            outside = (ref <= LOGP_FLOOR) | (new.detach() <= LOGP_FLOOR)
-            d = torch.where(outside, torch.zeros_like(ref), ref - new)
+            outside = (ref <= LOGP_FLOOR) | (new.detach() <= LOGP_FLOOR) | ~live
+            d = _bounded(torch.where(outside, torch.zeros_like(ref), ref - new))
             kl = torch.exp(d) - d - 1.0
             if o["kl_estimator"] == "k3-is":
-                # tokens were drawn from the behavior policy: weight by pi_theta / pi_behavior
-                # (with its gradient), so the estimate is that of KL(pi_theta || ref)
-                kl = kl * torch.exp(torch.where(outside, behavior, new) - behavior)
+                # tokens were drawn from the behavior policy: weight by the policy term's
+                # ratio (with its gradient) times its behaviour weight (capped or masked as
+                # the loss caps it), so the estimate is that of KL(pi_theta || ref)
+                kl = kl * ratio * is_w
             per_tok = pg + o["kl_coef"] * kl
         loss = (per_tok * mask * weight).sum()
         loss.backward()
