@@ -166,3 +166,14 @@ def test_hf_samples_score_with_zero_mismatch_under_top_k_and_top_p(sort_base):
     assert m["on_policy_tokens"] == m["tokens"] > 0 and m["tokens_outside_support"] == 0
     assert m["mismatch_kl"] < 1e-6 and m["mismatch_kl_on_policy"] < 1e-6, m
     assert got["joint"]["mismatch_kl"] > 1e-3, got["joint"]
+
+
+def test_a_run_config_is_written_without_the_default_filter_order():
+    """A sampler's settings in config.json read in a yeto that predates the field."""
+    from yeto_core import serde
+
+    conv = serde.make_converter()
+    out = conv.unstructure(SamplingParams(top_k=4, top_p=0.8))
+    assert "filter_order" not in out and out["top_k"] == 4
+    assert conv.unstructure(SamplingParams(filter_order="joint"))["filter_order"] == "joint"
+    assert conv.structure(out, SamplingParams) == SamplingParams(top_k=4, top_p=0.8)
