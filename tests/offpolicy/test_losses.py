@@ -112,6 +112,7 @@ CASES = [
     dict(kind="mis", level="sequence", cap=1.5, cap_low=0.5),
     dict(kind="tis", level="sequence-geo", cap=1.02),
     dict(kind="mis", level="sequence-geo", cap=1.2, cap_low=0.9),
+    dict(kind="ppo-clip", clip_c=1.05),
 ]
 
 
@@ -121,8 +122,13 @@ def test_loss_options_match_the_reference_at_staleness_3(sort_base, stale3, case
     opts = {"loss": case["kind"]}
     if "level" in case:
         opts.update(is_level=case["level"], is_cap=case["cap"], is_cap_low=case.get("cap_low", 0))
+    if "clip_c" in case:
+        opts["clip_ratio_c"] = case["clip_c"]
     be, start = _at(sort_base, state, **opts)
     m, fig = _compare(be, batch, start, **case)
+    assert m["clip_frac_dual"] == pytest.approx(fig["clip_frac_dual"], abs=1e-9)
+    if "clip_c" in case:
+        assert m["clip_frac_dual"] > 0  # the dual clip binds on some tokens
     assert m["clip_frac"] == pytest.approx(fig["clip_frac"], abs=1e-9)
     assert m["behav_ratio_mean"] == pytest.approx(fig["behav_ratio_mean"], rel=1e-5)
     assert m["mismatch_kl"] == pytest.approx(fig["mismatch_kl"], rel=1e-4)
@@ -306,6 +312,7 @@ def test_bad_options_are_refused(sort_base):
         ({"is_cap": 1.0, "is_cap_low": 1.5}, "is_cap"),
         ({"updates_per_round": 0}, "updates_per_round"),
         ({"temperature": 0}, "temperature"),
+        ({"clip_ratio_c": 1.0}, "clip_ratio_c"),
     ]:
         with pytest.raises(ConfigError, match=word):
             TorchBackend(str(sort_base), **kw)

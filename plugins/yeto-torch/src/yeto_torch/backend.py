@@ -136,7 +136,7 @@ class _Stats:
 
     def __init__(self) -> None:
         self.loss = self.pg_loss = self.kl = 0.0
-        self.clip_low = self.clip_high = self.out_of_band = 0.0
+        self.clip_low = self.clip_high = self.out_of_band = self.clip_dual = 0.0
         self.ratio_sum = self.tokens = self.is_w_sum = 0.0
         self.is_truncated = self.is_masked = self.outside = 0.0
         self.prox_ratio: list[np.ndarray] = []
@@ -153,6 +153,7 @@ class _Stats:
             "clip_frac": (self.clip_low + self.clip_high) / tok,
             "clip_frac_low": self.clip_low / tok,
             "clip_frac_high": self.clip_high / tok,
+            "clip_frac_dual": self.clip_dual / tok,
             "ratio_out_of_band_frac": self.out_of_band / tok,
             "ratio_mean": self.ratio_sum / tok,
             "is_weight_mean": self.is_w_sum / tok,
@@ -230,6 +231,7 @@ class TorchBackend(TrainerBackend):
         lora_targets: tuple[str, ...] = lora_mod.DEFAULT_TARGETS,
         clip_eps: float = 0.2,
         clip_eps_high: Optional[float] = None,
+        clip_ratio_c: Optional[float] = None,
         kl_coef: float = 0.0,
         kl_estimator: str = "k3",
         loss_agg: str = "token-mean",
@@ -285,6 +287,13 @@ class TorchBackend(TrainerBackend):
             raise bad("lr_schedule", lr_schedule, f"allowed values are {', '.join(SCHEDULES)}")
         if not lr > 0:
             raise bad("lr", lr, "must be > 0 (5e-4 suits the tiny models)")
+        if clip_ratio_c is not None and not clip_ratio_c > 1:
+            raise bad(
+                "clip_ratio_c",
+                clip_ratio_c,
+                "must be > 1 (the dual clip's bound on a negative advantage's ratio; 3 is "
+                "common), or left out (no dual clip)",
+            )
         if not clip_eps > 0:
             raise bad("clip_eps", clip_eps, "must be > 0")
         if temperature is not None and temperature <= 0:
@@ -312,6 +321,7 @@ class TorchBackend(TrainerBackend):
             lora_targets=list(lora_targets),
             clip_eps=float(clip_eps),
             clip_eps_high=float(clip_eps if clip_eps_high is None else clip_eps_high),
+            clip_ratio_c=None if clip_ratio_c is None else float(clip_ratio_c),
             kl_coef=float(kl_coef),
             kl_estimator=kl_estimator,
             loss_agg=loss_agg,
@@ -817,6 +827,12 @@ class TorchBackend(TrainerBackend):
         lo, hi = 1.0 - o["clip_eps"], 1.0 + o["clip_eps_high"]
         clipped = torch.clamp(ratio, lo, hi)
         pg = -torch.minimum(ratio * adv, clipped * adv)
+        dual = None
+        if o["clip_ratio_c"] is not None:
+            # dual clip: with A < 0, the token's loss is at most -c * A however large rho is
+            bound = -o["clip_ratio_c"] * adv
+            dual = (adv < 0) & (pg > bound)
+            pg = torch.where(dual, bound.expand_as(pg), pg)
         # log behavior ratio pi_prox / pi_behavior on the live tokens (0 elsewhere)
         log_w = torch.where(live, prox - behavior, torch.zeros_like(prox))
         if o["is_level"] == "sequence":
@@ -864,6 +880,8 @@ class TorchBackend(TrainerBackend):
             stats.clip_low += float((low.float() * mask).sum())
             stats.clip_high += float((high.float() * mask).sum())
             stats.out_of_band += float((((ratio < lo) | (ratio > hi)).float() * mask).sum())
+            if dual is not None:
+                stats.clip_dual += float((dual.float() * mask).sum())
             stats.ratio_sum += float((ratio * mask).sum())
             stats.tokens += float(mask.sum())
             stats.is_w_sum += float((is_w * mask).sum())
