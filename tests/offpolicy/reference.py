@@ -59,6 +59,7 @@ def loss(
     cap: float = 2.0,
     cap_low: float = 0.0,
     clip_eps: float = 0.2,
+    clip_c: Optional[float] = None,
     kl_coef: float = 0.0,
     kl_estimator: str = "k3",
     ref_model: Any = None,
@@ -70,6 +71,7 @@ def loss(
     total = sum(float(np.sum(s.loss_mask)) for g in groups for s in g.samples)
     out = torch.zeros(())
     n = {"tokens": 0.0, "clip": 0.0, "w": [], "outside": 0.0, "truncated": 0.0, "masked": 0.0}
+    n["dual"] = 0.0
     for g in groups:
         sp = g.sampling
         proc = (sp.temperature, sp.top_k, sp.top_p)
@@ -93,9 +95,15 @@ def loss(
             else:
                 r = torch.exp(new_s - prox_s)
             pg = -torch.minimum(r * a, torch.clamp(r, 1 - clip_eps, 1 + clip_eps) * a)
+            if clip_c is not None and a < 0:  # dual clip: at most -c * A
+                pg = torch.minimum(pg, torch.full_like(pg, -clip_c * a))
+                n["dual"] += float(((pg == -clip_c * a).float() * m).sum())
             lw = torch.where(outside, torch.full_like(b, NEG), prox - b)
             if level == "sequence":
                 lw = torch.full_like(b, float(torch.sum(torch.where(m > 0, lw, zero))))
+            elif level == "sequence-geo":  # the geometric mean of the sequence's weights
+                mean = torch.sum(torch.where(m > 0, lw, zero)) / max(float(m.sum()), 1.0)
+                lw = torch.full_like(b, float(mean))
             w = torch.exp(lw)
             if kind == "ppo-clip":
                 is_w = torch.ones_like(w)
@@ -117,7 +125,8 @@ def loss(
                 d = torch.where(out_kl, zero, q - torch.where(out_kl, zero, new))
                 k3 = torch.exp(d) - d - 1
                 if kl_estimator == "k3-is":
-                    k3 = k3 * torch.exp(torch.where(out_kl, b, new) - b)
+                    # the policy term's ratio (with its gradient) times its token weight
+                    k3 = k3 * r * is_w
                 tok = tok + kl_coef * k3
             out = out + (tok * m).sum() / total
             n["tokens"] += float(m.sum())
@@ -134,5 +143,6 @@ def loss(
         "tokens_outside_support": n["outside"],
         "is_truncated_frac": n["truncated"] / t,
         "is_masked_frac": n["masked"] / t,
+        "clip_frac_dual": n["dual"] / t,
     }
     return out, figures

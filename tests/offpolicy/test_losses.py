@@ -110,6 +110,9 @@ CASES = [
     dict(kind="tis", level="sequence", cap=1.1),
     dict(kind="mis", level="token", cap=1.1, cap_low=0.9),
     dict(kind="mis", level="sequence", cap=1.5, cap_low=0.5),
+    dict(kind="tis", level="sequence-geo", cap=1.02),
+    dict(kind="mis", level="sequence-geo", cap=1.2, cap_low=0.9),
+    dict(kind="ppo-clip", clip_c=1.05),
 ]
 
 
@@ -119,8 +122,13 @@ def test_loss_options_match_the_reference_at_staleness_3(sort_base, stale3, case
     opts = {"loss": case["kind"]}
     if "level" in case:
         opts.update(is_level=case["level"], is_cap=case["cap"], is_cap_low=case.get("cap_low", 0))
+    if "clip_c" in case:
+        opts["clip_ratio_c"] = case["clip_c"]
     be, start = _at(sort_base, state, **opts)
     m, fig = _compare(be, batch, start, **case)
+    assert m["clip_frac_dual"] == pytest.approx(fig["clip_frac_dual"], abs=1e-9)
+    if "clip_c" in case:
+        assert m["clip_frac_dual"] > 0  # the dual clip binds on some tokens
     assert m["clip_frac"] == pytest.approx(fig["clip_frac"], abs=1e-9)
     assert m["behav_ratio_mean"] == pytest.approx(fig["behav_ratio_mean"], rel=1e-5)
     assert m["mismatch_kl"] == pytest.approx(fig["mismatch_kl"], rel=1e-4)
@@ -140,12 +148,26 @@ def test_loss_options_match_the_reference_at_staleness_3(sort_base, stale3, case
         assert 0 < m["is_masked_frac"] < 1
 
 
-@pytest.mark.parametrize("estimator", ["k3", "k3-is"])
-def test_kl_estimators_match_the_reference(sort_base, stale3, estimator):
+@pytest.mark.parametrize(
+    "estimator, case",
+    [
+        ("k3", {}),
+        ("k3-is", {}),
+        ("k3-is", dict(kind="decoupled")),
+        ("k3-is", dict(kind="tis", level="token", cap=1.1)),
+    ],
+    ids=["k3", "k3-is-ppo-clip", "k3-is-decoupled", "k3-is-tis"],
+)
+def test_kl_estimators_match_the_reference(sort_base, stale3, estimator, case):
     batch, state = stale3
-    be, start = _at(sort_base, state, kl_coef=0.5, kl_estimator=estimator)
+    opts = {"loss": case.get("kind", "ppo-clip")}
+    if "level" in case:
+        opts.update(is_level=case["level"], is_cap=case["cap"])
+    be, start = _at(sort_base, state, kl_coef=0.5, kl_estimator=estimator, **opts)
     base_model = copy.deepcopy(be.ref_model)
-    m, _ = _compare(be, batch, start, kl_coef=0.5, kl_estimator=estimator, ref_model=base_model)
+    m, _ = _compare(
+        be, batch, start, kl_coef=0.5, kl_estimator=estimator, ref_model=base_model, **case
+    )
     assert m["kl"] > 1e-4
 
 
@@ -290,6 +312,7 @@ def test_bad_options_are_refused(sort_base):
         ({"is_cap": 1.0, "is_cap_low": 1.5}, "is_cap"),
         ({"updates_per_round": 0}, "updates_per_round"),
         ({"temperature": 0}, "temperature"),
+        ({"clip_ratio_c": 1.0}, "clip_ratio_c"),
     ]:
         with pytest.raises(ConfigError, match=word):
             TorchBackend(str(sort_base), **kw)

@@ -117,7 +117,11 @@ def test_preflight_refuses_a_trainer_temperature_other_than_a_samplers(tmp_path)
 
 def test_preflight_warns_about_processed_sampling_on_other_engines(tmp_path):
     hf = {"engine": "hf", "group_size": 4, "backlog_cap": 8, "sampling": {"top_k": 4}}
-    other = dict(hf, name="other", engine="vllm")
+    other = dict(hf, name="other", engine="custom")
     checks = _checks(_config(tmp_path, {}, [hf, other]))
     assert "samplers[0].sampling" not in checks
     assert checks["samplers[1].sampling"].status == "warn"
+    stated = [dict(hf, name=e, engine=e) for e in ("vllm", "sglang")]
+    assert not {"samplers[0].sampling", "samplers[1].sampling"} & set(
+        _checks(_config(tmp_path, {}, stated))
+    )

@@ -92,7 +92,7 @@ def forward_logprobs(b, batch, *, replay=True):
             )
             for s in samples
         ]
-    procs = [(1.0, 0, 1.0)] * len(samples)
+    procs = [(1.0, 0, 1.0, "sequential")] * len(samples)
     return b._logprobs(b.model, ids, attn, procs, routed), samples
 
 

@@ -76,9 +76,10 @@ class SampleGroup:
     sampler_incarnation: int
     samples: tuple[Sample, ...]
     task: str = ""
-    #: How the behavior log-probs were processed (``temperature``, ``top_k`` and
-    #: ``top_p`` of the sampler's :class:`SamplingParams`; the other fields are not
-    #: recorded). None: not recorded (payloads written before it was).
+    #: How the behavior log-probs were processed (``temperature``, ``top_k``,
+    #: ``top_p`` and the engine's ``filter_order`` of the sampler's
+    #: :class:`SamplingParams`; the other fields are not recorded). None: not recorded
+    #: (payloads written before it was).
     sampling: Optional[SamplingParams] = None
 
 
@@ -193,9 +194,23 @@ class Event:
     data: dict[str, Any] = attrs.field(factory=dict)
 
 
+#: How an engine combines top-k and top-p (:attr:`SamplingParams.filter_order`).
+FILTER_ORDERS = ("sequential", "joint")
+
+
 @attrs.frozen
 class SamplingParams:
-    """How a sampler engine samples (shared by every engine)."""
+    """How a sampler engine samples (shared by every engine).
+
+    ``filter_order`` is the engine's filter semantics, not a user setting: the
+    engine states it (:meth:`yeto_core.ports.SamplerEngine.behaviour_sampling`)
+    and each group records it, so the trainer scores the tokens under the
+    distribution they were drawn from. ``"sequential"``: keep the ``top_k`` most
+    likely tokens, renormalise, then keep the ``top_p`` nucleus of that (the
+    ``hf`` engine, vLLM). ``"joint"``: both kept sets are taken from the full
+    distribution (the nucleus's cumulative sum runs over every token) and a token
+    must be in both (SGLang).
+    """
 
     max_new_tokens: int = 16
     temperature: float = 1.0
@@ -206,6 +221,7 @@ class SamplingParams:
     #: K: also return the top-K log-probs of every response position (0: none); a
     #: sampler group sets it with ``[[samplers]] top_logprobs``
     top_logprobs: int = 0
+    filter_order: str = "sequential"
 
 
 @attrs.frozen(eq=False)

@@ -12,9 +12,10 @@ from functools import lru_cache
 from typing import Any, TypeVar
 
 import cattrs
-from cattrs.gen import make_dict_unstructure_fn  # noqa: F401  (re-exported for plugins)
+from cattrs.gen import make_dict_unstructure_fn, override
 
 from yeto_core.errors import ConfigError
+from yeto_core.records import SamplingParams
 
 T = TypeVar("T")
 
@@ -24,6 +25,12 @@ def make_converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
     # Tuples come back from JSON as lists; attrs records use tuples to stay hashable.
     conv.register_unstructure_hook(tuple, lambda t: [conv.unstructure(x) for x in t])
+    # The engine's filter order is written only when it is not the default, so a run
+    # config (whose samplers never set it) reads in a yeto that predates the field.
+    conv.register_unstructure_hook(
+        SamplingParams,
+        make_dict_unstructure_fn(SamplingParams, conv, filter_order=override(omit_if_default=True)),
+    )
 
     def _enum_structure(value: Any, cls: type[enum.Enum]) -> enum.Enum:
         try:

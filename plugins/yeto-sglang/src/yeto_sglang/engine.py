@@ -108,6 +108,9 @@ class SGLangEngine(SamplerEngine):
     """A sampler engine backed by one SGLang 0.5.x server (see the module docstring)."""
 
     PLUGIN_NAME = "sglang"
+    #: SGLang keeps a token when it is among the top-k *and* the mass ranked above it,
+    #: over the full distribution, is at most top-p (``protocol.behaviour_logprobs``)
+    FILTER_ORDER = "joint"
 
     def __init__(
         self,

@@ -47,11 +47,14 @@ from yeto_torch.sampling import process_logits
 
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 LOSSES = ("ppo-clip", "decoupled", "tis", "mis")
-IS_LEVELS = ("token", "sequence")
+IS_LEVELS = ("token", "sequence", "sequence-geo")
 KL_ESTIMATORS = ("k3", "k3-is")
 ADV_STDS = ("population", "sample")
 #: Log-probs of tokens outside the processed support (top-k / top-p) are floored here.
 LOGP_FLOOR = -1e4
+#: Every log-ratio is clamped to ``[-LOG_RATIO_BOUND, LOG_RATIO_BOUND]`` before ``exp``
+#: (ratios within e^±20, about 4.9e8: finite in float32, and squares too)
+LOG_RATIO_BOUND = 20.0
 SCHEDULES = ("constant", "linear", "cosine")
 TUNINGS = ("full", "lora")
 CUT_FORMAT = 1
@@ -72,6 +75,11 @@ def lr_at(
     if schedule == "linear":
         return floor + (lr - floor) * (1.0 - frac)
     return floor + (lr - floor) * 0.5 * (1.0 + math.cos(math.pi * frac))
+
+
+def _bounded(log_ratio: torch.Tensor) -> torch.Tensor:
+    """``log_ratio`` clamped to ``±LOG_RATIO_BOUND`` (no gradient beyond the bound)."""
+    return torch.clamp(log_ratio, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
 
 
 def _grad_norm(params: list[torch.nn.Parameter]) -> float:
@@ -128,7 +136,7 @@ class _Stats:
 
     def __init__(self) -> None:
         self.loss = self.pg_loss = self.kl = 0.0
-        self.clip_low = self.clip_high = self.out_of_band = 0.0
+        self.clip_low = self.clip_high = self.out_of_band = self.clip_dual = 0.0
         self.ratio_sum = self.tokens = self.is_w_sum = 0.0
         self.is_truncated = self.is_masked = self.outside = 0.0
         self.prox_ratio: list[np.ndarray] = []
@@ -145,6 +153,7 @@ class _Stats:
             "clip_frac": (self.clip_low + self.clip_high) / tok,
             "clip_frac_low": self.clip_low / tok,
             "clip_frac_high": self.clip_high / tok,
+            "clip_frac_dual": self.clip_dual / tok,
             "ratio_out_of_band_frac": self.out_of_band / tok,
             "ratio_mean": self.ratio_sum / tok,
             "is_weight_mean": self.is_w_sum / tok,
@@ -222,6 +231,7 @@ class TorchBackend(TrainerBackend):
         lora_targets: tuple[str, ...] = lora_mod.DEFAULT_TARGETS,
         clip_eps: float = 0.2,
         clip_eps_high: Optional[float] = None,
+        clip_ratio_c: Optional[float] = None,
         kl_coef: float = 0.0,
         kl_estimator: str = "k3",
         loss_agg: str = "token-mean",
@@ -277,6 +287,13 @@ class TorchBackend(TrainerBackend):
             raise bad("lr_schedule", lr_schedule, f"allowed values are {', '.join(SCHEDULES)}")
         if not lr > 0:
             raise bad("lr", lr, "must be > 0 (5e-4 suits the tiny models)")
+        if clip_ratio_c is not None and not clip_ratio_c > 1:
+            raise bad(
+                "clip_ratio_c",
+                clip_ratio_c,
+                "must be > 1 (the dual clip's bound on a negative advantage's ratio; 3 is "
+                "common), or left out (no dual clip)",
+            )
         if not clip_eps > 0:
             raise bad("clip_eps", clip_eps, "must be > 0")
         if temperature is not None and temperature <= 0:
@@ -304,6 +321,7 @@ class TorchBackend(TrainerBackend):
             lora_targets=list(lora_targets),
             clip_eps=float(clip_eps),
             clip_eps_high=float(clip_eps if clip_eps_high is None else clip_eps_high),
+            clip_ratio_c=None if clip_ratio_c is None else float(clip_ratio_c),
             kl_coef=float(kl_coef),
             kl_estimator=kl_estimator,
             loss_agg=loss_agg,
@@ -457,13 +475,14 @@ class TorchBackend(TrainerBackend):
 
     # -- training ---------------------------------------------------------------------
 
-    def _processing(self, group: Any) -> tuple[float, int, float]:
-        """(temperature, top_k, top_p) the group's behavior log-probs were computed under."""
+    def _processing(self, group: Any) -> tuple[float, int, float, str]:
+        """(temperature, top_k, top_p, filter_order) the group's behavior log-probs were
+        computed under (a group without the record: sequential, no top-k/top-p)."""
         configured = self.opts["temperature"]
         sp = getattr(group, "sampling", None)
         if sp is None:
-            return (1.0 if configured is None else configured, 0, 1.0)
-        key = (float(sp.temperature), int(sp.top_k), float(sp.top_p))
+            return (1.0 if configured is None else configured, 0, 1.0, "sequential")
+        key = (float(sp.temperature), int(sp.top_k), float(sp.top_p), str(sp.filter_order))
         if configured is not None and key[0] != configured:
             raise ConfigError(
                 f"group {group.group_id}: sampled at temperature {key[0]:g}, but "
@@ -489,7 +508,8 @@ class TorchBackend(TrainerBackend):
         keep_from: int = 0,
     ) -> torch.Tensor:
         """Log-prob of token t+1 at every position t (``[B, T-1]``), row ``r`` under the
-        processing ``procs[r]`` (temperature, top-k, top-p: the sampler's own function).
+        processing ``procs[r]`` (temperature, top-k, top-p, filter order: the sampler's
+        own function).
         With ``routed`` (per row: ``(tokens - 1, layers, top_k)`` or None), every MoE layer
         uses those experts (routing replay, :mod:`yeto_torch.moe`). Positions before
         ``keep_from`` (no row's response is predicted there) are 0, without a gradient;
@@ -512,9 +532,9 @@ class TorchBackend(TrainerBackend):
         for row, key in enumerate(procs):
             by_key.setdefault(key, []).append(row)
         parts, order = [], []
-        for (temp, top_k, top_p), rows in by_key.items():
+        for (temp, top_k, top_p, filters), rows in by_key.items():
             idx = torch.tensor(rows, dtype=torch.long)
-            logp = process_logits(logits[idx], temp, top_k, top_p)
+            logp = process_logits(logits[idx], temp, top_k, top_p, filters)
             parts.append(logp.gather(-1, targets[idx]).squeeze(-1))
             order.extend(rows)
         out = torch.cat(parts) if len(parts) > 1 else parts[0]
@@ -795,19 +815,32 @@ class TorchBackend(TrainerBackend):
         if all(it.proximal is None for it in items):
             prox = new.detach()  # one step per round: the weights are still those of its start
         loss_kind = o["loss"]
+        live = mask > 0
         if loss_kind == "ppo-clip":
             anchor = behavior
         else:
             # a token outside the proximal support has weight 0: keep its ratio finite (1)
             anchor = torch.where(prox <= LOGP_FLOOR, new.detach(), prox)
-        ratio = torch.exp(new - anchor)
+        # a masked token's log-ratio is 0 (ratio 1, no gradient: never 0 * inf), a live
+        # one's is bounded before exp (beyond the bound the ratio is constant)
+        ratio = torch.exp(_bounded(torch.where(live, new - anchor, torch.zeros_like(new))))
         lo, hi = 1.0 - o["clip_eps"], 1.0 + o["clip_eps_high"]
         clipped = torch.clamp(ratio, lo, hi)
         pg = -torch.minimum(ratio * adv, clipped * adv)
-        log_w = (prox - behavior) * mask  # log behavior ratio pi_prox / pi_behavior
+        dual = None
+        if o["clip_ratio_c"] is not None:
+            # dual clip: with A < 0, the token's loss is at most -c * A however large rho is
+            bound = -o["clip_ratio_c"] * adv
+            dual = (adv < 0) & (pg > bound)
+            pg = torch.where(dual, bound.expand_as(pg), pg)
+        # log behavior ratio pi_prox / pi_behavior on the live tokens (0 elsewhere)
+        log_w = torch.where(live, prox - behavior, torch.zeros_like(prox))
         if o["is_level"] == "sequence":
             log_w = log_w.sum(-1, keepdim=True).expand_as(log_w)
-        w = torch.exp(log_w)
+        elif o["is_level"] == "sequence-geo":
+            n_live = live.sum(-1, keepdim=True).clamp(min=1)
+            log_w = (log_w.sum(-1, keepdim=True) / n_live).expand_as(log_w)
+        w = torch.exp(_bounded(log_w))
         if loss_kind == "ppo-clip":
             is_w = torch.ones_like(w)
         elif loss_kind == "decoupled":
@@ -823,13 +856,14 @@ class TorchBackend(TrainerBackend):
         if self.ref_model is not None:
             with torch.no_grad():
                 ref = self._logprobs(self.ref_model, ids, attn, procs, keep_from=keep_from)
-            outside = (ref <= LOGP_FLOOR) | (new.detach() <= LOGP_FLOOR)
-            d = torch.where(outside, torch.zeros_like(ref), ref - new)
+            outside = (ref <= LOGP_FLOOR) | (new.detach() <= LOGP_FLOOR) | ~live
+            d = _bounded(torch.where(outside, torch.zeros_like(ref), ref - new))
             kl = torch.exp(d) - d - 1.0
             if o["kl_estimator"] == "k3-is":
-                # tokens were drawn from the behavior policy: weight by pi_theta / pi_behavior
-                # (with its gradient), so the estimate is that of KL(pi_theta || ref)
-                kl = kl * torch.exp(torch.where(outside, behavior, new) - behavior)
+                # tokens were drawn from the behavior policy: weight by the policy term's
+                # ratio (with its gradient) times its behaviour weight (capped or masked as
+                # the loss caps it), so the estimate is that of KL(pi_theta || ref)
+                kl = kl * ratio * is_w
             per_tok = pg + o["kl_coef"] * kl
         loss = (per_tok * mask * weight).sum()
         loss.backward()
@@ -846,6 +880,8 @@ class TorchBackend(TrainerBackend):
             stats.clip_low += float((low.float() * mask).sum())
             stats.clip_high += float((high.float() * mask).sum())
             stats.out_of_band += float((((ratio < lo) | (ratio > hi)).float() * mask).sum())
+            if dual is not None:
+                stats.clip_dual += float((dual.float() * mask).sum())
             stats.ratio_sum += float((ratio * mask).sum())
             stats.tokens += float(mask.sum())
             stats.is_w_sum += float((is_w * mask).sum())

@@ -33,8 +33,11 @@ def yeto_register_tasks(register):
 
 
 #: Engines whose behavior log-probs are those of the distribution the torch trainer
-#: reproduces: logits / temperature, then top-k, then top-p, renormalised.
-REPRODUCED_ENGINES = ("hf",)
+#: reproduces: logits / temperature, then top-k and top-p combined as the engine states
+#: (``SamplerEngine.FILTER_ORDER``, recorded with each group), renormalised. ``hf``
+#: samples with the trainer's own function; ``vllm`` runs its server with
+#: ``processed_logprobs``; ``sglang`` renormalises SGLang's log-probs over the joint kept set.
+REPRODUCED_ENGINES = ("hf", "vllm", "sglang")
 
 
 @hookimpl
@@ -70,9 +73,10 @@ def yeto_preflight(config, report):
         report.warn(
             f"samplers[{i}].sampling",
             f"top_k = {sp.top_k}, top_p = {sp.top_p} with engine {s.engine!r}: the torch "
-            "trainer scores tokens under temperature, then top-k, then top-p, renormalised "
-            "(as the hf engine samples); the engine's log-probs must be of that processed "
-            "distribution. Watch the mismatch_kl_on_policy metric of the first rounds",
+            "trainer scores tokens under temperature, then top-k and top-p combined as the "
+            "engine's FILTER_ORDER states, renormalised; the engine's log-probs must be of "
+            "that processed distribution. Watch the mismatch_kl_on_policy metric of the "
+            "first rounds",
         )
 
 

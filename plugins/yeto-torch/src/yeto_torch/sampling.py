@@ -2,7 +2,9 @@
 
 Log-probs are those of the processed distribution the token was drawn from:
 logits divided by the temperature, then top-k / top-p filtering, then
-log-softmax.
+log-softmax. The filters combine as the engine that sampled did
+(:attr:`yeto_core.records.SamplingParams.filter_order`): ``"sequential"`` (this
+module's sampler, vLLM) or ``"joint"`` (SGLang).
 """
 
 from __future__ import annotations
@@ -12,17 +14,44 @@ from typing import Any, Optional
 
 import torch
 
+from yeto_core.records import FILTER_ORDERS
 from yeto_torch.lean import LeanLlama
 
 
 def process_logits(
-    logits: torch.Tensor, temperature: float, top_k: int, top_p: float
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    filter_order: str = "sequential",
 ) -> torch.Tensor:
-    """Log-probs of the sampling distribution (``logits``: ``[B, V]``)."""
+    """Log-probs of the sampling distribution (``logits``: ``[B, V]``).
+
+    ``filter_order = "sequential"``: keep the ``top_k`` largest, renormalise, then keep
+    the tokens whose higher-ranked mass (of the renormalised distribution) is at most
+    ``top_p``. ``"joint"``: a token is kept when it is among the ``top_k`` largest *and*
+    its higher-ranked mass over the full distribution is at most ``top_p``. Tokens
+    outside the kept set get ``-inf``.
+    """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature}: yeto samples need a positive temperature")
+    if filter_order not in FILTER_ORDERS:
+        raise ValueError(
+            f"filter_order={filter_order!r}: use one of {FILTER_ORDERS} (how the engine "
+            "combines top-k and top-p)"
+        )
     x = logits.float() / temperature
-    if top_k and top_k < x.shape[-1]:
+    k_on = bool(top_k) and top_k < x.shape[-1]
+    if filter_order == "joint":
+        keep = torch.ones_like(x, dtype=torch.bool)
+        if k_on:
+            keep &= x >= torch.topk(x, top_k, dim=-1).values[..., -1:]
+        if top_p < 1.0:
+            sorted_x, idx = torch.sort(x, dim=-1, descending=True)
+            probs = torch.softmax(sorted_x, dim=-1)
+            keep &= torch.zeros_like(keep).scatter(-1, idx, probs.cumsum(-1) - probs <= top_p)
+        return torch.log_softmax(x.masked_fill(~keep, float("-inf")), dim=-1)
+    if k_on:
         kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
     if top_p < 1.0:

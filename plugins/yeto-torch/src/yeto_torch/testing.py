@@ -17,7 +17,8 @@ def rollout_batch(
     sampling: SamplingParams | None = None,
 ) -> Batch:
     """A batch of real groups from ``engine`` for prompts ``start .. start + n_prompts``
-    (``sampling``: default 8 new tokens at temperature 1), recorded with each group."""
+    (``sampling``: default 8 new tokens at temperature 1), recorded with each group as the
+    engine states it (:meth:`~yeto_core.ports.SamplerEngine.behaviour_sampling`)."""
     prompts, answers = [], []
     for i in range(start, start + n_prompts):
         text, ans = task.prompt(i)
@@ -25,6 +26,7 @@ def rollout_batch(
         answers.append(ans)
     sampling = sampling or SamplingParams(max_new_tokens=8, temperature=1.0)
     outs = engine.generate(prompts, g, sampling)
+    recorded = engine.behaviour_sampling(sampling)
     groups = []
     for k, (p, ans, comps) in enumerate(zip(prompts, answers, outs, strict=True)):
         samples = tuple(
@@ -46,7 +48,7 @@ def rollout_batch(
                 sampler_host="h",
                 sampler_incarnation=0,
                 samples=samples,
-                sampling=sampling,
+                sampling=recorded,
             )
         )
     return Batch(

@@ -161,6 +161,9 @@ class VLLMEngine(SamplerEngine):
     """
 
     PLUGIN_NAME = "vllm"
+    #: vLLM's sampler cuts at top-k, renormalises, then applies top-p (its
+    #: ``apply_top_k_top_p``); ``processed_logprobs`` are of that distribution
+    FILTER_ORDER = "sequential"
 
     def __init__(
         self,

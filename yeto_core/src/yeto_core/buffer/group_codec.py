@@ -28,8 +28,11 @@ with ``top_logprobs`` None.
 Response offsets follow from ``token_offsets`` and ``prompt_lens``. The
 safetensors metadata (strings) holds ``format``, ``group_id``, ``prompt_id``,
 ``host``, ``incarnation``, ``task``, ``sampling`` (when recorded: JSON
-``{"temperature", "top_k", "top_p"}``, the processing of the behavior
-log-probs) and, with routed experts,
+``{"temperature", "top_k", "top_p"}``, plus ``"filter_order"`` when it is not
+``"sequential"``: the processing of the behavior log-probs; a payload without
+``filter_order`` was sampled sequentially, as every payload before the field
+was, and a reader that predates it refuses a ``"joint"`` group rather than
+scoring it under the wrong distribution) and, with routed experts,
 ``routed_shape`` (``"layers,top_k"``) and ``routed_present`` (one ``0``/``1``
 per sample). No pickle: only arrays and strings.
 
@@ -53,7 +56,13 @@ import numpy as np
 from safetensors.numpy import load as _st_load
 
 from yeto_core.errors import SampleBufferError
-from yeto_core.records import Sample, SampleGroup, SampleStatus, SamplingParams
+from yeto_core.records import (
+    FILTER_ORDERS,
+    Sample,
+    SampleGroup,
+    SampleStatus,
+    SamplingParams,
+)
 
 FORMAT = "yeto-group-v1"
 STATUS_CODES: tuple[SampleStatus, ...] = tuple(SampleStatus)
@@ -99,9 +108,14 @@ def encode_group(group: SampleGroup) -> bytes:
     }
     if group.sampling is not None:
         sp = group.sampling
-        metadata["sampling"] = json.dumps(
-            {"temperature": float(sp.temperature), "top_k": int(sp.top_k), "top_p": float(sp.top_p)}
-        )
+        record: dict[str, Any] = {
+            "temperature": float(sp.temperature),
+            "top_k": int(sp.top_k),
+            "top_p": float(sp.top_p),
+        }
+        if sp.filter_order != "sequential":
+            record["filter_order"] = str(sp.filter_order)
+        metadata["sampling"] = json.dumps(record)
     routed = [s.routed_experts for s in samples]
     tops = [s.top_logprobs for s in samples]
     if (
@@ -393,6 +407,11 @@ def _samples_group(arrays: dict[str, Any], meta: dict[str, str]) -> SampleGroup:
     sampling = None
     if meta.get("sampling"):
         sampling = SamplingParams(**json.loads(meta["sampling"]))
+        if sampling.filter_order not in FILTER_ORDERS:
+            raise ValueError(
+                f"sampling.filter_order {sampling.filter_order!r} is none of {FILTER_ORDERS} "
+                "(written by a newer yeto? upgrade yeto-core)"
+            )
     return SampleGroup(
         group_id=meta["group_id"],
         prompt_id=meta["prompt_id"],

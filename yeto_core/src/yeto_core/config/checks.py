@@ -144,6 +144,11 @@ def validate(config: RunConfig) -> list[str]:
         if not (isinstance(sp.top_p, (int, float)) and 0 < sp.top_p <= 1):
             errors.append(f"{p}.sampling.top_p = {sp.top_p!r}; it must be in (0, 1]")
         _positive(errors, f"{p}.sampling.top_k", sp.top_k, zero_ok=True)
+        if sp.filter_order != "sequential":
+            errors.append(
+                f"{p}.sampling.filter_order = {sp.filter_order!r}; the engine states how it "
+                "combines top-k and top-p and each group records it: remove the key"
+            )
     t = config.trainer
     if not _NAME_RE.match(t.name):
         errors.append(f"trainer.name = {t.name!r}; use lower-case letters, digits and '-'")

@@ -412,7 +412,9 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         task_name=config.task.name,
         group_size=scfg.group_size,
         prompts_per_call=scfg.prompts_per_call,
-        sampling=scfg.engine_sampling(),  # with [[samplers]] top_logprobs
+        # what each group records: the settings (with [[samplers]] top_logprobs) and how the
+        # engine filters with them
+        sampling=engine.behaviour_sampling(scfg.engine_sampling()),
         seed=config.seed,
         backlog_cap=scfg.backlog_cap,
         backlog_poll_s=0.1,

@@ -6,6 +6,8 @@ import abc
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
+import attrs
+
 from yeto_core.ports.base import Port, _with_model_and_seed
 from yeto_core.records import (
     Completion,
@@ -104,6 +106,18 @@ class SamplerEngine(Port):
         """Text of ``ids`` with the served tokenizer."""
 
     # -- optional capabilities ---------------------------------------------------------
+
+    #: How this engine combines top-k and top-p (:attr:`SamplingParams.filter_order`):
+    #: ``"sequential"`` (top-k, renormalise, then top-p) or ``"joint"`` (both from the
+    #: full distribution). An engine that filters otherwise overrides it.
+    FILTER_ORDER = "sequential"
+
+    def behaviour_sampling(self, sampling: SamplingParams) -> SamplingParams:
+        """The processing of the behaviour log-probs :meth:`generate` returns for
+        ``sampling``: what each group records, so the trainer scores its tokens under
+        the distribution they were drawn from. Default: ``sampling`` with this engine's
+        :attr:`FILTER_ORDER`."""
+        return attrs.evolve(sampling, filter_order=self.FILTER_ORDER)
 
     def rollback(self) -> None:
         """Serve the weights from before the last :meth:`load_release` again.
