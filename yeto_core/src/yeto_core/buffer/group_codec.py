@@ -22,7 +22,9 @@ Response offsets follow from ``token_offsets`` and ``prompt_lens``. The
 safetensors metadata (strings) holds ``format``, ``group_id``, ``prompt_id``,
 ``host``, ``incarnation``, ``task``, ``sampling`` (when recorded: JSON
 ``{"temperature", "top_k", "top_p"}``, the processing of the behavior
-log-probs) and, with routed experts,
+log-probs), ``row_id`` and ``epoch`` (when recorded: the task's row the prompt came
+from and its epoch; absent in payloads written before, read back as ``""`` and 0)
+and, with routed experts,
 ``routed_shape`` (``"layers,top_k"``) and ``routed_present`` (one ``0``/``1``
 per sample). No pickle: only arrays and strings.
 
@@ -95,6 +97,9 @@ def encode_group(group: SampleGroup) -> bytes:
         metadata["sampling"] = json.dumps(
             {"temperature": float(sp.temperature), "top_k": int(sp.top_k), "top_p": float(sp.top_p)}
         )
+    if group.row_id:  # absent otherwise: a group without one encodes to the bytes it did
+        metadata["row_id"] = str(group.row_id)
+        metadata["epoch"] = str(int(group.epoch))
     routed = [s.routed_experts for s in samples]
     if all(r is None for r in routed) and all(
         a.ndim == 1 for parts in (tokens, logprobs, loss_mask) for a in parts
@@ -353,4 +358,6 @@ def _samples_group(arrays: dict[str, Any], meta: dict[str, str]) -> SampleGroup:
         samples=tuple(samples),
         task=meta.get("task", ""),
         sampling=sampling,
+        row_id=meta.get("row_id", ""),
+        epoch=int(meta.get("epoch", "0")),
     )
