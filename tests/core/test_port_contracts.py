@@ -281,6 +281,16 @@ class TestDigitsTask(TaskContract):
         return DigitsTask
 
 
+class TestDatasetTask(TaskContract):
+    @pytest.fixture
+    def make_task(self, tmp_path_factory):
+        from yeto_core.tasks.dataset import DatasetTask
+
+        path = tmp_path_factory.mktemp("dataset") / "rows.jsonl"
+        path.write_text("".join(f'{{"prompt": "{i}+1=", "answer": "{i + 1}"}}\n' for i in range(5)))
+        return lambda: DatasetTask(path=str(path), shuffle=True, seed=1, epochs="unbounded")
+
+
 class TestExampleTask(TaskContract):
     @pytest.fixture
     def make_task(self):

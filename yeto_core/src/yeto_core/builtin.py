@@ -51,3 +51,10 @@ def yeto_register_conversions(register):
 
     register(NoConversion)
     register(LocalConversion)
+
+
+@hookimpl
+def yeto_register_tasks(register):
+    from yeto_core.tasks.dataset import DatasetTask
+
+    register(DatasetTask)

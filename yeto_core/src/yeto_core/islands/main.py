@@ -346,7 +346,8 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
             island=island,
             incarnation=incarnation,
             range_size=config.dispenser.range_size or scfg.prompts_per_call,
-            rows=config.dispenser.rows,
+            rows=task.rows or config.dispenser.rows,  # a finite task's rows (preflight: agree)
+            limit=task.rows * task.epochs if task.rows and task.epochs else None,
             lease_s=config.dispenser.lease_s,
             emit=on_event,
         )

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from yeto_core import ports
 from yeto_core.providers.env import island_launch
-from yeto_core.records import Completion, IslandStatus, LocalRelease, SamplingParams
+from yeto_core.records import Completion, IslandStatus, LocalRelease, Prompt, SamplingParams
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing import strategies as rs
 from yeto_core.testing.contract_settings import _SETTINGS
@@ -171,9 +171,13 @@ class TaskContract:
     @given(index=st.integers(0, 2**40), completion=rs.texts)
     def test_prompts_are_deterministic_and_rewards_bounded(self, make_task, index, completion):
         task = make_task()
-        text, answer = task.prompt(index)
-        assert isinstance(text, str) and isinstance(answer, str)
-        assert make_task().prompt(index) == (text, answer)
-        r = task.reward(answer, completion)
+        prompt = Prompt.of(task.prompt(index))  # a (text, answer) pair or a Prompt
+        assert isinstance(prompt.answer, str)
+        assert Prompt.of(make_task().prompt(index)) == prompt
+        r = task.reward(prompt.answer, completion)
         assert 0.0 <= float(r) <= 1.0
-        assert 0.0 <= float(task.reward(answer, answer)) <= 1.0
+        assert 0.0 <= float(task.reward(prompt.answer, prompt.answer)) <= 1.0
+        assert 0.0 <= float(task.score(prompt, completion)) <= 1.0
+        if task.rows:  # a finite task: prompt_at(row, epoch) is prompt(epoch * rows + row)
+            row, epoch = index % task.rows, index // task.rows
+            assert task.prompt_at(row, epoch) == prompt
