@@ -24,6 +24,7 @@ from yeto_core.testing.contracts import (
     ConversionContract,
     IslandProviderContract,
     ObjectStoreContract,
+    RewardContract,
     SampleBufferContract,
     SamplerEngineContract,
     TaskContract,
@@ -295,3 +296,36 @@ class TestExampleTask(TaskContract):
     @pytest.fixture
     def make_task(self):
         return example_class(ports.Task)
+
+
+# -- Reward --------------------------------------------------------------------------------
+
+
+class TestExampleReward(RewardContract):
+    @pytest.fixture
+    def make_reward(self):
+        return example_class(ports.Reward)
+
+
+class TestExactReward(RewardContract):
+    @pytest.fixture
+    def make_reward(self):
+        from yeto_core.tasks.rewards import ExactReward
+
+        return ExactReward
+
+
+class TestRegexReward(RewardContract):
+    @pytest.fixture
+    def make_reward(self):
+        from yeto_core.tasks.rewards import RegexReward
+
+        return lambda: RegexReward(pattern=r"answer: *(\S+)", case_sensitive=False)
+
+
+class TestBoxedReward(RewardContract):
+    @pytest.fixture
+    def make_reward(self):
+        from yeto_core.tasks.rewards import BoxedReward
+
+        return BoxedReward

@@ -58,3 +58,11 @@ def yeto_register_tasks(register):
     from yeto_core.tasks.dataset import DatasetTask
 
     register(DatasetTask)
+
+
+@hookimpl
+def yeto_register_rewards(register):
+    from yeto_core.tasks.rewards import BUILTIN
+
+    for cls in BUILTIN:
+        register(cls)

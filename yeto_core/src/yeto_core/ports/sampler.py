@@ -1,4 +1,4 @@
-"""The sampler ports: engine and task (see :mod:`yeto_core.ports`)."""
+"""The sampler ports: engine, task and reward (see :mod:`yeto_core.ports`)."""
 
 from __future__ import annotations
 
@@ -209,6 +209,40 @@ class Task(Port):
         with a counted reason (``reward_failed``, ``nonfinite_reward``): never a 0 reward.
         """
         return self.reward(prompt.answer, completion)
+
+
+class Reward(Port):
+    """A reward function: scores a completion of a prompt.
+
+    The ``dataset`` task's ``reward`` option chooses it by name (``reward_options`` are
+    its keyword arguments); docs/tasks.md. A result that is not a finite number, or a
+    raise, skips the group with a counted reason: never a 0 reward.
+
+    Complete plugin::
+
+        from yeto_core import hookimpl
+        from yeto_core.ports import Reward
+
+        class Contains(Reward):
+            PLUGIN_NAME = "contains"
+
+            def __init__(self, **options):
+                pass
+
+            def score(self, prompt, completion, metadata):
+                return 1.0 if prompt.answer and prompt.answer in completion else 0.0
+
+        @hookimpl
+        def yeto_register_rewards(register):
+            register(Contains)
+    """
+
+    PORT = "Reward"
+
+    @abc.abstractmethod
+    def score(self, prompt: Prompt, completion: str, metadata: Mapping[str, Any]) -> float:
+        """Score ``completion`` (the decoded response) of ``prompt``; ``metadata`` is the
+        prompt's row (:attr:`~yeto_core.records.Prompt.metadata`)."""
 
 
 def prompt_record(task: Any, row: int, epoch: int = 0) -> Prompt:

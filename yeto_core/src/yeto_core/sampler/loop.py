@@ -260,7 +260,8 @@ class SamplerLoop(SamplerRoom):
             else:
                 gid, pid = group_id(self.host, self.incarnation, index), f"{self.task_name}:{index}"
                 epoch = 0
-            scored = self._score(prompt, comps, gid)
+            row_id = prompt.row_id or str(index)
+            scored = self._score(prompt, comps, gid, row_id)
             if isinstance(scored, str):  # skipped with a counted reason, never a 0 reward
                 skipped[scored] = skipped.get(scored, 0) + 1
                 continue
@@ -291,7 +292,7 @@ class SamplerLoop(SamplerRoom):
                 samples=tuple(samples),
                 task=self.task_name,
                 sampling=self.sampling,
-                row_id=prompt.row_id or str(index),
+                row_id=row_id,
                 epoch=epoch,
             )
             groups.append(group)
@@ -345,7 +346,7 @@ class SamplerLoop(SamplerRoom):
         )
         return positions
 
-    def _score(self, prompt: Prompt, comps: list[Any], gid: str) -> list[float] | str:
+    def _score(self, prompt: Prompt, comps: list[Any], gid: str, row_id: str) -> list[float] | str:
         """The rewards of a group's completions, or the reason the group is skipped.
 
         A reward that raises (``reward_failed``) or returns a non-finite value
@@ -357,19 +358,19 @@ class SamplerLoop(SamplerRoom):
             try:
                 reward = float(score_prompt(self.task, prompt, self.engine.decode(c.tokens)))
             except Exception as exc:  # a user's reward: any error skips the group
-                return self._skip(gid, prompt, "reward_failed", f"{type(exc).__name__}: {exc}")
+                return self._skip(gid, row_id, "reward_failed", f"{type(exc).__name__}: {exc}")
             if not math.isfinite(reward):
-                return self._skip(gid, prompt, "nonfinite_reward", f"reward is {reward}")
+                return self._skip(gid, row_id, "nonfinite_reward", f"reward is {reward}")
             rewards.append(reward)
         return rewards
 
-    def _skip(self, gid: str, prompt: Prompt, reason: str, detail: str) -> str:
+    def _skip(self, gid: str, row_id: str, reason: str, detail: str) -> str:
         self.groups_skipped[reason] = self.groups_skipped.get(reason, 0) + 1
         self._event(
             "group_skipped",
             reason=reason,
             group_id=gid,
-            row_id=prompt.row_id,
+            row_id=row_id,
             detail=detail[:500],
             count=self.groups_skipped[reason],
         )

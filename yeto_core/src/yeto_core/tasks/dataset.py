@@ -25,6 +25,7 @@ from typing import Any, Optional, Union
 from yeto_core.errors import ConfigError
 from yeto_core.ports import Task
 from yeto_core.records import Prompt
+from yeto_core.tasks.rewards import resolve_reward
 
 #: bad lines listed in one error (the rest are counted)
 _SHOWN_ERRORS = 5
@@ -44,7 +45,8 @@ class DatasetTask(Task):
     :param shuffle: each epoch in its own seeded order.
     :param seed: the shuffle's seed.
     :param epochs: epochs to run (``"unbounded"``: never ends).
-    :param reward: the reward (``exact``; docs/tasks.md).
+    :param reward: a registered reward (``exact``, ``regex``, ``boxed``, a plugin's) or a
+        function ``module:function`` / ``file.py:function`` (docs/tasks.md).
     :param reward_options: the reward's keyword arguments.
     """
 
@@ -86,7 +88,8 @@ class DatasetTask(Task):
         self.answer_field, self.id_field = answer_field, id_field
         self.system_prompt = str(system_prompt)
         self.shuffle, self.seed = bool(shuffle), int(seed)
-        self._reward = _reward_of(reward, reward_options or {})
+        self.reward_name = str(reward)
+        self._reward = resolve_reward(self.reward_name, reward_options or {})
         self._rows: list[tuple[str, dict[str, Any]]] = self._read()
         self.rows = len(self._rows)
         self._orders: dict[int, list[int]] = {}
@@ -201,13 +204,7 @@ class DatasetTask(Task):
         return self.prompt_at(index % self.rows, index // self.rows)
 
     def score(self, prompt: Prompt, completion: str) -> float:
-        return self._reward(prompt, completion, prompt.metadata)
+        return self._reward.score(prompt, completion, prompt.metadata)
 
     def reward(self, answer: str, completion: str) -> float:
-        return self._reward(Prompt(text="", answer=answer), completion, {})
-
-
-def _reward_of(name: str, options: Mapping[str, Any]) -> Any:
-    if name != "exact" or options:
-        raise ConfigError(f'task "dataset": reward = {name!r}; the reward here is "exact"')
-    return lambda prompt, completion, metadata: float(completion.strip() == prompt.answer.strip())
+        return self._reward.score(Prompt(text="", answer=answer), completion, {})

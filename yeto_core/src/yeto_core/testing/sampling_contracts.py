@@ -6,6 +6,7 @@ its contract). This module imports pytest and hypothesis: only test code imports
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -181,3 +182,24 @@ class TaskContract:
         if task.rows:  # a finite task: prompt_at(row, epoch) is prompt(epoch * rows + row)
             row, epoch = index % task.rows, index // task.rows
             assert task.prompt_at(row, epoch) == prompt
+
+
+class RewardContract:
+    """:class:`~yeto_core.ports.Reward`: a deterministic, finite score in [0, 1] for any text.
+
+    Fixture ``make_reward()``: a fresh reward.
+    """
+
+    @pytest.fixture
+    def make_reward(self) -> Callable[[], ports.Reward]:  # pragma: no cover
+        raise NotImplementedError("define a `make_reward` fixture")
+
+    @_SETTINGS
+    @given(answer=rs.texts, completion=rs.texts)
+    def test_scores_are_deterministic_finite_and_bounded(self, make_reward, answer, completion):
+        reward = make_reward()
+        assert isinstance(reward, ports.Reward) and reward.PLUGIN_NAME
+        prompt = Prompt(text="q", answer=answer, row_id="1", metadata={"answer": answer})
+        r = float(reward.score(prompt, completion, prompt.metadata))
+        assert math.isfinite(r) and 0.0 <= r <= 1.0
+        assert float(make_reward().score(prompt, completion, prompt.metadata)) == r
