@@ -18,6 +18,14 @@ them). With ``overlap_append`` (the island sets it on a remote store) that commi
 on a thread while the next call generates: one commit in flight at a time, in call
 order, its error raised by the next call or by :meth:`flush`. How much a call may add
 (the cap, ``fresh_only``) is :mod:`yeto_core.sampler.room`'s.
+
+Prompts are :class:`~yeto_core.records.Prompt` records (a task's ``(text, answer)``
+pair becomes one); chat messages are encoded under the engine's chat template
+(:func:`~yeto_core.ports.sampler.encode_prompt`). Each group records its row id and
+epoch. A group whose reward raises or is not finite is skipped with a counted reason
+(``reward_failed``, ``nonfinite_reward``), never appended with a made-up reward. A
+finite task's run ends when the dispenser has nothing left: the loop marks the
+buffer's data end once every range is acked (docs/tasks.md).
 """
 
 from __future__ import annotations
@@ -355,8 +363,9 @@ class SamplerLoop(SamplerRoom):
         """
         rewards = []
         for c in comps:
+            text = self.engine.decode(c.tokens)  # an engine error is not the reward's
             try:
-                reward = float(score_prompt(self.task, prompt, self.engine.decode(c.tokens)))
+                reward = float(score_prompt(self.task, prompt, text))
             except Exception as exc:  # a user's reward: any error skips the group
                 return self._skip(gid, row_id, "reward_failed", f"{type(exc).__name__}: {exc}")
             if not math.isfinite(reward):
