@@ -95,11 +95,13 @@ def test_a_function_reward_by_module_or_file(tmp_path, monkeypatch):
 
 
 def test_an_unknown_reward_lists_the_installed_ones():
-    with pytest.raises(ConfigError, match="boxed, exact, regex"):
+    with pytest.raises(ConfigError, match="Built in: boxed, exact, regex"):
         resolve_reward("math-verify", {})
+    with pytest.raises(ConfigError, match="Unknown reward 'math-verify'.*boxed, exact, regex"):
+        resolve_reward("math-verify", {}, plugins=Plugins(entry_points=False))
 
 
-def test_a_plugin_registers_a_reward_through_yeto_register_rewards():
+def test_a_plugin_registers_a_reward_through_yeto_register_rewards(tmp_path):
     class Contains(Reward):
         PLUGIN_NAME = "contains"
 
@@ -119,6 +121,13 @@ def test_a_plugin_registers_a_reward_through_yeto_register_rewards():
     assert sorted(pm.names("Reward")) == ["boxed", "contains", "exact", "regex"]
     r = resolve_reward("contains", {}, plugins=pm)
     assert r.score(P("b"), "abc", {}) == 1.0
+    # the run builds the task through from_config with the registry: the plugin's reward
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"prompt": "x", "answer": "b"}) + "\n")
+    task = pm.task("dataset").from_config({"path": str(path), "reward": "contains"}, plugins=pm)
+    assert task.reward_name == "contains" and task.score(task.prompt_at(0), "abc") == 1.0
+    with pytest.raises(ConfigError, match="when the run builds the task"):
+        DatasetTask(path=str(path), reward="contains")  # no registry: built-ins only
 
 
 def test_the_dataset_task_scores_with_its_reward(tmp_path):

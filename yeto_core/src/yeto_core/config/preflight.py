@@ -135,7 +135,7 @@ def check_plugins(config: RunConfig, plugins: Any, report: Report) -> None:
         _resolve(plugins, report, "trainer.provider", ports.IslandProvider.PORT, t.provider)
     task = _resolve(plugins, report, "task.name", ports.Task.PORT, config.task.name)
     if task is not None:
-        check_task(config, task, report)
+        check_task(config, task, report, plugins)
     _resolve(plugins, report, "scheduler.name", ports.TrainerScheduler.PORT, config.scheduler.name)
     _resolve(plugins, report, "buffer.kind", ports.DurableSampleBuffer.PORT, config.buffer.kind)
     _resolve(plugins, report, "conversion.name", ports.ConversionPort.PORT, config.conversion.name)
@@ -149,13 +149,16 @@ def check_plugins(config: RunConfig, plugins: Any, report: Report) -> None:
     check_model(config, backend, report)
 
 
-def check_task(config: RunConfig, cls: type, report: Report) -> None:
+def check_task(config: RunConfig, cls: type, report: Report, plugins: Any = None) -> None:
     """The task builds from ``[task] options`` (a dataset task reads and checks its file
     here, so a bad row stops the launch, never the run), and a finite task runs through
     the store dispenser (each epoch hands every row once) with its row count."""
     name = config.task.name
     try:
-        task = cls(**config.task.options)
+        if isinstance(cls, type) and issubclass(cls, ports.Task):
+            task = cls.from_config(config.task.options, plugins=plugins)
+        else:
+            task = cls(**config.task.options)
     except (YetoError, TypeError, ValueError, OSError) as exc:
         report.fail("task.options", f"task {name!r}: {exc}")
         return

@@ -324,7 +324,7 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
             on_event(drained_before_loop(incarnation))
         stream.flush()
         raise
-    task = plugins.task(config.task.name)(**config.task.options)
+    task = plugins.task(config.task.name).from_config(config.task.options, plugins=plugins)
     buffer = open_run_buffer(plugins, config, store, island)
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():

@@ -198,6 +198,15 @@ class Task(Port):
     def reward(self, answer: str, completion: str) -> float:
         """Score ``completion`` against ``answer`` (0..1)."""
 
+    @classmethod
+    def from_config(cls, options: Mapping[str, Any], *, plugins: Any = None) -> Task:
+        """Build the task from ``[task] options`` (the island and preflight call it).
+
+        ``plugins`` is the plugin registry, for a task that resolves names through it
+        (the ``dataset`` task's reward). Default: ``cls(**options)``.
+        """
+        return cls(**options)
+
     def prompt_at(self, row: int, epoch: int = 0) -> Prompt:
         """The prompt of ``row`` in ``epoch`` (default: :meth:`prompt` of ``row``)."""
         return Prompt.of(self.prompt(row))

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from yeto_core.errors import ConfigError
-from yeto_core.ports import Task
+from yeto_core.ports import Reward, Task
 from yeto_core.records import Prompt
 from yeto_core.tasks.rewards import resolve_reward
 
@@ -45,8 +45,9 @@ class DatasetTask(Task):
     :param shuffle: each epoch in its own seeded order.
     :param seed: the shuffle's seed.
     :param epochs: epochs to run (``"unbounded"``: never ends).
-    :param reward: a registered reward (``exact``, ``regex``, ``boxed``, a plugin's) or a
-        function ``module:function`` / ``file.py:function`` (docs/tasks.md).
+    :param reward: a reward's name (``exact``, ``regex``, ``boxed``; a plugin's through
+        :meth:`from_config`), a function ``module:function`` / ``file.py:function``
+        (docs/tasks.md), or a Reward.
     :param reward_options: the reward's keyword arguments.
     """
 
@@ -63,7 +64,7 @@ class DatasetTask(Task):
         shuffle: bool = False,
         seed: int = 0,
         epochs: Union[int, str] = 1,
-        reward: str = "exact",
+        reward: Union[str, Reward] = "exact",
         reward_options: Optional[Mapping[str, Any]] = None,
         **options: Any,
     ) -> None:
@@ -88,11 +89,23 @@ class DatasetTask(Task):
         self.answer_field, self.id_field = answer_field, id_field
         self.system_prompt = str(system_prompt)
         self.shuffle, self.seed = bool(shuffle), int(seed)
-        self.reward_name = str(reward)
-        self._reward = resolve_reward(self.reward_name, reward_options or {})
+        if isinstance(reward, Reward):  # resolved by from_config
+            self.reward_name, self._reward = reward.PLUGIN_NAME, reward
+        else:
+            self.reward_name = str(reward)
+            self._reward = resolve_reward(self.reward_name, reward_options or {})
         self._rows: list[tuple[str, dict[str, Any]]] = self._read()
         self.rows = len(self._rows)
         self._orders: dict[int, list[int]] = {}
+
+    @classmethod
+    def from_config(cls, options: Mapping[str, Any], *, plugins: Any = None) -> DatasetTask:
+        """``cls(**options)``, the reward resolved through ``plugins`` (a plugin's reward)."""
+        options = dict(options)
+        reward = options.pop("reward", "exact")
+        if isinstance(reward, str):
+            reward = resolve_reward(reward, options.pop("reward_options", None) or {}, plugins)
+        return cls(reward=reward, **options)
 
     # -- reading -------------------------------------------------------------------------
 

@@ -169,21 +169,28 @@ def load_callable(spec: str) -> Callable[..., Any]:
 
 
 def resolve_reward(name: str, options: Mapping[str, Any], plugins: Any = None) -> Reward:
-    """The reward ``name`` built with ``options``: a registered reward, or ``module:function``."""
+    """The reward ``name`` built with ``options``: ``module:function``, or a reward
+    registered in ``plugins`` (None: the built-in rewards only)."""
     if ":" in name:
         if options:
             raise ConfigError(
                 f"reward {name!r} is a function; reward_options are for registered rewards"
             )
         return CallableReward(load_callable(name), name)
-    if plugins is None:
-        from yeto_core.plugins import get_plugins
-
-        plugins = get_plugins()
-    try:
-        cls = plugins.reward(name)
-    except YetoError as exc:  # unknown name: the registry's message lists the installed ones
-        raise ConfigError(f"{exc} (or name a function as module:function)") from None
+    if plugins is not None:
+        try:
+            cls = plugins.reward(name)
+        except YetoError as exc:  # the registry's message lists the installed ones
+            raise ConfigError(f"{exc} (or name a function as module:function)") from None
+    else:
+        known = {c.PLUGIN_NAME: c for c in BUILTIN}
+        if name not in known:
+            raise ConfigError(
+                f"Unknown reward {name!r}. Built in: {', '.join(sorted(known))}; a plugin's "
+                "reward is found when the run builds the task (Task.from_config), or name a "
+                "function as module:function"
+            )
+        cls = known[name]
     try:
         return cls(**options)
     except TypeError as exc:
