@@ -160,7 +160,11 @@ def check_task(config: RunConfig, cls: type, report: Report, plugins: Any = None
         else:
             task = cls(**config.task.options)
     except (YetoError, TypeError, ValueError, OSError) as exc:
-        report.fail("task.options", f"task {name!r}: {exc}")
+        msg = str(exc)
+        report.fail(
+            "task.options",
+            msg if f"task {name!r}" in msg.replace('"', "'") else f"task {name!r}: {msg}",
+        )
         return
     rows = int(task.rows) if isinstance(task, ports.Task) else 0
     if not rows:
