@@ -1,7 +1,9 @@
 """A whole run on a dataset: `yeto run up` with the `dataset` task (a JSONL of sort4
 prompts, shuffled, 2 epochs) through the store dispenser, two real `hf` sampler islands
 and the `torch` trainer. The data end finishes the run (`data_end`), and the buffer
-holds every (epoch, row) exactly once, each group naming its row."""
+holds every (epoch, row) exactly once, each group naming its row. The JSONL file and
+the reward function's file are named relative to the directory `yeto run up` runs in
+(the islands run in their own work dirs)."""
 
 from __future__ import annotations
 
@@ -34,19 +36,22 @@ def _config(tmp_path: Path) -> Path:
                 {"id": f"s{i}", "prompt": "".join(digits) + ":", "answer": "".join(sorted(digits))}
             )
         )
-    data = tmp_path / "sort.jsonl"
-    data.write_text("\n".join(lines) + "\n")
+    (tmp_path / "sort.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "sorted_ok.py").write_text(
+        "def score(prompt, completion, metadata):\n"
+        "    return float(completion.strip() == prompt.answer)\n"
+    )
     config = tmp_path / "run.toml"
     config.write_text(
         f"""
 name = "dataset-run"
 run_dir = "{tmp_path / "run"}"
 [model]
-path = "runs/base/sort4-t30"
+path = "{ROOT / "runs" / "base" / "sort4-t30"}"
 base_options = {{ task = "sort4", target_reward = 0.3 }}
 [task]
 name = "dataset"
-options = {{ path = "{data}", id_field = "id", shuffle = true, seed = 3, epochs = {EPOCHS} }}
+options = {{ path = "sort.jsonl", id_field = "id", shuffle = true, seed = 3, epochs = {EPOCHS}, reward = "sorted_ok.py:score" }}
 [dispenser]
 kind = "store"
 [[samplers]]
@@ -76,7 +81,9 @@ silence_s = 120
 
 
 @pytest.mark.timeout(1200)
-def test_a_dataset_run_ends_at_the_data_end_with_every_epoch_row_once(tmp_path: Path) -> None:
+def test_a_dataset_run_ends_at_the_data_end_with_every_epoch_row_once(
+    tmp_path: Path, monkeypatch
+) -> None:
     from yeto_core.config.load import load_config
     from yeto_core.islands.main import open_run_buffer
     from yeto_core.plugins import get_plugins
@@ -84,7 +91,11 @@ def test_a_dataset_run_ends_at_the_data_end_with_every_epoch_row_once(tmp_path: 
 
     config = _config(tmp_path)
     proc = subprocess.run(
-        [*YETO, "run", "up", str(config)], cwd=ROOT, capture_output=True, text=True, timeout=1200
+        [*YETO, "run", "up", str(config)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=1200,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
@@ -92,6 +103,7 @@ def test_a_dataset_run_ends_at_the_data_end_with_every_epoch_row_once(tmp_path: 
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["groups_appended"] == s["groups_trained"] == ROWS * EPOCHS, s
     store = DirStore(tmp_path / "run" / "store")
+    monkeypatch.chdir(tmp_path)
     buf = open_run_buffer(get_plugins(), load_config(config), store, "reader")
     pairs = Counter()
     for entry in buf.entries():

@@ -19,12 +19,12 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Optional, Union
 
 from yeto_core.errors import ConfigError
 from yeto_core.ports import Reward, Task
 from yeto_core.records import Prompt
+from yeto_core.tasks import user_path
 from yeto_core.tasks.rewards import resolve_reward
 
 #: bad lines listed in one error (the rest are counted)
@@ -84,7 +84,7 @@ class DatasetTask(Task):
             raise ConfigError(
                 f'task "dataset": epochs = {epochs!r}; give a whole number >= 1 or "unbounded"'
             )
-        self.path = Path(path)
+        self.path = user_path(path)
         self.prompt_field, self.messages_field = prompt_field, messages_field
         self.answer_field, self.id_field = answer_field, id_field
         self.system_prompt = str(system_prompt)
@@ -116,7 +116,7 @@ class DatasetTask(Task):
         except FileNotFoundError:
             raise ConfigError(
                 f'task "dataset": {where} does not exist; point options.path at a JSONL file '
-                "(a relative path is relative to the working directory)"
+                "(a relative path is relative to the directory `yeto run up` runs in)"
             ) from None
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f'task "dataset": cannot read {where}: {exc}') from None

@@ -13,12 +13,12 @@ import importlib.util
 import re
 import sys
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any, Optional
 
 from yeto_core.errors import ConfigError, YetoError
 from yeto_core.ports import Reward
 from yeto_core.records import Prompt
+from yeto_core.tasks import user_path
 
 
 def normalize(text: str, case_sensitive: bool = True) -> str:
@@ -145,7 +145,7 @@ def load_callable(spec: str) -> Callable[..., Any]:
         raise ConfigError(f"reward {spec!r}: name a function as module:function")
     try:
         if module_name.endswith(".py"):
-            path = Path(module_name)
+            path = user_path(module_name)
             if not path.is_file():
                 raise ConfigError(f"reward {spec!r}: {path} does not exist")
             mod_id = f"yeto_reward_{abs(hash(str(path.resolve())))}"
