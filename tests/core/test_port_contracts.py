@@ -24,6 +24,7 @@ from yeto_core.testing.contracts import (
     ConversionContract,
     IslandProviderContract,
     ObjectStoreContract,
+    RewardContract,
     SampleBufferContract,
     SamplerEngineContract,
     TaskContract,
@@ -281,7 +282,50 @@ class TestDigitsTask(TaskContract):
         return DigitsTask
 
 
+class TestDatasetTask(TaskContract):
+    @pytest.fixture
+    def make_task(self, tmp_path_factory):
+        from yeto_core.tasks.dataset import DatasetTask
+
+        path = tmp_path_factory.mktemp("dataset") / "rows.jsonl"
+        path.write_text("".join(f'{{"prompt": "{i}+1=", "answer": "{i + 1}"}}\n' for i in range(5)))
+        return lambda: DatasetTask(path=str(path), shuffle=True, seed=1, epochs="unbounded")
+
+
 class TestExampleTask(TaskContract):
     @pytest.fixture
     def make_task(self):
         return example_class(ports.Task)
+
+
+# -- Reward --------------------------------------------------------------------------------
+
+
+class TestExampleReward(RewardContract):
+    @pytest.fixture
+    def make_reward(self):
+        return example_class(ports.Reward)
+
+
+class TestExactReward(RewardContract):
+    @pytest.fixture
+    def make_reward(self):
+        from yeto_core.tasks.rewards import ExactReward
+
+        return ExactReward
+
+
+class TestRegexReward(RewardContract):
+    @pytest.fixture
+    def make_reward(self):
+        from yeto_core.tasks.rewards import RegexReward
+
+        return lambda: RegexReward(pattern=r"answer: *(\S+)", case_sensitive=False)
+
+
+class TestBoxedReward(RewardContract):
+    @pytest.fixture
+    def make_reward(self):
+        from yeto_core.tasks.rewards import BoxedReward
+
+        return BoxedReward

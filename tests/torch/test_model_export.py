@@ -24,7 +24,7 @@ def test_plugin_registers_backend_engine_and_tasks():
     pm.add(plugin, "torch", distribution="yeto-torch")
     assert pm.trainer_backend("torch") is TorchBackend
     assert pm.sampler_engine("hf") is HFEngine
-    assert sorted(pm.names("Task")) == ["add1", "add2", "sort4"]
+    assert sorted(pm.names("Task")) == ["add1", "add2", "dataset", "sort4"]  # dataset: the core's
     # the hooks: yeto_register_trainer_backends, yeto_register_sampler_engines, yeto_register_tasks
 
 

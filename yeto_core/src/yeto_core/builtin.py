@@ -51,3 +51,18 @@ def yeto_register_conversions(register):
 
     register(NoConversion)
     register(LocalConversion)
+
+
+@hookimpl
+def yeto_register_tasks(register):
+    from yeto_core.tasks.dataset import DatasetTask
+
+    register(DatasetTask)
+
+
+@hookimpl
+def yeto_register_rewards(register):
+    from yeto_core.tasks.rewards import BUILTIN
+
+    for cls in BUILTIN:
+        register(cls)

@@ -101,6 +101,15 @@ def yeto_register_tasks(register: Register) -> None:
 
 
 @_hookspec
+def yeto_register_rewards(register: Register) -> None:
+    """Register :class:`~yeto_core.ports.Reward` implementations.
+
+    :param register: call with each reward class.
+    :returns: nothing.
+    """
+
+
+@_hookspec
 def yeto_release_codecs() -> Any:
     """Provide release codecs (:class:`~yeto_core.release.delta.DeltaCodec` instances).
 

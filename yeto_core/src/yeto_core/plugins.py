@@ -42,6 +42,7 @@ REGISTRATION_HOOKS: dict[str, str] = {
     ports.SamplerEngine.PORT: "yeto_register_sampler_engines",
     ports.IslandProvider.PORT: "yeto_register_island_providers",
     ports.Task.PORT: "yeto_register_tasks",
+    ports.Reward.PORT: "yeto_register_rewards",
 }
 
 _PORT_CLASSES: dict[str, type[ports.Port]] = {p.PORT: p for p in ports.PORTS}
@@ -57,6 +58,7 @@ _PORT_WORDS: dict[str, str] = {
     ports.SamplerEngine.PORT: "sampler engine",
     ports.IslandProvider.PORT: "island provider",
     ports.Task.PORT: "task",
+    ports.Reward.PORT: "reward",
 }
 
 #: Implementations the yeto project publishes, and the distribution that provides each.
@@ -391,6 +393,9 @@ class Plugins:
 
     def task(self, name: str) -> type[ports.Task]:
         return self.resolve(ports.Task.PORT, name)  # type: ignore[return-value]
+
+    def reward(self, name: str) -> type[ports.Reward]:
+        return self.resolve(ports.Reward.PORT, name)  # type: ignore[return-value]
 
     def store_class_for_url(self, url: str) -> type[ports.ObjectStore]:
         """The store class whose ``URL_SCHEMES`` holds ``url``'s scheme (a bare path: ``dir``)."""

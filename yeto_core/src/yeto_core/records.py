@@ -3,6 +3,7 @@
 Every argument and result of a port method (:mod:`yeto_core.ports`) is one of
 these records, a builtin, or a :class:`pathlib.Path`:
 
+- prompts: :class:`Prompt` (what a task hands out for one dispense position);
 - samples and groups: :class:`Sample`, :class:`SampleGroup`, :class:`Completion`,
   :class:`SamplingParams`;
 - the buffer: :class:`GroupEntry`, :class:`BufferRound`, :class:`RoundSpec`,
@@ -35,6 +36,61 @@ class SampleStatus(str, enum.Enum):
     TRUNCATED = "truncated"
     ABORTED = "aborted"
     FAILED = "failed"
+
+
+def _messages(value: Any) -> Optional[tuple[Mapping[str, Any], ...]]:
+    if value is None:
+        return None
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+            raise ValueError(
+                f"prompt message {i} is {m!r}; a chat message is a mapping with a string "
+                "'role' and a 'content'"
+            )
+        out.append(dict(m))
+    if not out:
+        raise ValueError("a chat prompt needs at least one message")
+    return tuple(out)
+
+
+@attrs.frozen(eq=True, hash=False)
+class Prompt:
+    """What a task hands out for one dispense position.
+
+    Exactly one of ``text`` (a plain prompt, encoded as is) and ``messages`` (chat
+    messages, ``{"role": ..., "content": ...}``; engines that tokenise apply the base
+    model's chat template with a generation prompt). ``answer`` is the reference the
+    reward compares with; ``row_id`` names the task's row (stable across restarts; the
+    buffer records it per group, empty: the dispense index names it); ``metadata``
+    holds the row's other fields a reward may need.
+    """
+
+    text: Optional[str] = None
+    messages: Optional[tuple[Mapping[str, Any], ...]] = attrs.field(
+        default=None, converter=_messages
+    )
+    answer: str = ""
+    row_id: str = ""
+    metadata: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
+
+    def __attrs_post_init__(self) -> None:
+        if (self.text is None) == (self.messages is None):
+            raise ValueError("a Prompt has exactly one of text and messages")
+        if self.text is not None and not isinstance(self.text, str):
+            raise ValueError(f"Prompt.text is {type(self.text).__name__}; it must be a string")
+
+    @classmethod
+    def of(cls, value: Any) -> Prompt:
+        """``value`` as a Prompt: a Prompt itself, or a task's ``(text, answer)`` pair."""
+        if isinstance(value, Prompt):
+            return value
+        if isinstance(value, tuple) and len(value) == 2:
+            text, answer = value
+            return cls(text=str(text), answer=str(answer))
+        raise TypeError(
+            f"a task's prompt is a Prompt or a (text, answer) pair, not {type(value).__name__}"
+        )
 
 
 @attrs.frozen(eq=False)
@@ -81,6 +137,11 @@ class SampleGroup:
     #: :class:`SamplingParams`; the other fields are not recorded). None: not recorded
     #: (payloads written before it was).
     sampling: Optional[SamplingParams] = None
+    #: The task's row the prompt came from (:attr:`Prompt.row_id`, else the dispense
+    #: index); "": not recorded (payloads written before it was).
+    row_id: str = ""
+    #: The epoch of that row (a finite task dispensed again); 0 for an unbounded task.
+    epoch: int = 0
 
 
 class Trigger(str, enum.Enum):

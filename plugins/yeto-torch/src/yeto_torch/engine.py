@@ -14,7 +14,7 @@ what a MoE inference server returns), for the trainer's routing replay.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -166,6 +166,22 @@ class HFEngine(SamplerEngine):
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def encode_messages(self, messages: Sequence[Any]) -> list[int]:
+        """Chat ``messages`` under the base tokenizer's chat template, ending with the
+        generation prompt (transformers' ``apply_chat_template``)."""
+        if not self.tokenizer.chat_template:
+            raise ConfigError(
+                f"{self.model_dir}: the task hands out chat messages, but the base "
+                "tokenizer has no chat_template (tokenizer_config.json); give the base one "
+                "or give the task a prompt field instead of messages"
+            )
+        ids = self.tokenizer.apply_chat_template(
+            [dict(m) for m in messages], add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(ids, Mapping):  # a BatchEncoding (return_dict)
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
 
     # -- releases ---------------------------------------------------------------------
 

@@ -30,6 +30,12 @@ position that was already appended harmless: a crash between the appends and
 the ack trains nothing twice. A row dispensed again in the same run (an epoch
 wrap of a small dataset) gets its own prompt id ``<task>:<row>-p<p>``.
 
+A finite task (``rows`` rows, ``epochs`` epochs) has ``limit = rows * epochs``
+positions: the last range ends at ``limit``, no range past it is claimed, and
+:meth:`StoreDispenser.take` hands out fewer positions (none at the end) once
+every range is claimed; :meth:`StoreDispenser.all_acked` then says whether the
+data has ended (every range acked, by any claimer).
+
 The claimer keeps a low watermark (the first range it does not know acked) and
 a cursor (the next range nobody claimed, as far as it knows), so a claim is one
 ``put_if_absent`` when nobody races, and the scan for re-dispensable ranges
@@ -133,6 +139,7 @@ class StoreDispenser:
         incarnation: int,
         range_size: int,
         rows: int = 0,
+        limit: Optional[int] = None,
         lease_s: float = 600.0,
         rescan_s: float = 2.0,
         fenced: Optional[Callable[[str, int], bool]] = None,
@@ -143,6 +150,10 @@ class StoreDispenser:
             raise ValueError(f"range_size={range_size}: a claim covers at least one position")
         if rows < 0:
             raise ValueError(f"rows={rows}: the task's row count is >= 0 (0: unbounded)")
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit={limit}: a finite run dispenses at least one position")
+        #: positions in all (a finite task's rows * epochs); None: unbounded
+        self.limit = None if limit is None else int(limit)
         self.store, self.island, self.incarnation = store, island, int(incarnation)
         self.range_size, self.rows, self.lease_s = int(range_size), int(rows), float(lease_s)
         self.rescan_s = float(rescan_s)
@@ -169,11 +180,30 @@ class StoreDispenser:
             row, epoch = position, 0
         return Slot(position=position, row=row, epoch=epoch, range=rng, gen=gen)
 
+    @property
+    def ranges(self) -> Optional[int]:
+        """Ranges in all (None: unbounded)."""
+        if self.limit is None:
+            return None
+        return -(-self.limit // self.range_size)
+
     def take(self, n: int) -> list[Slot]:
-        """The next ``n`` positions to sample, claiming ranges as needed."""
+        """The next ``n`` positions to sample, claiming ranges as needed.
+
+        A finite run hands out fewer once every range is claimed (none at its end).
+        """
         while len(self._queue) < n:
-            self._claim_one()
-        return [self._queue.popleft() for _ in range(n)]
+            if not self._claim_one():
+                break
+        return [self._queue.popleft() for _ in range(min(n, len(self._queue)))]
+
+    def all_acked(self) -> bool:
+        """A finite run's every range is acked (the data has ended); False when unbounded."""
+        if self.ranges is None:
+            return False
+        self.requests += 1
+        acks = {p[0] for p in (_parse(k, ACKS) for k in self.store.list(ACKS)) if p}
+        return all(r in acks for r in range(self.ranges))
 
     def give_back(self, slots: Iterable[Slot]) -> None:
         """Slots taken but not sampled (a round thrown away): dispensed again next."""
@@ -219,18 +249,21 @@ class StoreDispenser:
 
     # -- claiming --------------------------------------------------------------------
 
-    def _claim_one(self) -> None:
+    def _claim_one(self) -> bool:
+        """Claim one range. :returns: False when a finite run has none left to claim now."""
         if self.clock() - self._scanned_at >= self.rescan_s:
             self._scanned_at = self.clock()
             self._found = deque(self._redispensable())
         while self._found:
             rng, gen, holder = self._found.popleft()
             if self._try(rng, gen, adopted_from=holder):
-                return
+                return True
         while True:
+            if self.ranges is not None and self._cursor >= self.ranges:
+                return False
             if self._try(self._cursor, 0):
                 self._cursor += 1
-                return
+                return True
             # someone took it: jump past the highest claimed range
             self.requests += 1
             last = None
@@ -247,7 +280,9 @@ class StoreDispenser:
             "range": rng,
             "gen": gen,
             "start": rng * self.range_size,
-            "end": (rng + 1) * self.range_size,
+            "end": (rng + 1) * self.range_size
+            if self.limit is None
+            else min((rng + 1) * self.range_size, self.limit),
             "at": now,
             "lease_until": now + self.lease_s,
         }

@@ -32,7 +32,9 @@ safetensors metadata (strings) holds ``format``, ``group_id``, ``prompt_id``,
 ``"sequential"``: the processing of the behavior log-probs; a payload without
 ``filter_order`` was sampled sequentially, as every payload before the field
 was, and a reader that predates it refuses a ``"joint"`` group rather than
-scoring it under the wrong distribution) and, with routed experts,
+scoring it under the wrong distribution), ``row_id`` and ``epoch`` (when recorded: the
+task's row the prompt came from and its epoch; absent in payloads written before, read
+back as ``""`` and 0) and, with routed experts,
 ``routed_shape`` (``"layers,top_k"``) and ``routed_present`` (one ``0``/``1``
 per sample). No pickle: only arrays and strings.
 
@@ -116,6 +118,9 @@ def encode_group(group: SampleGroup) -> bytes:
         if sp.filter_order != "sequential":
             record["filter_order"] = str(sp.filter_order)
         metadata["sampling"] = json.dumps(record)
+    if group.row_id:  # absent otherwise: a group without one encodes to the bytes it did
+        metadata["row_id"] = str(group.row_id)
+        metadata["epoch"] = str(int(group.epoch))
     routed = [s.routed_experts for s in samples]
     tops = [s.top_logprobs for s in samples]
     if (
@@ -420,4 +425,6 @@ def _samples_group(arrays: dict[str, Any], meta: dict[str, str]) -> SampleGroup:
         samples=tuple(samples),
         task=meta.get("task", ""),
         sampling=sampling,
+        row_id=meta.get("row_id", ""),
+        epoch=int(meta.get("epoch", "0")),
     )

@@ -183,7 +183,9 @@ def check_plugins(config: RunConfig, plugins: Plugins, report: Report) -> None:
     _resolve(plugins, report, "trainer.lifecycle", ports.TrainerLifecycle.PORT, t.lifecycle)
     if t.lifecycle == "remote":
         _resolve(plugins, report, "trainer.provider", ports.IslandProvider.PORT, t.provider)
-    _resolve(plugins, report, "task.name", ports.Task.PORT, config.task.name)
+    task = _resolve(plugins, report, "task.name", ports.Task.PORT, config.task.name)
+    if task is not None:
+        check_task(config, task, report, plugins)
     _resolve(plugins, report, "scheduler.name", ports.TrainerScheduler.PORT, config.scheduler.name)
     _resolve(plugins, report, "buffer.kind", ports.DurableSampleBuffer.PORT, config.buffer.kind)
     _resolve(plugins, report, "conversion.name", ports.ConversionPort.PORT, config.conversion.name)
@@ -194,6 +196,45 @@ def check_plugins(config: RunConfig, plugins: Plugins, report: Report) -> None:
             "numpy-zstd): every release will be published full",
         )
     check_model(config, backend, report)
+
+
+def check_task(config: RunConfig, cls: type, report: Report, plugins: Any = None) -> None:
+    """The task builds from ``[task] options`` (a dataset task reads and checks its file
+    here, so a bad row stops the launch, never the run), and a finite task runs through
+    the store dispenser (each epoch hands every row once) with its row count."""
+    name = config.task.name
+    try:
+        if isinstance(cls, type) and issubclass(cls, ports.Task):
+            task = cls.from_config(config.task.options, plugins=plugins)
+        else:
+            task = cls(**config.task.options)
+    except (YetoError, TypeError, ValueError, OSError) as exc:
+        msg = str(exc)
+        report.fail(
+            "task.options",
+            msg if f"task {name!r}" in msg.replace('"', "'") else f"task {name!r}: {msg}",
+        )
+        return
+    rows = int(task.rows) if isinstance(task, ports.Task) else 0
+    if not rows:
+        report.ok("task.options", f"task {name!r} built")
+        return
+    d = config.dispenser
+    epochs = "unbounded epochs" if task.epochs is None else f"{task.epochs} epoch(s)"
+    if d.kind != "store":
+        report.fail(
+            "task.options",
+            f"task {name!r} is finite ({rows} rows, {epochs}); set [dispenser] kind = "
+            '"store" so that each epoch hands every row exactly once (docs/tasks.md)',
+        )
+    elif d.rows not in (0, rows):
+        report.fail(
+            "dispenser.rows",
+            f"{d.rows}, but task {name!r} has {rows} rows; leave [dispenser] rows out (the "
+            "task's count is used) or set it to the task's",
+        )
+    else:
+        report.ok("task.options", f"task {name!r}: {rows} rows, {epochs}")
 
 
 def check_model(config: RunConfig, backend: Any, report: Report) -> None:

@@ -376,7 +376,7 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
             on_event(drained_before_loop(incarnation))
         stream.flush()
         raise
-    task = plugins.task(config.task.name)(**config.task.options)
+    task = plugins.task(config.task.name).from_config(config.task.options, plugins=plugins)
     buffer = open_run_buffer(plugins, config, store, island)
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
@@ -398,7 +398,8 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
             island=island,
             incarnation=incarnation,
             range_size=config.dispenser.range_size or scfg.prompts_per_call,
-            rows=config.dispenser.rows,
+            rows=task.rows or config.dispenser.rows,  # a finite task's rows (preflight: agree)
+            limit=task.rows * task.epochs if task.rows and task.epochs else None,
             lease_s=config.dispenser.lease_s,
             emit=on_event,
         )

@@ -25,7 +25,7 @@ from __future__ import annotations
 from yeto_core.ports.base import Port, accepts, names
 from yeto_core.ports.buffer import DurableSampleBuffer
 from yeto_core.ports.islands import IslandProvider
-from yeto_core.ports.sampler import SamplerEngine, Task
+from yeto_core.ports.sampler import Reward, SamplerEngine, Task
 from yeto_core.ports.store import ObjectStore
 from yeto_core.ports.trainer import (
     ConversionPort,
@@ -47,6 +47,7 @@ PORTS: tuple[type[Port], ...] = (
     SamplerEngine,
     IslandProvider,
     Task,
+    Reward,
 )
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "LifecycleContext",
     "ObjectStore",
     "Port",
+    "Reward",
     "SamplerEngine",
     "Task",
     "TrainerBackend",

@@ -1,4 +1,4 @@
-"""The sampler ports: engine and task (see :mod:`yeto_core.ports`)."""
+"""The sampler ports: engine, task and reward (see :mod:`yeto_core.ports`)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ from typing import Any, Optional
 
 import attrs
 
+from yeto_core.errors import ConfigError
 from yeto_core.ports.base import Port, _with_model_and_seed
 from yeto_core.records import (
     Completion,
     LocalRelease,
+    Prompt,
     SamplingParams,
 )
 
@@ -119,6 +121,15 @@ class SamplerEngine(Port):
         :attr:`FILTER_ORDER`."""
         return attrs.evolve(sampling, filter_order=self.FILTER_ORDER)
 
+    def encode_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Token ids of chat ``messages`` under the base model's chat template, ending
+        with the generation prompt (``apply_chat_template(..., add_generation_prompt=True)``).
+
+        Optional: a task that hands out chat prompts needs an engine that implements it
+        (:func:`encode_prompt` says which engine cannot).
+        """
+        raise NotImplementedError(f"the {self.PLUGIN_NAME!r} engine cannot apply a chat template")
+
     def rollback(self) -> None:
         """Serve the weights from before the last :meth:`load_release` again.
 
@@ -157,6 +168,10 @@ class Task(Port):
     """A verifiable task: prompts and a reward function.
 
     ``[task] name`` chooses it; ``[task] options`` are its keyword arguments.
+    :meth:`prompt` returns ``(text, answer)`` or a :class:`~yeto_core.records.Prompt`
+    (chat messages, a row id, the row's metadata); the sampler asks :meth:`prompt_at`
+    and scores with :meth:`score`, whose defaults call :meth:`prompt` and
+    :meth:`reward`. A finite task (a dataset) sets :attr:`rows` and :attr:`epochs`.
 
     Complete plugin::
 
@@ -182,10 +197,105 @@ class Task(Port):
 
     PORT = "Task"
 
+    #: Rows of a finite task (0: unbounded, every index is a new prompt). With
+    #: ``[dispenser] kind = "store"`` position ``p`` is row ``p % rows`` of epoch
+    #: ``p // rows``.
+    rows: int = 0
+    #: Epochs a finite task runs (None: unbounded); the data end finishes the run.
+    epochs: Optional[int] = None
+
     @abc.abstractmethod
-    def prompt(self, index: int) -> tuple[str, str]:
-        """The prompt text and the reference answer for dispense position ``index``."""
+    def prompt(self, index: int) -> tuple[str, str] | Prompt:
+        """The prompt for dispense position ``index``: ``(text, answer)`` or a Prompt."""
 
     @abc.abstractmethod
     def reward(self, answer: str, completion: str) -> float:
         """Score ``completion`` against ``answer`` (0..1)."""
+
+    @classmethod
+    def from_config(cls, options: Mapping[str, Any], *, plugins: Any = None) -> Task:
+        """Build the task from ``[task] options`` (the island and preflight call it).
+
+        ``plugins`` is the plugin registry, for a task that resolves names through it
+        (the ``dataset`` task's reward). Default: ``cls(**options)``.
+        """
+        return cls(**options)
+
+    def prompt_at(self, row: int, epoch: int = 0) -> Prompt:
+        """The prompt of ``row`` in ``epoch`` (default: :meth:`prompt` of ``row``)."""
+        return Prompt.of(self.prompt(row))
+
+    def score(self, prompt: Prompt, completion: str) -> float:
+        """Score ``completion`` for ``prompt`` (default: :meth:`reward` of its answer).
+
+        A finite result is the reward; raising, or a non-finite result, skips the group
+        with a counted reason (``reward_failed``, ``nonfinite_reward``): never a 0 reward.
+        """
+        return self.reward(prompt.answer, completion)
+
+
+class Reward(Port):
+    """A reward function: scores a completion of a prompt.
+
+    The ``dataset`` task's ``reward`` option chooses it by name (``reward_options`` are
+    its keyword arguments); docs/tasks.md. A result that is not a finite number, or a
+    raise, skips the group with a counted reason: never a 0 reward.
+
+    Complete plugin::
+
+        from yeto_core import hookimpl
+        from yeto_core.ports import Reward
+
+        class Contains(Reward):
+            PLUGIN_NAME = "contains"
+
+            def __init__(self, **options):
+                pass
+
+            def score(self, prompt, completion, metadata):
+                return 1.0 if prompt.answer and prompt.answer in completion else 0.0
+
+        @hookimpl
+        def yeto_register_rewards(register):
+            register(Contains)
+    """
+
+    PORT = "Reward"
+
+    @abc.abstractmethod
+    def score(self, prompt: Prompt, completion: str, metadata: Mapping[str, Any]) -> float:
+        """Score ``completion`` (the decoded response) of ``prompt``; ``metadata`` is the
+        prompt's row (:attr:`~yeto_core.records.Prompt.metadata`)."""
+
+
+def prompt_record(task: Any, row: int, epoch: int = 0) -> Prompt:
+    """``task``'s prompt of ``row`` in ``epoch`` as a Prompt (a duck-typed task's
+    ``prompt(row)`` pair too)."""
+    if isinstance(task, Task):
+        return task.prompt_at(row, epoch)
+    return Prompt.of(task.prompt(row))
+
+
+def score_prompt(task: Any, prompt: Prompt, completion: str) -> float:
+    """``task``'s reward for ``completion`` (:meth:`Task.score`; a duck-typed task's
+    ``reward(answer, completion)``)."""
+    if isinstance(task, Task):
+        return task.score(prompt, completion)
+    return task.reward(prompt.answer, completion)
+
+
+def encode_prompt(engine: Any, prompt: Prompt) -> list[int]:
+    """Token ids of ``prompt``: its text encoded, or its messages under the chat template.
+
+    :raises ConfigError: chat messages and an engine that cannot apply a chat template.
+    """
+    if prompt.messages is None:
+        return list(engine.encode(prompt.text))
+    if isinstance(engine, SamplerEngine) and type(engine).implements("encode_messages"):
+        return [int(i) for i in engine.encode_messages(prompt.messages)]
+    name = engine.PLUGIN_NAME if isinstance(engine, SamplerEngine) else type(engine).__name__
+    raise ConfigError(
+        f"the task hands out chat messages (row {prompt.row_id or '?'}), but the {name!r} "
+        "engine cannot apply a chat template (it has no encode_messages); use an engine "
+        "that can (hf), or give the task a prompt field instead of messages"
+    )

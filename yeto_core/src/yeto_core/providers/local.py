@@ -48,6 +48,9 @@ WORK_DIR = "work"
 
 #: Set for every island: its handle (for its log lines; islands do not need it).
 ENV_HANDLE = "YETO_HANDLE"
+#: the working directory of the process that launched the island (``yeto run up``): an
+#: island runs in its own work dir, and resolves a user's relative paths against this
+ENV_RUN_CWD = "YETO_RUN_CWD"
 
 
 class IslandError(YetoError):
@@ -192,6 +195,7 @@ class LocalIslands(IslandProvider):
         full_env = dict(os.environ)
         full_env.update(launch.env)
         full_env[ENV_HANDLE] = handle
+        full_env.setdefault(ENV_RUN_CWD, os.getcwd())
         cpus = launch.options.get("cpus")
         if cpus is not None:
             full_env[ENV_CPUS] = ",".join(str(c) for c in self._cpus(handle, cpus))

@@ -19,11 +19,20 @@ them). With ``overlap_append`` (the island sets it on a remote store) that commi
 on a thread while the next call generates: one commit in flight at a time, in call
 order, its error raised by the next call or by :meth:`flush`. How much a call may add
 (the cap, ``fresh_only``) is :mod:`yeto_core.sampler.room`'s.
+
+Prompts are :class:`~yeto_core.records.Prompt` records (a task's ``(text, answer)``
+pair becomes one); chat messages are encoded under the engine's chat template
+(:func:`~yeto_core.ports.sampler.encode_prompt`). Each group records its row id and
+epoch. A group whose reward raises or is not finite is skipped with a counted reason
+(``reward_failed``, ``nonfinite_reward``), never appended with a made-up reward. A
+finite task's run ends when the dispenser has nothing left: the loop marks the
+buffer's data end once every range is acked (docs/tasks.md).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -33,7 +42,8 @@ from typing import Any, Optional
 import numpy as np
 
 from yeto_core.errors import ConfigError
-from yeto_core.records import Event, Sample, SampleGroup, SampleStatus, SamplingParams
+from yeto_core.ports.sampler import encode_prompt, prompt_record, score_prompt
+from yeto_core.records import Event, Prompt, Sample, SampleGroup, SampleStatus, SamplingParams
 from yeto_core.sampler.interfaces import Follower
 from yeto_core.sampler.room import SamplerRoom, room_report
 from yeto_core.stage_profile import PROFILE, stage
@@ -169,6 +179,10 @@ class SamplerLoop(SamplerRoom):
         self.groups_appended = 0
         #: groups generated but thrown away (a forced reload landed mid-generation)
         self.groups_discarded = 0
+        #: groups skipped per reason (``reward_failed``, ``nonfinite_reward``)
+        self.groups_skipped: dict[str, int] = {}
+        #: this loop marked the buffer's data end (a finite task's last range acked)
+        self.data_end_marked = False
 
     def _event(self, kind: str, **data: Any) -> None:
         self._emit(Event(kind=kind, time=self.clock(), source=self.host, data=data))
@@ -204,10 +218,14 @@ class SamplerLoop(SamplerRoom):
         room, self.call_room = self.call_room, {}
         if self.dispenser is not None:
             slots = self.dispenser.take(size)
+            if not slots:  # a finite task's positions are all dispensed
+                return self._data_end()
+            size = len(slots)
             indices = [s.row for s in slots]
+            prompts = [prompt_record(self.task, s.row, s.epoch) for s in slots]
         else:
             indices = [self.offset + self.next_index + k for k in range(size)]
-        prompts = [self.task.prompt(i) for i in indices]
+            prompts = [prompt_record(self.task, i) for i in indices]
         if self._reads_backlog_ahead():
             # the read may miss this call's groups and a commit still landing
             self._read_backlog_ahead(size + self._landing_groups())
@@ -216,7 +234,7 @@ class SamplerLoop(SamplerRoom):
         with guard:
             PROFILE.add("sampler.round_lock", time.perf_counter() - asked)
             with stage("sampler.encode"):
-                ids = [self.engine.encode(text) for text, _ in prompts]
+                ids = [encode_prompt(self.engine, p) for p in prompts]
             with stage("sampler.generate"):
                 outs = self.engine.generate(ids, self.group_size, self.sampling)
         if self.follower is not None and self.follower.last_round_straddled:
@@ -242,13 +260,24 @@ class SamplerLoop(SamplerRoom):
             )
         groups, rewards, versions = [], [], []
         want_top = int(self.sampling.top_logprobs) if self.sampling is not None else 0
+        skipped: dict[str, int] = {}
         scoring = time.perf_counter()
-        for k, (index, (_text, answer), prompt_ids, comps) in enumerate(
+        for k, (index, prompt, prompt_ids, comps) in enumerate(
             zip(indices, prompts, ids, outs, strict=True)
         ):
+            if slots is not None:
+                gid, pid = slots[k].group_id(self.task_name), slots[k].prompt_id(self.task_name)
+                epoch = slots[k].epoch
+            else:
+                gid, pid = group_id(self.host, self.incarnation, index), f"{self.task_name}:{index}"
+                epoch = 0
+            row_id = prompt.row_id or str(index)
+            scored = self._score(prompt, comps, gid, row_id)
+            if isinstance(scored, str):  # skipped with a counted reason, never a 0 reward
+                skipped[scored] = skipped.get(scored, 0) + 1
+                continue
             samples = []
-            for c in comps:
-                reward = float(self.task.reward(answer, self.engine.decode(c.tokens)))
+            for c, reward in zip(comps, scored, strict=True):
                 toks = np.asarray(c.tokens, dtype=np.int64)
                 samples.append(
                     Sample(
@@ -274,10 +303,6 @@ class SamplerLoop(SamplerRoom):
                     )
                 rewards.append(reward)
                 versions.append(int(c.weight_version))
-            if slots is not None:
-                gid, pid = slots[k].group_id(self.task_name), slots[k].prompt_id(self.task_name)
-            else:
-                gid, pid = group_id(self.host, self.incarnation, index), f"{self.task_name}:{index}"
             group = SampleGroup(
                 group_id=gid,
                 prompt_id=pid,
@@ -286,12 +311,14 @@ class SamplerLoop(SamplerRoom):
                 samples=tuple(samples),
                 task=self.task_name,
                 sampling=self.sampling,
+                row_id=row_id,
+                epoch=epoch,
             )
             groups.append(group)
         PROFILE.add("sampler.score", time.perf_counter() - scoring)
         self.next_index += size
         self.rounds += 1
-        record = (groups, slots, indices, rewards, versions, started, self.rounds, room)
+        record = (groups, slots, indices, rewards, versions, started, self.rounds, room, skipped)
         if self.overlap_append:
             self.flush()  # one commit in flight at a time, in call order
             self._landing = (
@@ -311,6 +338,7 @@ class SamplerLoop(SamplerRoom):
         started: float,
         round_no: int,
         room: dict[str, Any],
+        skipped: Optional[dict[str, int]] = None,
     ) -> list[int]:
         """Append a call's groups, ack its dispensed slots, report the call."""
         with stage("sampler.append"):
@@ -333,8 +361,51 @@ class SamplerLoop(SamplerRoom):
             max_version=max(versions) if versions else None,
             seconds=self.clock() - started,
             **({"room": room_report(room, self.clock())} if room else {}),
+            **({"skipped": dict(skipped)} if skipped else {}),
         )
         return positions
+
+    def _score(self, prompt: Prompt, comps: list[Any], gid: str, row_id: str) -> list[float] | str:
+        """The rewards of a group's completions, or the reason the group is skipped.
+
+        A reward that raises (``reward_failed``) or returns a non-finite value
+        (``nonfinite_reward``) skips the whole group: counted in
+        :attr:`groups_skipped`, reported as ``group_skipped``, never trained as 0.
+        """
+        rewards = []
+        for c in comps:
+            text = self.engine.decode(c.tokens)  # an engine error is not the reward's
+            try:
+                reward = float(score_prompt(self.task, prompt, text))
+            except Exception as exc:  # a user's reward: any error skips the group
+                return self._skip(gid, row_id, "reward_failed", f"{type(exc).__name__}: {exc}")
+            if not math.isfinite(reward):
+                return self._skip(gid, row_id, "nonfinite_reward", f"reward is {reward}")
+            rewards.append(reward)
+        return rewards
+
+    def _skip(self, gid: str, row_id: str, reason: str, detail: str) -> str:
+        self.groups_skipped[reason] = self.groups_skipped.get(reason, 0) + 1
+        self._event(
+            "group_skipped",
+            reason=reason,
+            group_id=gid,
+            row_id=row_id,
+            detail=detail[:500],
+            count=self.groups_skipped[reason],
+        )
+        return reason
+
+    def _data_end(self) -> list[int]:
+        """A finite task's positions are all dispensed: once every range is acked (by any
+        sampler), mark the buffer's data end; the loop then idles until it is stopped."""
+        self.flush()
+        if not self.data_end_marked and self.dispenser.all_acked():
+            self.buffer.mark_data_end()
+            self.data_end_marked = True
+            self._event("data_end", positions=self.dispenser.limit)
+        self.stop.wait(self.dispenser.rescan_s)
+        return []
 
     def _landing_groups(self) -> int:
         """Groups of a commit still landing (``overlap_append``; 0: none)."""

@@ -48,6 +48,7 @@ from yeto_core.testing.contract_settings import _SETTINGS
 from yeto_core.testing.sampling_contracts import (
     IDLE_ISLAND,  # noqa: F401 - re-exported
     IslandProviderContract,
+    RewardContract,
     SamplerEngineContract,
     TaskContract,
 )
@@ -399,6 +400,7 @@ CONTRACTS: dict[type[ports.Port], type] = {
     ports.SamplerEngine: SamplerEngineContract,
     ports.IslandProvider: IslandProviderContract,
     ports.Task: TaskContract,
+    ports.Reward: RewardContract,
 }
 
 __all__ = [
@@ -406,6 +408,7 @@ __all__ = [
     "ConversionContract",
     "IslandProviderContract",
     "ObjectStoreContract",
+    "RewardContract",
     "SampleBufferContract",
     "SamplerEngineContract",
     "TaskContract",

@@ -6,6 +6,7 @@ its contract). This module imports pytest and hypothesis: only test code imports
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 from yeto_core import ports
 from yeto_core.providers.env import island_launch
-from yeto_core.records import Completion, IslandStatus, LocalRelease, SamplingParams
+from yeto_core.records import Completion, IslandStatus, LocalRelease, Prompt, SamplingParams
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing import strategies as rs
 from yeto_core.testing.contract_settings import _SETTINGS
@@ -171,9 +172,34 @@ class TaskContract:
     @given(index=st.integers(0, 2**40), completion=rs.texts)
     def test_prompts_are_deterministic_and_rewards_bounded(self, make_task, index, completion):
         task = make_task()
-        text, answer = task.prompt(index)
-        assert isinstance(text, str) and isinstance(answer, str)
-        assert make_task().prompt(index) == (text, answer)
-        r = task.reward(answer, completion)
+        prompt = Prompt.of(task.prompt(index))  # a (text, answer) pair or a Prompt
+        assert isinstance(prompt.answer, str)
+        assert Prompt.of(make_task().prompt(index)) == prompt
+        r = task.reward(prompt.answer, completion)
         assert 0.0 <= float(r) <= 1.0
-        assert 0.0 <= float(task.reward(answer, answer)) <= 1.0
+        assert 0.0 <= float(task.reward(prompt.answer, prompt.answer)) <= 1.0
+        assert 0.0 <= float(task.score(prompt, completion)) <= 1.0
+        if task.rows:  # a finite task: prompt_at(row, epoch) is prompt(epoch * rows + row)
+            row, epoch = index % task.rows, index // task.rows
+            assert task.prompt_at(row, epoch) == prompt
+
+
+class RewardContract:
+    """:class:`~yeto_core.ports.Reward`: a deterministic, finite score in [0, 1] for any text.
+
+    Fixture ``make_reward()``: a fresh reward.
+    """
+
+    @pytest.fixture
+    def make_reward(self) -> Callable[[], ports.Reward]:  # pragma: no cover
+        raise NotImplementedError("define a `make_reward` fixture")
+
+    @_SETTINGS
+    @given(answer=rs.texts, completion=rs.texts)
+    def test_scores_are_deterministic_finite_and_bounded(self, make_reward, answer, completion):
+        reward = make_reward()
+        assert isinstance(reward, ports.Reward) and reward.PLUGIN_NAME
+        prompt = Prompt(text="q", answer=answer, row_id="1", metadata={"answer": answer})
+        r = float(reward.score(prompt, completion, prompt.metadata))
+        assert math.isfinite(r) and 0.0 <= r <= 1.0
+        assert float(make_reward().score(prompt, completion, prompt.metadata)) == r

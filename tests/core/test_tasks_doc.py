@@ -1,0 +1,53 @@
+"""docs/tasks.md's examples run as written: the reward function of "Writing your own
+reward" with its TOML, and the regex reward's TOML."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import tomllib
+
+from yeto_core.tasks.dataset import DatasetTask
+from yeto_core.testing.fake_backend import MemoryBuffer
+from yeto_core.testing.fakes import digits_sampler
+
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "tasks.md").read_text()
+
+
+def blocks(section: str, lang: str) -> list[str]:
+    body = DOC.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(rf"```{lang}\n(.*?)```", body, flags=re.S)
+
+
+def test_the_reward_function_example_runs_as_written(tmp_path, monkeypatch):
+    (code,) = blocks("Writing your own reward", "python")
+    assert len([ln for ln in code.splitlines() if ln.strip()]) <= 10
+    (toml,) = blocks("Writing your own reward", "toml")
+    monkeypatch.chdir(tmp_path)
+    Path("my_reward.py").write_text(code)
+    rows = [{"prompt": "Name a colour.", "answer": "red"}, {"prompt": "Anything.", "answer": ""}]
+    Path("train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = DatasetTask(**tomllib.loads(toml)["task"]["options"])
+    red = task.prompt_at(0)
+    assert task.score(red, "I say red.") == 1.0
+    assert task.score(red, "reddish") == 0.5
+    assert task.score(red, "blue") == 0.0
+
+    # a row without an answer raises: through the sampler the group is skipped, counted
+    buf = MemoryBuffer()
+    loop = digits_sampler(buf, prompts_per_call=1)
+    loop.task = task
+    loop.offset = 1  # position 1: the row without an answer
+    loop.run_round()
+    assert buf.groups == [] and loop.groups_skipped == {"reward_failed": 1}
+
+
+def test_the_regex_reward_toml_runs_as_written(tmp_path, monkeypatch):
+    (toml,) = blocks("Rewards", "toml")
+    monkeypatch.chdir(tmp_path)
+    Path("math.jsonl").write_text(json.dumps({"prompt": "6*7?", "answer": "42"}) + "\n")
+    task = DatasetTask(**tomllib.loads(toml)["task"]["options"])
+    assert task.score(task.prompt_at(0), "6*7 = 42, so answer: 42") == 1.0
+    assert task.score(task.prompt_at(0), "answer: 41") == 0.0
