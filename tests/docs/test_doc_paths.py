@@ -38,6 +38,8 @@ BARE_PY = re.compile(r"(?<![\w./-])([A-Za-z0-9_]+\.py)\b")
 FOREIGN = {
     "train.py": "Miles' training script (docs/miles.md)",
     "test_my_store.py": "a plugin author's own test file (docs/plugins.md)",
+    "my_reward.py": "a user's own reward module (docs/tasks.md)",
+    "file.py": "the form of a user's reward file, file.py:function (docs/tasks.md)",
 }
 FILE_SUFFIXES = (".json", ".jsonl", ".toml", ".md", ".py", ".txt", ".yaml", ".csv", ".sh")
 
