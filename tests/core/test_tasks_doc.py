@@ -51,3 +51,19 @@ def test_the_regex_reward_toml_runs_as_written(tmp_path, monkeypatch):
     task = DatasetTask(**tomllib.loads(toml)["task"]["options"])
     assert task.score(task.prompt_at(0), "6*7 = 42, so answer: 42") == 1.0
     assert task.score(task.prompt_at(0), "answer: 41") == 0.0
+
+
+def test_the_dataset_task_toml_runs_as_written(tmp_path, monkeypatch):
+    (toml,) = blocks("The `dataset` task", "toml")
+    config = tomllib.loads(toml)
+    assert config["dispenser"] == {"kind": "store"}
+    monkeypatch.chdir(tmp_path)
+    Path("data").mkdir()
+    rows = [{"prompt": f"row {i}", "answer": str(i)} for i in range(5)]
+    Path("data/train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = DatasetTask(**config["task"]["options"])
+    assert task.rows == 5 and task.epochs == 3
+    for epoch in range(3):  # every row once in each epoch, in that epoch's shuffled order
+        assert sorted(task.prompt_at(i, epoch).row_id for i in range(5)) == sorted(
+            task.prompt_at(i).row_id for i in range(5)
+        )

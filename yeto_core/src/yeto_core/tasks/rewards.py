@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import re
 import sys
+import types
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
@@ -132,7 +133,8 @@ class CallableReward(Reward):
     PLUGIN_NAME = "callable"
 
     def __init__(self, fn: Callable[[Prompt, str, Mapping[str, Any]], Any], name: str = "") -> None:
-        self.fn, self.name = fn, name or getattr(fn, "__qualname__", repr(fn))
+        self.fn = fn
+        self.name = name or (fn.__qualname__ if isinstance(fn, types.FunctionType) else repr(fn))
 
     def score(self, prompt: Prompt, completion: str, metadata: Mapping[str, Any]) -> float:
         return float(self.fn(prompt, completion, metadata))
@@ -162,7 +164,7 @@ def load_callable(spec: str) -> Callable[..., Any]:
         raise ConfigError(
             f"reward {spec!r}: cannot import {module_name!r}: {type(exc).__name__}: {exc}"
         ) from None
-    fn = getattr(module, attr, None)
+    fn = vars(module).get(attr)
     if not callable(fn):
         raise ConfigError(f"reward {spec!r}: {module_name!r} has no function {attr!r}")
     return fn
