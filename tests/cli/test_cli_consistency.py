@@ -28,7 +28,7 @@ from yeto_core import plugins as plugins_mod
 from yeto_core.cli import cli, main
 from yeto_core.config.load import config_to_dict, load_config
 from yeto_core.plugins import Plugins
-from yeto_core.ports import SamplerEngine, Task, TrainerBackend
+from yeto_core.testing.minimal import minimal_plugins
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,68 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # -- a small run config that preflight passes with inline fakes --------------------------
 
 
-class _Engine(SamplerEngine):
-    PLUGIN_NAME = "fake-engine"
-
-    def generate(self, prompts, n, sampling):
-        return []
-
-    def load_release(self, release):
-        pass
-
-    def served_checksum(self):
-        return "0"
-
-    def encode(self, text):
-        return []
-
-    def decode(self, ids):
-        return ""
-
-
-class _Backend(TrainerBackend):
-    PLUGIN_NAME = "fake-backend"
-
-    @classmethod
-    def prepare_base(cls, options, model_dir):
-        Path(model_dir).mkdir(parents=True)
-
-    def restore(self, cut_dir):
-        pass
-
-    def train_round(self, batch):
-        return {}
-
-    def save_cut(self, out_dir, trigger):
-        pass
-
-    def publish_release(self, out_dir):
-        return {}
-
-
-class _Task(Task):
-    PLUGIN_NAME = "fake-task"
-
-    def prompt(self, index):
-        return "", ""
-
-    def reward(self, answer, completion):
-        return 0.0
-
-
-def _fake_plugins(*extra: Any) -> Plugins:
-    pm = Plugins(entry_points=False)
-    pm.add(
-        types.SimpleNamespace(
-            yeto_register_sampler_engines=hookimpl(lambda register: register(_Engine)),
-            yeto_register_trainer_backends=hookimpl(lambda register: register(_Backend)),
-            yeto_register_tasks=hookimpl(lambda register: register(_Task)),
-        ),
-        "fakes",
-    )
-    for i, p in enumerate(extra):
-        pm.add(p, f"extra{i}")
-    return pm
+_fake_plugins = minimal_plugins
 
 
 @pytest.fixture

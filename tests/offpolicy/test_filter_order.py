@@ -141,27 +141,14 @@ def test_a_config_may_not_set_the_filter_order(tmp_path: Path):
 def test_hf_samples_score_with_zero_mismatch_under_top_k_and_top_p(sort_base):
     """The hf engine filters sequentially and its groups say so; scored under the joint
     filter instead, the same tokens show the mismatch the record prevents."""
-    import attrs
 
-    from yeto_torch.backend import TorchBackend
     from yeto_torch.tasks import SortDigits
-    from yeto_torch.testing import rollout_batch
+    from yeto_torch.testing import rollout_batch, train_under_each_filter_order
 
     sp = SamplingParams(max_new_tokens=6, temperature=1.5, top_k=6, top_p=0.5)
     batch = rollout_batch(HFEngine(str(sort_base), seed=3), SortDigits(seed=3), 0, 8, 4, 0, sp)
     assert {g.sampling.filter_order for g in batch.groups} == {"sequential"}
-    got = {}
-    for order in ("sequential", "joint"):
-        relabelled = attrs.evolve(
-            batch,
-            groups=tuple(
-                attrs.evolve(g, sampling=attrs.evolve(g.sampling, filter_order=order))
-                for g in batch.groups
-            ),
-        )
-        be = TorchBackend(str(sort_base))
-        be.restore(None)
-        got[order] = be.train_round(relabelled)
+    got = train_under_each_filter_order(batch, sort_base)
     m = got["sequential"]
     assert m["on_policy_tokens"] == m["tokens"] > 0 and m["tokens_outside_support"] == 0
     assert m["mismatch_kl"] < 1e-6 and m["mismatch_kl_on_policy"] < 1e-6, m

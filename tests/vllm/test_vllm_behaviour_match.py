@@ -3,12 +3,9 @@ drawn, with top-k and top-p both set: vLLM filters sequentially and its groups s
 
 from __future__ import annotations
 
-import attrs
-
 from yeto_core.records import SamplingParams
-from yeto_torch.backend import TorchBackend
 from yeto_torch.tasks import SortDigits
-from yeto_torch.testing import rollout_batch
+from yeto_torch.testing import rollout_batch, train_under_each_filter_order
 
 BOTH = SamplingParams(max_new_tokens=6, temperature=1.5, top_k=6, top_p=0.5, seed=11)
 
@@ -16,18 +13,7 @@ BOTH = SamplingParams(max_new_tokens=6, temperature=1.5, top_k=6, top_p=0.5, see
 def test_vllm_samples_score_with_zero_mismatch_under_top_k_and_top_p(vllm_engine, sort_base):
     batch = rollout_batch(vllm_engine, SortDigits(seed=3), 0, 4, 4, 0, sampling=BOTH)
     assert {g.sampling.filter_order for g in batch.groups} == {"sequential"}
-    got = {}
-    for order in ("sequential", "joint"):
-        relabelled = attrs.evolve(
-            batch,
-            groups=tuple(
-                attrs.evolve(g, sampling=attrs.evolve(g.sampling, filter_order=order))
-                for g in batch.groups
-            ),
-        )
-        be = TorchBackend(str(sort_base))
-        be.restore(None)
-        got[order] = be.train_round(relabelled)
+    got = train_under_each_filter_order(batch, sort_base)
     m = got["sequential"]
     assert m["on_policy_tokens"] == m["tokens"] > 0 and m["tokens_outside_support"] == 0, m
     assert m["mismatch_kl"] < 1e-6 and m["mismatch_kl_on_policy"] < 1e-6, m

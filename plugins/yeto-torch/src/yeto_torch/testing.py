@@ -66,3 +66,26 @@ def fixed_batches(model_dir, n: int, *, prompts: int = 8, g: int = 8, seed: int 
     eng = HFEngine(str(model_dir), seed=seed)
     task = SortDigits(seed=seed)
     return [rollout_batch(eng, task, r * prompts, prompts, g, r) for r in range(n)]
+
+
+def train_under_each_filter_order(batch: Batch, model_dir) -> dict[str, dict]:
+    """The metrics of one round of ``batch`` trained from the base in ``model_dir``, once
+    with every group relabelled ``sequential`` and once ``joint``: the order a group
+    records must be the engine's, and the other must show a mismatch."""
+    import attrs
+
+    from yeto_torch.backend import TorchBackend
+
+    got = {}
+    for order in ("sequential", "joint"):
+        relabelled = attrs.evolve(
+            batch,
+            groups=tuple(
+                attrs.evolve(g, sampling=attrs.evolve(g.sampling, filter_order=order))
+                for g in batch.groups
+            ),
+        )
+        be = TorchBackend(str(model_dir))
+        be.restore(None)
+        got[order] = be.train_round(relabelled)
+    return got
