@@ -324,16 +324,12 @@ class HeadIslands:
 
     def build_driver(self) -> TrainerLifecycle:
         """The trainer inside this process (``[trainer] lifecycle = "driver"``)."""
-        from yeto_core.buffer.fences import StoreFences
         from yeto_core.islands.main import (
             RecordingBackend,
             open_run_buffer,
-            release_store,
-            run_group_size,
+            trainer_driver,
             trainer_event_bridge,
         )
-        from yeto_core.trainer.cut import CutStore
-        from yeto_core.trainer.lifecycle import DriverLifecycle
 
         config = self.config
         backend_cls = self.plugins.trainer_backend(config.trainer.backend)
@@ -350,21 +346,16 @@ class HeadIslands:
             recorder["backend"] = RecordingBackend(backend)
             return recorder["backend"]
 
-        bridge = trainer_event_bridge(stream, recorder)
-        return DriverLifecycle(
-            factory,
+        return trainer_driver(
+            self.plugins,
+            self.store,
+            config,
             open_run_buffer(self.plugins, config, self.store, config.trainer.name),
-            CutStore(self.store, emit=bridge),  # cut_invalid / cut_fallback in the stream
-            release_store(self.plugins, config, self.store),
-            groups_per_round=config.trainer.groups_per_round,
-            max_policy_age=config.trainer.max_policy_age,
-            emit=bridge,
+            factory,
+            emit=trainer_event_bridge(stream, recorder),
             workdir=self.run_dir / "work" / config.trainer.name,
-            partial_last_round=True,
-            group_size=run_group_size(config),
             ledger_set_aside_before=self.state.started_at,
-            reader_options={"fenced_incarnations": StoreFences(self.store)},
-            publish_every=config.trainer.publish_every,
+            overlap_uploads=False,
         )
 
 

@@ -121,6 +121,11 @@ class RecordingBackend(TrainerBackend):
         return self.backend.model_facts()
 
 
+def _skipped_positions(d: dict[str, Any]) -> dict[str, list[int]]:
+    """A trainer event's ``skipped`` ({reason: positions}) as the stream writes it."""
+    return {str(k): [int(p) for p in v] for k, v in d.get("skipped", {}).items()}
+
+
 def trainer_event_bridge(stream: EventStream, recorder: dict[str, RecordingBackend]):
     """Turn driver events into the trainer stream's ``round_trained`` / ``release_published``."""
 
@@ -150,7 +155,7 @@ def trainer_event_bridge(stream: EventStream, recorder: dict[str, RecordingBacke
                 "round_trained",
                 positions=[],
                 rewards=[],
-                skipped={str(k): [int(p) for p in v] for k, v in d.get("skipped", {}).items()},
+                skipped=_skipped_positions(d),
                 policy_version=d.get("policy_version"),
                 trained_rounds=d.get("trained_rounds"),
             )
@@ -159,7 +164,7 @@ def trainer_event_bridge(stream: EventStream, recorder: dict[str, RecordingBacke
                 "round_trained",
                 positions=[],
                 rewards=[],
-                skipped={str(k): [int(p) for p in v] for k, v in d.get("skipped", {}).items()},
+                skipped=_skipped_positions(d),
                 policy_version=d.get("policy_version"),
                 trained_rounds=d.get("trained_rounds"),
                 refused=d.get("reason"),
@@ -252,10 +257,12 @@ def trainer_driver(
     workdir: Path,
     ledger_set_aside_before: Optional[float],
     start_submitted_unix: Optional[float] = None,
+    overlap_uploads: bool = True,
 ) -> Any:
-    """The trainer island's :class:`~yeto_core.trainer.lifecycle.DriverLifecycle`: rounds
-    read from ``buffer``, backends built by ``factory(incarnation)``, cuts, releases and the
-    ledger in ``store``, events to ``emit``."""
+    """The trainer's :class:`~yeto_core.trainer.lifecycle.DriverLifecycle`, on a trainer
+    island and in the head (``[trainer] lifecycle = "driver"``, ``overlap_uploads`` off):
+    rounds read from ``buffer``, backends built by ``factory(incarnation)``, cuts, releases
+    and the ledger in ``store``, events to ``emit``."""
     from yeto_core.trainer.cut import CutStore
     from yeto_core.trainer.lifecycle import DriverLifecycle
 
@@ -272,7 +279,7 @@ def trainer_driver(
         group_size=run_group_size(config),
         ledger_set_aside_before=ledger_set_aside_before,
         reader_options={"fenced_incarnations": StoreFences(store)},
-        overlap_uploads=True,  # a round's release upload overlaps the next round
+        overlap_uploads=overlap_uploads,  # a round's release upload overlaps the next
         publish_every=config.trainer.publish_every,
         start_submitted_unix=start_submitted_unix,
     )
