@@ -138,6 +138,7 @@ examples: install vllm-venv
 	  tests/modal/test_e2e_local.py tests/sky/test_e2e.py tests/nc/test_e2e_storm.py \
 	  tests/convert/test_convert_example.py tests/cost/test_quickstart_budget.py \
 	  "tests/integration/test_quickstart.py::test_killing_the_head_and_running_up_again_continues" \
+	  tests/integration/test_quickstart_scale.py \
 	  "tests/ports/test_islands_need_only_the_store.py::test_the_full_quickstart_learns_through_the_tempdir_provider" \
 	  "tests/integration/test_data_examples.py::test_the_dataset_example_learns_and_resumes_after_sigkill" \
 	  "tests/integration/test_data_examples.py::test_the_reasoning_gym_example_learns"
