@@ -61,7 +61,9 @@ def _config(tmp_path: Path, rounds: int) -> Path:
         if ln.startswith("backlog_cap = "):
             # quiet pauses: S1 (T_s 3 s) stops the trainer in each, on any machine; the
             # held eviction comes while it is stopped
-            lines += ["pause_every_s = 30.0", "pause_s = 6.0", "pause_until_quiet = true"]
+            # (every 10 s of sampling: on an idle machine the whole run samples for ~30 s, so
+            # a 30 s cycle never paused and the held eviction never came)
+            lines += ["pause_every_s = 10.0", "pause_s = 6.0", "pause_until_quiet = true"]
     path = tmp_path / "run.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
