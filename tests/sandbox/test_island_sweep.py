@@ -100,6 +100,45 @@ def test_a_kept_predecessor_is_swept_once_it_is_fenced(tmp_path):
             host.remove(info.id)
 
 
+def test_a_host_that_cannot_see_the_starter_leaves_the_decision_to_fences(tmp_path):
+    """``track_owner = false`` (a host serving islands on other machines): a sandbox of a
+    running unfenced predecessor is kept, and removed by the re-sweep (``[sandbox]
+    sweep_again_s``) once the head fenced it."""
+    state = tmp_path / "sandboxes"
+    config = parse_config(
+        {
+            **config_dict_of(tmp_path),
+            "sandbox": {
+                "host": "bwrap",
+                "state_dir": str(state),
+                "sweep_again_s": 0.05,
+                "options": {"track_owner": False},
+            },
+        }
+    )
+    store = DirStore(str(tmp_path / "store"))
+    host = BwrapSandboxes(state, track_owner=False)
+    pred = host.start(labels_of("sbx", "s-0", 0, "s-0", "a"))
+    assert [i.owner_alive for i in host.list({})] == [None]
+    events, stop = [], threading.Event()
+    try:
+        first = sweep_island_start(
+            Plugins(entry_points=False), store, config, "s-0", 1, events.append, stop=stop
+        )
+        assert first.kept == (pred,) and first.removed == ()
+        write_fence(store, "s-0", 0, at=0.0, handle="s-0-i0")
+        deadline = time.monotonic() + 30
+        while host.list({}) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert host.list({}) == []
+        [removed] = [e for e in events if e.data.get("removed")]
+        assert removed.data["shard"] == "s-0" and removed.data["incarnations"] == [0]
+    finally:
+        stop.set()
+        for info in host.list({}):
+            host.remove(info.id)
+
+
 def config_dict_of(tmp_path):
     return {
         "name": "sbx",

@@ -37,8 +37,6 @@ from yeto_core.records import Event
 
 REMOVED_EVENT = "sandbox_orphans_removed"
 FAILED_EVENT = "sandbox_sweep_failed"
-#: how often an island sweeps again while a running predecessor's sandboxes are kept
-AGAIN_S = 30.0
 
 
 @attrs.frozen
@@ -131,14 +129,14 @@ def sweep_island_start(
     emit: Any,
     *,
     stop: Optional[threading.Event] = None,
-    again_s: float = AGAIN_S,
+    again_s: Optional[float] = None,
 ) -> SweepResult:
     """The sampler island's sweep at its start, with the run's host, fences and gone
     records (:func:`sweep_at_start`); nothing when ``[sandbox]`` names no host.
 
     When it kept a running predecessor's sandboxes and ``stop`` is given, it sweeps
-    again every ``again_s`` on a daemon thread until none is kept (the predecessor
-    left or was fenced) or ``stop`` is set.
+    again every ``again_s`` (default ``[sandbox] sweep_again_s``) on a daemon thread
+    until none is kept (the predecessor left or was fenced) or ``stop`` is set.
     """
     from yeto_core.buffer.dispenser import gone_key
     from yeto_core.buffer.fences import fenced
@@ -174,7 +172,7 @@ def sweep_island_start(
     if result.kept and stop is not None:
         threading.Thread(
             target=sweep_while_kept,
-            args=(lambda: once(report_kept=False), stop, again_s),
+            args=(lambda: once(report_kept=False), stop, again_s or s.sweep_again_s),
             name=f"yeto-sandbox-sweep-{island}",
             daemon=True,
         ).start()
