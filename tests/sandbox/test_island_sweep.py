@@ -139,6 +139,65 @@ def test_a_host_that_cannot_see_the_starter_leaves_the_decision_to_fences(tmp_pa
             host.remove(info.id)
 
 
+def test_a_standby_sweeps_what_its_noticed_predecessor_started_after_its_first_sweep(
+    tmp_path,
+):
+    """A replacement launched early (its node's predecessor got an eviction notice and
+    keeps sampling): its first sweep finds nothing; the predecessor then starts a trial's
+    sandbox and is evicted and fenced. The standby removes that sandbox (its sweeps go on
+    while an earlier incarnation is neither fenced nor gone), with the shard in the
+    event; without that, it stayed until the run's end."""
+    state = tmp_path / "sandboxes"
+    config = parse_config(
+        {
+            **config_dict_of(tmp_path),
+            "sandbox": {
+                "host": "bwrap",
+                "state_dir": str(state),
+                "sweep_again_s": 0.05,
+                "options": {"track_owner": False},
+            },
+        }
+    )
+    store = DirStore(str(tmp_path / "store"))
+    mark_gone(store, "s-0", 0, handle="s-0-i0")  # an earlier incarnation, long gone
+    host = BwrapSandboxes(state, track_owner=False)
+    events, stop = [], threading.Event()
+    plugins = Plugins(entry_points=False)
+    try:
+        first = sweep_island_start(plugins, store, config, "s-0", 2, events.append, stop=stop)
+        assert first == type(first)() and events == []
+        late = host.start(labels_of("sbx", "s-0", 1, "s-0", "t"))  # the noticed node's trial
+        time.sleep(0.3)  # sweeps go on meanwhile: a running unfenced predecessor's is kept
+        assert [i.id for i in host.list({})] == [late]
+        write_fence(store, "s-0", 1, at=0.0, handle="s-0-i1")  # evicted: the head fenced it
+        deadline = time.monotonic() + 30
+        while host.list({}) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert host.list({}) == []
+        [removed] = [e for e in events if e.data.get("removed")]
+        assert removed.data["shard"] == "s-0" and removed.data["incarnations"] == [1]
+    finally:
+        stop.set()
+        for info in host.list({}):
+            host.remove(info.id)
+
+
+def test_a_relaunch_after_its_predecessor_left_does_not_keep_sweeping(tmp_path):
+    """Every earlier incarnation gone or fenced and nothing kept: one sweep, no thread."""
+    config = parse_config(
+        {**config_dict_of(tmp_path), "sandbox": {"host": "bwrap", "state_dir": str(tmp_path)}}
+    )
+    store = DirStore(str(tmp_path / "store"))
+    mark_gone(store, "s-0", 0, handle="s-0-i0")
+    write_fence(store, "s-0", 1, at=0.0, handle="s-0-i1")
+    before = {t.name for t in threading.enumerate()}
+    stop = threading.Event()
+    sweep_island_start(Plugins(entry_points=False), store, config, "s-0", 2, [].append, stop=stop)
+    stop.set()
+    assert "yeto-sandbox-sweep-s-0" not in {t.name for t in threading.enumerate()} - before
+
+
 def config_dict_of(tmp_path):
     return {
         "name": "sbx",
