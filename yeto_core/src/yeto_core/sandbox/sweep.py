@@ -66,12 +66,15 @@ def sweep_at_start(
     emit: Callable[[Event], None],
     predecessors: Iterable[str] = (),
     report_kept: bool = True,
+    own: bool = True,
 ) -> SweepResult:
     """Remove the orphans of ``shard`` (and of the shards it continues); see the module.
 
     :param fenced: ``(island, incarnation) -> bool``: that incarnation's lease is fenced.
     :param left: ``(island, incarnation) -> bool``: that incarnation is verified gone.
     :param report_kept: emit the event also when the sweep only kept sandboxes.
+    :param own: remove this incarnation's own sandboxes too (at its start: a restart of
+        it left them); ``False`` once its trials run (the sweeps while it samples).
     """
     shards = {shard, *predecessors}
     removed, kept, failed = [], [], []
@@ -90,10 +93,10 @@ def sweep_at_start(
             inc = int(labels.get("incarnation", ""))
         except ValueError:
             inc = -1
-        own = labels.get("shard") == shard and owner == island
-        if own and inc > incarnation:
-            continue  # a later incarnation's
-        if not (own and inc == incarnation):
+        mine = labels.get("shard") == shard and owner == island
+        if mine and (inc > incarnation or (inc == incarnation and not own)):
+            continue  # a later incarnation's, or this one's running trials
+        if not (mine and inc == incarnation):
             gone = info.owner_alive is False or left(owner, inc) or fenced(owner, inc)
             if not gone:
                 kept.append(info.id)
@@ -158,7 +161,7 @@ def sweep_island_start(
         _emit(emit, FAILED_EVENT, island, shard=island, error=f"{type(exc).__name__}: {exc}")
         return SweepResult()
 
-    def once(report_kept: bool = True) -> SweepResult:
+    def once(report_kept: bool = True, own: bool = True) -> SweepResult:
         fences = fenced(store)
         return sweep_at_start(
             host,
@@ -170,6 +173,7 @@ def sweep_island_start(
             left=lambda i, n: store.exists(gone_key(i, n)),
             emit=emit,
             report_kept=report_kept,
+            own=own,
         )
 
     done: set[int] = set()  # earlier incarnations fenced or gone (never undone)
@@ -201,7 +205,8 @@ def sweep_island_start(
         threading.Thread(
             target=sweep_while_kept,
             args=(
-                lambda: once(report_kept=False),
+                # its own trials run meanwhile: theirs are not orphans
+                lambda: once(report_kept=False, own=False),
                 stop,
                 again_s or s.sweep_again_s,
                 predecessor_may_run,
