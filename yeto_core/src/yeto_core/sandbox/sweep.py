@@ -116,6 +116,7 @@ def sweep_at_start(
             REMOVED_EVENT,
             island,
             shard=shard,
+            by_incarnation=incarnation,
             removed=len(removed),
             incarnations=sorted(incarnations),
             kept=len(kept),
