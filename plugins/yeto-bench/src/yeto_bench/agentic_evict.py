@@ -64,6 +64,10 @@ STANDBY_WAIT_S = 45.0
 TRIAL_WAIT_S = 20.0
 #: a sandbox started this recently is early in its trial: the eviction lands before it ends
 FRESH_S = 0.15
+#: how long, after an eviction with notice, the bench waits for the running standby to
+#: remove what the node left before its next fault (one that killed the standby first
+#: would leave that sweep to the next incarnation)
+SWEPT_WAIT_S = 15.0
 
 
 def pool_config(toml: str) -> str:
@@ -196,6 +200,11 @@ def evict_mid_trial(
         and int(e["labels"].get("incarnation", -1)) == inc
         and _running(e)
     )
+    if notice and rec["orphans"]:
+        t0 = time.monotonic()
+        left = [e for e in watch.seen.values() if e["id"] in set(rec["orphans"])]
+        gone = _wait(lambda: not any(_running(e) for e in left), SWEPT_WAIT_S, alive)
+        rec["orphans_gone_after_s"] = round(time.monotonic() - t0, 2) if gone else None
     return rec
 
 

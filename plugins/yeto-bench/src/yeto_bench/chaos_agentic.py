@@ -219,13 +219,14 @@ def run_one(
     evictions: int = 0,
     market_url: str = "",
     notice_first: bool = True,
+    evict_before: Optional[int] = None,
 ) -> dict[str, Any]:
     """One agentic run under ``kills`` mid-trial SIGKILLs and ``evictions`` mid-trial
     evictions of its ``nc`` nodes (``market_url``: the simulator), restarted as an
     operator would; faults only while fewer than ``kill_before`` groups are appended (a
     relaunched or replacement island then has time to start and sweep before the data
-    end). Faults alternate when both are asked; evictions alternate with and without
-    notice."""
+    end); evictions while fewer than ``evict_before`` (default ``kill_before``). Faults
+    alternate when both are asked; evictions alternate with and without notice."""
     from yeto_bench.agentic_evict import evict_mid_trial
     from yeto_bench.chaos import YETO
 
@@ -250,11 +251,13 @@ def run_one(
             watch.poll()
             kill_due = len(kill_records) < kills
             evict_due = len(evict_records) < evictions
-            if (
-                (kill_due or evict_due)
-                and time.monotonic() >= next_kill
-                and _appended(run_dir) < kill_before
-            ):
+            if (kill_due or evict_due) and time.monotonic() >= next_kill:
+                appended = _appended(run_dir)
+                kill_due = kill_due and appended < kill_before
+                evict_due = evict_due and appended < (evict_before or kill_before)
+            else:
+                kill_due = evict_due = False
+            if kill_due or evict_due:
                 # alternate: an eviction when the kills are ahead (or spent)
                 evict = evict_due and (not kill_due or len(evict_records) < len(kill_records))
                 if evict:
@@ -407,6 +410,10 @@ def run_agentic_campaign(
                 run_dir,
                 kills=min(left, per_run),
                 kill_before=max(1, (2 * rows) // 3),
+                # a noticed node's standby runs already: its sweep needs no start time
+                # (an eviction without notice late in the run leaves its orphans to the
+                # head's sweep at the run's end, which the checks accept)
+                evict_before=max(1, (5 * rows) // 6),
                 rng=rng,
                 state_dir=state,
                 gap_s=gap_s,
