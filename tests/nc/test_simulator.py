@@ -120,6 +120,43 @@ def test_eviction_without_notice(market):
     assert m.counts["evicted_without_notice"] == 1
 
 
+def test_eviction_on_demand_over_http(market):
+    m, client = market
+    import json
+    import urllib.request
+
+    def evict(lid, grace_s):
+        req = urllib.request.Request(
+            f"{m.url}/sim/leases/{lid}/evict",
+            data=json.dumps({"grace_s": grace_s}).encode(),
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(req) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    now, later = _lease(client), _lease(client)
+    wait_for(lambda: client.lease(now["id"])["state"] == "running", what="running")
+    wait_for(lambda: client.lease(later["id"])["state"] == "running", what="running")
+    assert evict(now["id"], 0)[0] == 200
+    wait_for(lambda: client.lease(now["id"])["state"] == "evicted", what="evicted")
+    wait_for(lambda: client.lease(now["id"])["processes_gone"], what="gone")
+    assert m.counts["evicted_without_notice"] == 1
+    # a notice first (the lease keeps running), then the eviction when the caller chooses
+    assert evict(later["id"], 600)[0] == 200
+    notice = wait_for(lambda: client.lease(later["id"])["eviction"], what="notice")
+    assert notice["grace_s"] == 600 and client.lease(later["id"])["state"] == "evicting"
+    assert evict(later["id"], 0)[0] == 200
+    wait_for(lambda: client.lease(later["id"])["state"] == "evicted", what="evicted")
+    assert m.counts["evicted"] == 2 and m.counts["evicted_without_notice"] == 1
+    # only a running lease can be evicted
+    status, body = evict(later["id"], 0)
+    assert status == 409 and body["error"]["code"] == "not_running"
+    assert evict("lease-nope", 0)[0] == 404
+
+
 def test_expiry_and_renewal(market):
     m, client = market
     short = _lease(client, duration_s=0.5)

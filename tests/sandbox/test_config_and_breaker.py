@@ -37,6 +37,8 @@ def test_sandbox_section_defaults_and_values():
         1.5,
     )
     assert s.sandbox.options == {"max_sandboxes": 4}
+    assert s.sandbox.sweep_again_s == 30.0
+    assert config(host="bwrap", sweep_again_s=1).sandbox.sweep_again_s == 1.0
 
 
 @pytest.mark.parametrize(
@@ -49,6 +51,8 @@ def test_sandbox_section_defaults_and_values():
         ("wall_s", 1e300),
         ("memory_mb", 2**62),
         ("memory_mb", 8),
+        ("sweep_again_s", 0),
+        ("sweep_again_s", math.nan),
         ("host", "Not A Host"),
     ],
 )

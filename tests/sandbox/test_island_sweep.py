@@ -100,6 +100,106 @@ def test_a_kept_predecessor_is_swept_once_it_is_fenced(tmp_path):
             host.remove(info.id)
 
 
+def test_a_host_that_cannot_see_the_starter_leaves_the_decision_to_fences(tmp_path):
+    """``track_owner = false`` (a host serving islands on other machines): a sandbox of a
+    running unfenced predecessor is kept, and removed by the re-sweep (``[sandbox]
+    sweep_again_s``) once the head fenced it."""
+    state = tmp_path / "sandboxes"
+    config = parse_config(
+        {
+            **config_dict_of(tmp_path),
+            "sandbox": {
+                "host": "bwrap",
+                "state_dir": str(state),
+                "sweep_again_s": 0.05,
+                "options": {"track_owner": False},
+            },
+        }
+    )
+    store = DirStore(str(tmp_path / "store"))
+    host = BwrapSandboxes(state, track_owner=False)
+    pred = host.start(labels_of("sbx", "s-0", 0, "s-0", "a"))
+    assert [i.owner_alive for i in host.list({})] == [None]
+    events, stop = [], threading.Event()
+    try:
+        first = sweep_island_start(
+            Plugins(entry_points=False), store, config, "s-0", 1, events.append, stop=stop
+        )
+        assert first.kept == (pred,) and first.removed == ()
+        write_fence(store, "s-0", 0, at=0.0, handle="s-0-i0")
+        deadline = time.monotonic() + 30
+        while host.list({}) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert host.list({}) == []
+        [removed] = [e for e in events if e.data.get("removed")]
+        assert removed.data["shard"] == "s-0" and removed.data["incarnations"] == [0]
+    finally:
+        stop.set()
+        for info in host.list({}):
+            host.remove(info.id)
+
+
+def test_a_standby_sweeps_what_its_noticed_predecessor_started_after_its_first_sweep(
+    tmp_path,
+):
+    """A replacement launched early (its node's predecessor got an eviction notice and
+    keeps sampling): its first sweep finds nothing; the predecessor then starts a trial's
+    sandbox and is evicted and fenced. The standby removes that sandbox (its sweeps go on
+    while an earlier incarnation is neither fenced nor gone), with the shard in the
+    event; without that, it stayed until the run's end."""
+    state = tmp_path / "sandboxes"
+    config = parse_config(
+        {
+            **config_dict_of(tmp_path),
+            "sandbox": {
+                "host": "bwrap",
+                "state_dir": str(state),
+                "sweep_again_s": 0.05,
+                "options": {"track_owner": False},
+            },
+        }
+    )
+    store = DirStore(str(tmp_path / "store"))
+    mark_gone(store, "s-0", 0, handle="s-0-i0")  # an earlier incarnation, long gone
+    host = BwrapSandboxes(state, track_owner=False)
+    events, stop = [], threading.Event()
+    plugins = Plugins(entry_points=False)
+    try:
+        first = sweep_island_start(plugins, store, config, "s-0", 2, events.append, stop=stop)
+        assert first == type(first)() and events == []
+        late = host.start(labels_of("sbx", "s-0", 1, "s-0", "t"))  # the noticed node's trial
+        mine = host.start(labels_of("sbx", "s-0", 2, "s-0", "u"))  # the standby's own trial
+        time.sleep(0.3)  # sweeps go on meanwhile: a running unfenced predecessor's is kept
+        assert sorted(i.id for i in host.list({})) == sorted([late, mine])
+        write_fence(store, "s-0", 1, at=0.0, handle="s-0-i1")  # evicted: the head fenced it
+        deadline = time.monotonic() + 30
+        while len(host.list({})) > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # and after that: the standby's running trial is never swept
+        assert [i.id for i in host.list({})] == [mine]
+        [removed] = [e for e in events if e.data.get("removed")]
+        assert removed.data["shard"] == "s-0" and removed.data["incarnations"] == [1]
+    finally:
+        stop.set()
+        for info in host.list({}):
+            host.remove(info.id)
+
+
+def test_a_relaunch_after_its_predecessor_left_does_not_keep_sweeping(tmp_path):
+    """Every earlier incarnation gone or fenced and nothing kept: one sweep, no thread."""
+    config = parse_config(
+        {**config_dict_of(tmp_path), "sandbox": {"host": "bwrap", "state_dir": str(tmp_path)}}
+    )
+    store = DirStore(str(tmp_path / "store"))
+    mark_gone(store, "s-0", 0, handle="s-0-i0")
+    write_fence(store, "s-0", 1, at=0.0, handle="s-0-i1")
+    before = {t.name for t in threading.enumerate()}
+    stop = threading.Event()
+    sweep_island_start(Plugins(entry_points=False), store, config, "s-0", 2, [].append, stop=stop)
+    stop.set()
+    assert "yeto-sandbox-sweep-s-0" not in {t.name for t in threading.enumerate()} - before
+
+
 def config_dict_of(tmp_path):
     return {
         "name": "sbx",

@@ -25,6 +25,13 @@ Scenario keys (all optional)::
      "renew_refuse_p": 0.0,         # probability a lease's renewals are refused
      "evictions": [{"lease": 2, "after_s": 3, "grace_s": 0}]}   # exact, by lease number
 
+**Evictions on demand.** A test or a bench evicts a running lease when it chooses
+(e.g. while the node's trials run): :meth:`Marketplace.evict`, or over HTTP
+``POST /sim/leases/<id>/evict`` with ``{"grace_s": g}`` (a route of the simulator
+only, not of the lease API). ``g > 0`` gives notice now and evicts ``g`` seconds
+later; ``g = 0`` evicts at the next tick (after an earlier notice: counted as an
+eviction with notice).
+
 Billing is per second from the lease's start (``ceil`` of the held time).
 
 **Evictions driven by progress.** With ``evict_after_progress`` an eviction
@@ -329,6 +336,28 @@ class Marketplace:
             self._end(lease, "released", time.time(), term=True)
         return 200, lease.view()
 
+    def evict(self, lid: str, grace_s: float = 0.0) -> tuple[int, Any]:
+        """Evict a running lease now (``grace_s`` 0) or after a notice of ``grace_s``
+        seconds; replaces its planned eviction. A second call with ``grace_s`` 0 after a
+        notice evicts at once (counted with notice). Call under the lock (or over HTTP)."""
+        lease = self.leases.get(lid)
+        if lease is None:
+            return _err(404, "not_found", f"no lease {lid!r}")
+        if lease.state not in ("running", "evicting") or lease.started_at is None:
+            return _err(409, "not_running", f"lease {lid} is {lease.state}: nothing to evict")
+        if not (isinstance(grace_s, (int, float)) and 0 <= grace_s <= self._max_duration()):
+            return _err(
+                400, "bad_request", f"grace_s must be in [0, max_duration_s], not {grace_s!r}"
+            )
+        now = time.time()
+        lease.evict_progress = None
+        if lease.eviction is not None:  # noticed before: the eviction comes now
+            lease.eviction["evict_at"] = now
+            lease.evict_plan = (now - lease.started_at, float(lease.eviction["grace_s"]))
+        else:
+            lease.evict_plan = (now - lease.started_at + float(grace_s), float(grace_s))
+        return 200, lease.view()
+
     def api_billing(self, q: dict[str, str]) -> tuple[int, Any]:
         now = time.time()
         leases = self._labelled(q.get("label"))
@@ -518,6 +547,8 @@ def _handler(market: Marketplace) -> type[BaseHTTPRequestHandler]:
                     out = market.api_renew(parts[2], body)
                 elif parts == ["v1", "billing"] and method == "GET":
                     out = market.api_billing(q)
+                elif parts[:2] == ["sim", "leases"] and parts[3:] == ["evict"] and method == "POST":
+                    out = market.evict(parts[2], body.get("grace_s", 0.0))
                 else:
                     out = _err(404, "not_found", f"no route {method} {u.path}")
             self._send(*out)

@@ -838,7 +838,8 @@ def campaign_report(
     "'clock' (a sampler's clock skewed by minutes), 'corrupt' (a flipped byte in a group "
     "payload, an index record, a cut shard, a release file), 'evict' (NC nodes evicted; "
     "its own campaign), 'agentic' (the calculator environment in bwrap sandboxes, its "
-    "--kills SIGKILLs of sampler islands mid-trial, the sweeps checked; its own campaign, "
+    "--kills SIGKILLs of sampler islands and --evictions evictions of NC nodes mid-trial, "
+    "the sweeps checked; its own campaign, "
     "as root; base: runs/base/agentic-calc-smoke unless --base-dir).",
 )
 @click.option(
@@ -887,10 +888,11 @@ def campaign_report(
 )
 @click.option(
     "--evictions",
-    type=int,
-    default=20,
-    show_default=True,
-    help="With --faults evict: evictions in all (runs follow each other until then).",
+    type=click.IntRange(0, 10000),
+    default=None,
+    help="With --faults evict: evictions in all (runs follow each other until then; default "
+    "20). With --faults agentic: NC nodes evicted mid-trial, the runs' samplers on the nc "
+    "pool of the marketplace simulator (default 0: no pool).",
 )
 @click.option(
     "--rows",
@@ -916,7 +918,7 @@ def command(
     faults_per_run: int,
     store_base: str,
     run_deadline_s: float,
-    evictions: int,
+    evictions: Optional[int],
     rows: int,
     as_json: bool,
 ) -> None:
@@ -956,12 +958,13 @@ def command(
                 rows=rows,
                 replay=not no_replay,
                 run_deadline_s=run_deadline_s,
+                evictions=evictions or 0,
             )
         elif "evict" in kinds:  # its own campaign: yeto_bench.chaos_evict
             from yeto_bench.chaos_evict import run_evict_campaign
 
             report = run_evict_campaign(
-                evictions=evictions,
+                evictions=20 if evictions is None else evictions,
                 seed=seed,
                 work_dir=root,
                 base_dir=Path(base_dir).absolute(),

@@ -30,6 +30,13 @@ run's ``islands/*.json``) is signalled, never a group. After the run it checks:
 - the ledger and the lineage (:func:`yeto_bench.chaos.check_run`): every group trained
   once, or skipped with its reason (lost trials skip their group with theirs).
 
+With ``evictions`` (``--evictions N``) the runs' sampler islands are nodes of the ``nc``
+pool on the marketplace simulator, evicted mid-trial with and without notice
+(:mod:`yeto_bench.agentic_evict`); the report's ``faults.agentic`` then also counts the
+evictions, the evicted incarnations' orphans and who swept them (their replacement,
+or the head at the run's end), what the replacements kept of a running predecessor,
+the fences, and the trials lost by reason.
+
 What the run left running is removed afterwards (by its label entry: its PID 1 only).
 """
 
@@ -156,15 +163,19 @@ def kill_mid_trial(
     run_dir: Path, head_pid: int, watch: SandboxWatch, rng: random.Random
 ) -> Optional[dict[str, Any]]:
     """SIGKILL one live sampler island that has sandboxes running; its record, or None
-    when no island has one now."""
+    when no island has one now. The islands are the run's island records (the local
+    provider) or, where it has none (the ``nc`` pool's nodes), the live starters of the
+    sandboxes seen."""
     from yeto_bench.chaos import live_processes
 
+    pids = {pid for role, pid in live_processes(run_dir, head_pid) if role == "sampler"}
+    watch.poll()
+    pids |= {int(e["owner_pid"]) for e in watch.seen.values() if _owner_alive(e)}
     candidates = []
-    for role, pid in live_processes(run_dir, head_pid):
-        if role == "sampler":
-            running = watch.running_of(pid)
-            if running:
-                candidates.append((pid, running))
+    for pid in sorted(pids):
+        running = watch.running_of(pid)
+        if running:
+            candidates.append((pid, running))
     if not candidates:
         return None
     pid, running = rng.choice(candidates)
@@ -205,14 +216,24 @@ def run_one(
     gap_s: tuple[float, float],
     deadline_s: float,
     max_heads: int = 3,
+    evictions: int = 0,
+    market_url: str = "",
+    notice_first: bool = True,
+    evict_before: Optional[int] = None,
 ) -> dict[str, Any]:
-    """One agentic run under ``kills`` mid-trial SIGKILLs, restarted as an operator would;
-    kills only while fewer than ``kill_before`` groups are appended (a relaunched island
-    then has time to start and sweep before the data end)."""
+    """One agentic run under ``kills`` mid-trial SIGKILLs and ``evictions`` mid-trial
+    evictions of its ``nc`` nodes (``market_url``: the simulator), restarted as an
+    operator would; faults only while fewer than ``kill_before`` groups are appended (a
+    relaunched or replacement island then has time to start and sweep before the data
+    end); evictions while fewer than ``evict_before`` (default ``kill_before``). Faults
+    alternate when both are asked; evictions alternate with and without notice."""
+    from yeto_bench.agentic_evict import evict_mid_trial
     from yeto_bench.chaos import YETO
 
     watch = SandboxWatch(state_dir)
     kill_records: list[dict[str, Any]] = []
+    evict_records: list[dict[str, Any]] = []
+    env = {**os.environ, "YETO_NC_URL": market_url} if market_url else None
     codes: list[int] = []
     completed = False
     t0 = time.monotonic()
@@ -220,21 +241,39 @@ def run_one(
     while heads < max_heads and time.monotonic() - t0 < deadline_s:
         log = open(run_dir / f"head-{heads}.log", "wb")
         cmd = [*YETO, "run", "up", str(run_dir / "run.toml"), "--run-dir", str(run_dir)]
-        head = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        head = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+        )
         log.close()
         heads += 1
         next_kill = time.monotonic() + rng.uniform(*gap_s)
         while head.poll() is None and time.monotonic() - t0 < deadline_s:
             watch.poll()
-            if (
-                len(kill_records) < kills
-                and time.monotonic() >= next_kill
-                and _appended(run_dir) < kill_before
-            ):
-                rec = kill_mid_trial(run_dir, head.pid, watch, rng)
+            kill_due = len(kill_records) < kills
+            evict_due = len(evict_records) < evictions
+            if (kill_due or evict_due) and time.monotonic() >= next_kill:
+                appended = _appended(run_dir)
+                kill_due = kill_due and appended < kill_before
+                evict_due = evict_due and appended < (evict_before or kill_before)
+            else:
+                kill_due = evict_due = False
+            if kill_due or evict_due:
+                # alternate: an eviction when the kills are ahead (or spent)
+                evict = evict_due and (not kill_due or len(evict_records) < len(kill_records))
+                if evict:
+                    rec = evict_mid_trial(
+                        run_dir,
+                        market_url,
+                        watch,
+                        rng,
+                        notice=(len(evict_records) % 2 == 0) == notice_first,
+                        alive=lambda h=head: h.poll() is None,
+                    )
+                else:
+                    rec = kill_mid_trial(run_dir, head.pid, watch, rng)
                 if rec is not None:
                     rec["at_s"] = round(time.monotonic() - t0, 2)
-                    kill_records.append(rec)
+                    (evict_records if evict else kill_records).append(rec)
                     next_kill = time.monotonic() + rng.uniform(*gap_s)
             time.sleep(0.02)
         if head.poll() is None:  # past the deadline: stop it cleanly
@@ -254,6 +293,7 @@ def run_one(
         "head_exit_codes": codes,
         "heads_started": heads,
         "kills": kill_records,
+        "evictions": evict_records,
         "wall_s": round(time.monotonic() - t0, 1),
         "watch": watch,
     }
@@ -325,72 +365,134 @@ def run_agentic_campaign(
     sweep: bool = True,
     gap_s: tuple[float, float] = (2.0, 6.0),
     run_deadline_s: float = 600.0,
+    evictions: int = 0,
 ) -> dict[str, Any]:
-    """``kills`` mid-trial SIGKILLs of sampler islands over ``runs`` agentic runs; the JSON
-    report (``sweep=False`` turns the islands' sweeps off: the check must then fail)."""
+    """``kills`` mid-trial SIGKILLs of sampler islands and ``evictions`` mid-trial
+    evictions of ``nc`` nodes over ``runs`` agentic runs; the JSON report (``sweep=False``
+    turns the islands' sweeps off: the check must then fail)."""
     import math
 
     from yeto_bench.agentic_base import agentic_base, agentic_data
+    from yeto_bench.agentic_evict import CALM, eviction_checks, pool_config
     from yeto_bench.chaos import campaign_report, check_run
+    from yeto_bench.chaos_evict import Simulator, pool_checks
+    from yeto_core.plugins import get_plugins
 
     t0 = time.monotonic()
     agentic_base(base_dir, work_dir / "base-data")
     base_s = round(time.monotonic() - t0, 1)
     rng = random.Random(seed)
     per_run = max(1, math.ceil(kills / max(1, runs)))
+    evict_per_run = max(1, math.ceil(evictions / max(1, runs)))
     results: list[dict[str, Any]] = []
-    left = kills
+    left, evict_left = kills, evictions
     i = -1
-    # a run that reaches its data end before its kills are spent hands them to the next run
-    while i + 1 < max(1, runs) or (left > 0 and i + 1 < runs + kills):
+    # a run that reaches its data end before its faults are spent hands them to the next
+    while i + 1 < max(1, runs) or (
+        (left > 0 or evict_left > 0) and i + 1 < runs + kills + evictions
+    ):
         i += 1
         run_dir = (work_dir / f"agentic-{i:03d}").absolute()
         run_dir.mkdir(parents=True, exist_ok=True)
         data = agentic_data(run_dir / "data", train=rows, seed=seed + i)
         state = run_dir / "sandboxes"
-        (run_dir / "run.toml").write_text(
-            agentic_chaos_config(
-                run_dir, base_dir=base_dir.absolute(), data=data, seed=seed + i,
-                state_dir=state, sweep=sweep,
-            )
+        toml = agentic_chaos_config(
+            run_dir, base_dir=base_dir.absolute(), data=data, seed=seed + i,
+            state_dir=state, sweep=sweep,
         )  # fmt: skip
-        outcome = run_one(
-            run_dir,
-            kills=min(left, per_run),
-            kill_before=max(1, (2 * rows) // 3),
-            rng=rng,
-            state_dir=state,
-            gap_s=gap_s,
-            deadline_s=run_deadline_s,
-        )
-        left -= len(outcome["kills"])
-        watch = outcome.pop("watch")
-        sandboxes = sandbox_checks(run_dir, watch, outcome["kills"])
+        market = None
+        if evictions:
+            toml = pool_config(toml)
+            market = Simulator(run_dir, {**CALM, "seed": seed + i})
+        (run_dir / "run.toml").write_text(toml)
+        try:
+            outcome = run_one(
+                run_dir,
+                kills=min(left, per_run),
+                kill_before=max(1, (2 * rows) // 3),
+                # a noticed node's standby runs already: its sweep needs no start time
+                # (an eviction without notice late in the run leaves its orphans to the
+                # head's sweep at the run's end, which the checks accept)
+                evict_before=max(1, (5 * rows) // 6),
+                rng=rng,
+                state_dir=state,
+                gap_s=gap_s,
+                deadline_s=run_deadline_s,
+                evictions=min(evict_left, evict_per_run),
+                market_url=market.url if market else "",
+                # the campaign's evictions alternate with and without notice across runs
+                notice_first=(evictions - evict_left) % 2 == 0,
+            )
+            left -= len(outcome["kills"])
+            evict_left -= len(outcome["evictions"])
+            watch = outcome.pop("watch")
+            sandboxes = sandbox_checks(run_dir, watch, outcome["kills"])
+            if market is not None:
+                store = get_plugins().open_store(str(run_dir / "store"))
+                islands = ["sampler-0", "sampler-1"]
+                sandboxes.update(eviction_checks(store, outcome["evictions"], islands))
+                sandboxes.update(pool_checks(run_dir))
+        finally:
+            counts = market.stop().get("counts", {}) if market is not None else {}
+        if market is not None:
+            sandboxes["marketplace_evicted"] = int(counts.get("evicted", 0))
+            sandboxes["marketplace_leases"] = int(counts.get("leases", 0))
         sandboxes["removed_by_the_bench"] = remove_left(state, watch)
         checks = check_run(run_dir, replay=replay)
         result = {"run": run_dir.name, **outcome, **checks, "sandboxes": sandboxes}
         (run_dir / "result.json").write_text(json.dumps(result, sort_keys=True, default=str))
         results.append(result)
     report = campaign_report(results, seed=seed, kills=kills, replay=replay)
-    total: dict[str, int] = {}
+    total: dict[str, Any] = {}
     for r in results:
         for k, v in r["sandboxes"].items():
             if isinstance(v, int):
                 total[k] = total.get(k, 0) + v
+            elif isinstance(v, dict) and k == "trials_lost_by_reason":
+                merged = total.setdefault(k, {})
+                for reason, n in v.items():
+                    merged[reason] = merged.get(reason, 0) + int(n)
     ag = {"base_build_s": base_s, "rows": rows, "sweep_at_start": sweep, **total}
+    ag["evictions_requested"] = evictions
     report.setdefault("faults", {})
     report["faults"]["agentic"] = ag
-    report["ok"] = bool(
+    report["ok"] = agentic_ok(report, ag, kills=kills, evictions=evictions)
+    return report
+
+
+def agentic_ok(report: dict[str, Any], ag: dict[str, Any], *, kills: int, evictions: int) -> bool:
+    """Whether an agentic campaign passed (pure): the chaos checks of every run, each
+    fault landed mid-trial, no sandbox of a dead incarnation left running (by label and
+    in the process listing), every orphan swept; with evictions also: every evicted
+    incarnation's orphans swept (by its replacement or, at the data end, by the head; at
+    least one by a replacement), every eviction fenced, no trial of a live island lost
+    its sandbox to a sweep (``sandbox_gone``), no dispense position trained twice."""
+    ok = (
         report["ok"]
         and report["kills"] == kills
-        and ag["orphans_at_kills"] > 0  # the kills landed mid-trial: orphans to sweep
-        and ag["sandboxes_left_running"] == 0
-        and ag["bwrap_processes_of_dead_incarnations"] == 0
+        and (kills == 0 or ag.get("orphans_at_kills", 0) > 0)  # kills landed mid-trial
+        and ag.get("sandboxes_left_running", 0) == 0
+        and ag.get("bwrap_processes_of_dead_incarnations", 0) == 0
         # swept by the restarted islands (the head's sweep at the run's end takes what an
         # island relaunched just before the end had no time to sweep)
-        and ag["orphans_removed_events"] >= 1
-        and ag["orphans_removed"] + ag["orphans_removed_at_run_end"] >= ag["orphans_at_kills"]
-        and ag["orphans_removed_failed"] == 0
-        and ag["islands_relaunched_by_the_head"] >= report["kills"]
+        and ag.get("orphans_removed_events", 0) >= 1
+        and ag.get("orphans_removed", 0) + ag.get("orphans_removed_at_run_end", 0)
+        >= ag.get("orphans_at_kills", 0) + ag.get("orphans_at_evictions", 0)
+        and ag.get("orphans_removed_failed", 0) == 0
+        and ag.get("islands_relaunched_by_the_head", 0) >= report["kills"]
     )
-    return report
+    if evictions:
+        ok = ok and (
+            ag.get("evictions", 0) == evictions
+            and ag.get("orphans_at_evictions", 0) > 0  # evictions landed mid-trial
+            and ag.get("evicted_not_swept", 1) == 0
+            and ag.get("evicted_swept_by_replacement", 0) >= 1
+            and ag.get("evicted_swept_by_their_running_standby", 0)
+            == ag.get("evicted_with_a_running_standby", 0)
+            and ag.get("sampler_fenced", 0) >= evictions
+            and ag.get("marketplace_evicted", 0) == ag.get("evictions", 0)
+            and ag.get("trials_lost_by_reason", {}).get("sandbox_gone", 0) == 0
+            and ag.get("dispense_positions_trained_twice", 1) == 0
+            and ag.get("dispense_double_holds", 1) == 0
+        )
+    return bool(ok)

@@ -35,6 +35,9 @@ class SandboxConfig:
     state_dir: str = ""
     #: a sampler island removes what its predecessors left when it starts
     sweep_at_start: bool = True
+    #: while its start sweep kept a running predecessor's sandboxes, the island sweeps
+    #: again this often until that predecessor has left or is fenced
+    sweep_again_s: float = 30.0
 
     def state_path(self) -> Path:
         return Path(self.state_dir or Path(tempfile.gettempdir()) / "yeto-sandboxes")
@@ -47,7 +50,7 @@ def validate_sandbox(s: SandboxConfig, errors: list[str], path: str = "sandbox")
             f"{path}.host = {s.host!r}; name a sandbox host (bwrap, docker, modal, or a "
             "plugin's; `yeto plugins` lists them) or leave it out for none"
         )
-    for name in ("cpu_s", "wall_s"):
+    for name in ("cpu_s", "wall_s", "sweep_again_s"):
         v = getattr(s, name)
         if (
             isinstance(v, bool)

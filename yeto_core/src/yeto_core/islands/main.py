@@ -100,8 +100,15 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     from yeto_core.sandbox.sweep import sweep_island_start
 
+    def on_sweep(event: Any) -> None:  # written at once: a node evicted next loses none
+        on_event(event)
+        try:
+            stream.flush()
+        except Exception:  # the store is out: the stream's own flusher writes it later
+            pass
+
     # [sandbox]: what earlier incarnations of this shard left is removed before any trial
-    sweep_island_start(plugins, store, config, island, incarnation, on_event, stop=stop)
+    sweep_island_start(plugins, store, config, island, incarnation, on_sweep, stop=stop)
     releases = SeenReleases(release_store(plugins, config, store))
     follower = PolicyFollower(
         releases,

@@ -65,6 +65,10 @@ class BwrapSandboxes(SandboxHost):
         readable: hide what a tool must not read even where the files allow it).
     :param max_output_bytes: stdout and stderr kept per command (the rest is dropped).
     :param die_with_parent: the sandbox dies with the thread that started it.
+    :param track_owner: tell the sweeps whether the process that started a sandbox
+        still runs (by its pid on this machine); ``False``: report it unknown, as a host
+        serving islands on other machines must, so the sweeps decide by the head's
+        fences and gone records alone (docs/agentic.md, "Sweeps").
     :param bwrap: the bubblewrap executable.
     """
 
@@ -82,6 +86,7 @@ class BwrapSandboxes(SandboxHost):
         hide: Sequence[str] = (),
         max_output_bytes: int = 1 << 20,
         die_with_parent: bool = True,
+        track_owner: bool = True,
         bwrap: str = "bwrap",
         start_timeout_s: float = 10.0,
     ) -> None:
@@ -90,6 +95,7 @@ class BwrapSandboxes(SandboxHost):
         self.uid, self.gid, self.hide = int(uid), int(gid), tuple(hide)
         self.max_output_bytes, self.die_with_parent = int(max_output_bytes), die_with_parent
         self.bwrap, self.start_timeout_s = bwrap, float(start_timeout_s)
+        self.track_owner = bool(track_owner)
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
 
@@ -251,7 +257,11 @@ class BwrapSandboxes(SandboxHost):
         for entry in self._entries():
             labels = entry.get("labels") or {}
             if all(labels.get(k) == v for k, v in selector.items()):
-                owner = procs.alive(entry["owner_pid"], entry.get("owner_start"))
+                owner = (
+                    procs.alive(entry["owner_pid"], entry.get("owner_start"))
+                    if self.track_owner
+                    else None
+                )
                 out.append(SandboxInfo(entry["id"], dict(labels), owner_alive=owner))
         return out
 

@@ -16,6 +16,12 @@ the sampler island before its first round (``[sandbox] sweep_at_start``), remove
   running unfenced (a replacement launched early, before the loss) is left alone:
   its sandboxes are its own trials, counted as ``kept``.
 
+While an earlier incarnation of its shard may still run (neither fenced nor gone: the
+island is a standby launched before its predecessor's loss) or a sweep kept something,
+the island sweeps again every ``[sandbox] sweep_again_s`` until that predecessor is
+fenced or gone, then once more: what a noticed node starts after its standby's first
+sweep and leaves at its eviction is removed by the standby, not at the run's end.
+
 Sandboxes of a later incarnation, of other shards and of other runs are never
 touched. The sweep emits ``sandbox_orphans_removed`` with the shard (and what it
 kept). Once every sampler island of the run is released, the head sweeps the run's
@@ -37,8 +43,6 @@ from yeto_core.records import Event
 
 REMOVED_EVENT = "sandbox_orphans_removed"
 FAILED_EVENT = "sandbox_sweep_failed"
-#: how often an island sweeps again while a running predecessor's sandboxes are kept
-AGAIN_S = 30.0
 
 
 @attrs.frozen
@@ -62,12 +66,15 @@ def sweep_at_start(
     emit: Callable[[Event], None],
     predecessors: Iterable[str] = (),
     report_kept: bool = True,
+    own: bool = True,
 ) -> SweepResult:
     """Remove the orphans of ``shard`` (and of the shards it continues); see the module.
 
     :param fenced: ``(island, incarnation) -> bool``: that incarnation's lease is fenced.
     :param left: ``(island, incarnation) -> bool``: that incarnation is verified gone.
     :param report_kept: emit the event also when the sweep only kept sandboxes.
+    :param own: remove this incarnation's own sandboxes too (at its start: a restart of
+        it left them); ``False`` once its trials run (the sweeps while it samples).
     """
     shards = {shard, *predecessors}
     removed, kept, failed = [], [], []
@@ -86,10 +93,10 @@ def sweep_at_start(
             inc = int(labels.get("incarnation", ""))
         except ValueError:
             inc = -1
-        own = labels.get("shard") == shard and owner == island
-        if own and inc > incarnation:
-            continue  # a later incarnation's
-        if not (own and inc == incarnation):
+        mine = labels.get("shard") == shard and owner == island
+        if mine and (inc > incarnation or (inc == incarnation and not own)):
+            continue  # a later incarnation's, or this one's running trials
+        if not (mine and inc == incarnation):
             gone = info.owner_alive is False or left(owner, inc) or fenced(owner, inc)
             if not gone:
                 kept.append(info.id)
@@ -109,6 +116,7 @@ def sweep_at_start(
             REMOVED_EVENT,
             island,
             shard=shard,
+            by_incarnation=incarnation,
             removed=len(removed),
             incarnations=sorted(incarnations),
             kept=len(kept),
@@ -131,16 +139,18 @@ def sweep_island_start(
     emit: Any,
     *,
     stop: Optional[threading.Event] = None,
-    again_s: float = AGAIN_S,
+    again_s: Optional[float] = None,
 ) -> SweepResult:
     """The sampler island's sweep at its start, with the run's host, fences and gone
     records (:func:`sweep_at_start`); nothing when ``[sandbox]`` names no host.
 
-    When it kept a running predecessor's sandboxes and ``stop`` is given, it sweeps
-    again every ``again_s`` on a daemon thread until none is kept (the predecessor
-    left or was fenced) or ``stop`` is set.
+    When ``stop`` is given and it kept a running predecessor's sandboxes, or an earlier
+    incarnation of the shard is neither fenced nor gone (it may still run and start
+    sandboxes), it sweeps again every ``again_s`` (default ``[sandbox] sweep_again_s``) on
+    a daemon thread until every earlier incarnation is fenced or gone and a sweep after
+    that kept nothing, or ``stop`` is set.
     """
-    from yeto_core.buffer.dispenser import gone_key
+    from yeto_core.buffer.dispenser import GONE, gone_key
     from yeto_core.buffer.fences import fenced
 
     s = config.sandbox
@@ -152,7 +162,7 @@ def sweep_island_start(
         _emit(emit, FAILED_EVENT, island, shard=island, error=f"{type(exc).__name__}: {exc}")
         return SweepResult()
 
-    def once(report_kept: bool = True) -> SweepResult:
+    def once(report_kept: bool = True, own: bool = True) -> SweepResult:
         fences = fenced(store)
         return sweep_at_start(
             host,
@@ -164,17 +174,44 @@ def sweep_island_start(
             left=lambda i, n: store.exists(gone_key(i, n)),
             emit=emit,
             report_kept=report_kept,
+            own=own,
         )
+
+    done: set[int] = set()  # earlier incarnations fenced or gone (never undone)
+
+    def predecessor_may_run() -> bool:
+        if len(done) >= incarnation:
+            return False
+        fences = fenced(store)
+        gone = set()
+        for key in store.list(f"{GONE}{island}/"):
+            name = key.rsplit("/", 1)[-1]
+            if name.endswith(".json") and name[:-5].isdigit():
+                gone.add(int(name[:-5]))
+        done.update(n for n in range(incarnation) if (island, n) in fences or n in gone)
+        return len(done) < incarnation
 
     try:
         result = once()
     except Exception as exc:  # the store unreadable: the island starts all the same
         _emit(emit, FAILED_EVENT, island, shard=island, error=f"{type(exc).__name__}: {exc}")
         return SweepResult()
-    if result.kept and stop is not None:
+    if stop is None:
+        return result
+    try:
+        again = bool(result.kept) or predecessor_may_run()
+    except Exception:  # the store unreadable now: the sweeps again find out
+        again = True
+    if again:
         threading.Thread(
             target=sweep_while_kept,
-            args=(lambda: once(report_kept=False), stop, again_s),
+            args=(
+                # its own trials run meanwhile: theirs are not orphans
+                lambda: once(report_kept=False, own=False),
+                stop,
+                again_s or s.sweep_again_s,
+                predecessor_may_run,
+            ),
             name=f"yeto-sandbox-sweep-{island}",
             daemon=True,
         ).start()
@@ -246,13 +283,18 @@ def sweep_run_end(
 
 
 def sweep_while_kept(
-    once: Callable[[], SweepResult], stop: threading.Event, again_s: float
+    once: Callable[[], SweepResult],
+    stop: threading.Event,
+    again_s: float,
+    pending: Optional[Callable[[], bool]] = None,
 ) -> None:
-    """Call ``once()`` every ``again_s`` until it keeps nothing or ``stop`` is set (a
-    failed sweep is tried again at the next turn)."""
+    """Call ``once()`` every ``again_s`` until ``stop`` is set, or until a sweep keeps
+    nothing and ``pending()`` (asked before that sweep: an earlier incarnation may still
+    run) is false; a failed sweep is tried again at the next turn."""
     while not stop.wait(again_s):
         try:
-            if not once().kept:
+            running = pending() if pending is not None else False
+            if not once().kept and not running:
                 return
         except Exception:
             continue
