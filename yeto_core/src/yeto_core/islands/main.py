@@ -291,6 +291,10 @@ def run_island(env: Mapping[str, str], plugins: Any = None, *, execve: Any = os.
         # an island rides out a store outage (retries with backoff) instead of exiting
         store = RetryingStore(plugins.open_store(ident.store_url))
         config = read_config(store)
+        if ident.role == "trainer" and config.trainer.islands > 1:
+            from yeto_core.islands.synced import run_synced_trainer
+
+            return run_synced_trainer(plugins, store, config, ident)
         if ident.role == "trainer":
             argv = torchrun_argv(config, ident, env)
             if argv is not None:
