@@ -57,3 +57,51 @@ def test_two_trainer_islands_share_the_rounds_and_merge(tmp_path: Path) -> None:
     assert summary["groups_trained"] == sum(len(r.positions) for r in rounds)
     latest = ReleaseStore(store).latest()
     assert latest is not None and latest.version == max(r.outer_step for r in rounds)
+
+
+def _events(config, stream: str) -> list[dict]:
+    path = Path(config.run_dir) / "store" / "events" / f"{stream}.jsonl"
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except OSError:
+        return []
+
+
+def test_a_killed_trainer_island_loses_no_round(tmp_path: Path) -> None:
+    """SIGKILL one island once it trained a round: it leaves the roster, the rounds it
+    held and that no committed step merged are dealt again, and the other island
+    finishes the run; the ledger still trains every group once."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from yeto_core.cli import cli
+
+    config = _with_islands(_pool_config(tmp_path), 2)
+    head = fake_head(config)
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(head.run(lambda m: None)))
+    thread.start()
+    try:
+        end = time.monotonic() + 60
+        while not any(e["kind"] == "island_round" for e in _events(config, "trainer-1")):
+            assert time.monotonic() < end, "trainer-1 trained no round"
+            time.sleep(0.02)
+        handle = json.loads((Path(config.run_dir) / "islands" / "trainer-1-i0.json").read_text())
+        os.killpg(int(handle["pgid"]), signal.SIGKILL)
+    finally:
+        thread.join(timeout=120)
+    assert codes == [EXIT_OK]
+    res = CliRunner().invoke(cli, ["ledger", "check", config.run_dir])
+    assert res.exit_code == 0, res.output
+    pool = [e["data"] for e in _events(config, "trainer") if e["kind"] == "pool_leave"]
+    assert pool[0]["island"] == "trainer-1" and pool[0]["reason"] == "exited", pool
+    store = DirStore.from_url(str(Path(config.run_dir) / "store"))
+    rounds = BatchLedger(store).trained_rounds()
+    assert len(rounds) >= config.trainer.total_rounds
+    positions = [p for r in rounds for p in r.positions]
+    assert len(positions) == len(set(positions))
+    # the rounds merged after trainer-1 left are trainer-0's
+    last_1 = max((r.outer_step for r in rounds if r.island == "trainer-1"), default=0)
+    assert all(r.island == "trainer-0" for r in rounds if r.outer_step > last_1)

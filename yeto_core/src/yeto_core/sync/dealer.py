@@ -91,6 +91,8 @@ class RoundDealer:
         self.rounds: list[_Round] = []  # uncommitted, in take order
         self.redeal: list[_Round] = []
         self.next_deal = 0
+        #: the number of the next deal record (records are numbered as written)
+        self.next_issue = 0
         #: the data ended and the reader has nothing left
         self.exhausted = False
         #: rounds recorded in the ledger (the ledger's trained-round counter)
@@ -125,10 +127,11 @@ class RoundDealer:
                 return n
             rnd.gen = rnd.gen + 1 if rnd.island is not None else 0
             rnd.island, rnd.outer_step = island, step
-            deal = Deal(rnd.deal, rnd.gen, island, step, as_ledger_round(rnd.batch, rnd.deal))
-            while not write_deal(self.store, deal):  # a record a crashed head left: next gen
-                rnd.gen += 1
-                deal = attrs.evolve(deal, gen=rnd.gen)
+            rec = as_ledger_round(rnd.batch, rnd.deal)
+            deal = Deal(self.next_issue, rnd.deal, rnd.gen, island, step, rec)
+            while not write_deal(self.store, deal):  # a record an earlier head left: skip it
+                deal = attrs.evolve(deal, issue=deal.issue + 1)
+            self.next_issue = deal.issue + 1
             self._emit(
                 "round_dealt",
                 deal=rnd.deal,

@@ -5,14 +5,18 @@ the buffer's rounds with one batch reader and hands each round to exactly one is
 the islands train what they are dealt and nothing else. Keys (create-once, so a record
 is never overwritten, on any object store)::
 
-    sync/deals/<deal:08d>-<gen:03d>.json   a round dealt to an island for an outer step:
-                                           ``island``, ``outer_step`` and the round
-                                           (a ledger record: positions, skips, padding)
+    sync/deals/<issue:010d>.json           a round dealt to an island for an outer step:
+                                           ``deal`` (its number in take order), ``gen``
+                                           (how often it was dealt before), ``island``,
+                                           ``outer_step`` and the round (a ledger
+                                           record: positions, skips, padding)
     sync/horizons/<step:08d>.json          the close of a horizon: every island's deals
                                            for the step (``[deal, gen]``), ``final``
 
-A round whose island died, or whose delta was rejected, is dealt again (the next
-``gen``, same positions) to another island; the ledger records a round only once the
+Records are numbered in the order they are written (``issue``), so an island lists
+only the keys after the last one it read, a round dealt again included. A round whose
+island died, or whose delta was rejected, is dealt again (the next ``gen``, same
+positions) to another island; the ledger records a round only once the
 outer step that merged its island's delta is committed, in deal order
 (docs/sync.md, "Several trainer islands").
 """
@@ -33,8 +37,8 @@ DEALS = "sync/deals/"
 HORIZONS = "sync/horizons/"
 
 
-def deal_key(deal: int, gen: int) -> str:
-    return f"{DEALS}{deal:08d}-{gen:03d}.json"
+def deal_key(issue: int) -> str:
+    return f"{DEALS}{issue:010d}.json"
 
 
 def horizon_key(step: int) -> str:
@@ -43,8 +47,9 @@ def horizon_key(step: int) -> str:
 
 @attrs.frozen
 class Deal:
-    """One round dealt to one island for one outer step."""
+    """One round dealt to one island for one outer step (record number ``issue``)."""
 
+    issue: int
     deal: int
     gen: int
     island: str
@@ -53,7 +58,7 @@ class Deal:
 
     @property
     def key(self) -> str:
-        return deal_key(self.deal, self.gen)
+        return deal_key(self.issue)
 
 
 @attrs.frozen
@@ -109,6 +114,7 @@ def deal_summary(store: ObjectStore) -> list[dict[str, Any]]:
         d = json.loads(store.get(k))
         out.append(
             {
+                "issue": d["issue"],
                 "deal": d["deal"],
                 "gen": d["gen"],
                 "island": d["island"],

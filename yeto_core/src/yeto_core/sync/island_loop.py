@@ -5,8 +5,9 @@ Per outer step ``n`` the island starts from the merged parameters of ``n - 1``, 
 the rounds the head's dealer deals it for ``n`` (rebuilt from the buffer by their deal
 records, :mod:`yeto_core.sync.deals`), and once the horizon of ``n`` is closed and every
 round it lists for this island is trained, submits ``parameters() - start`` to the
-syncer, waits for the commit of ``n`` and loads its merged parameters. An island with no
-round in a horizon, or after a ``final`` one, stops. It writes nothing else: the ledger,
+syncer, waits for the commit of ``n`` and loads its merged parameters. An island stops
+at a horizon that lists no round for it (the head closes an empty one once every round
+is merged, or takes the island off the roster first). It writes nothing else: the ledger,
 the buffer's watermark and the releases are the head's (the rounds count only once the
 outer step that merged this island's delta commits).
 """
@@ -111,9 +112,8 @@ class SyncedIsland:
             )
             self.backend.load_parameters(start)
             step, steps = n, steps + 1
-            if horizon.final:
-                self._emit("island_left", outer_step=n, reason="final horizon")
-                return steps
+            # after a final horizon too: a rejected delta's rounds may be dealt again; the
+            # island stops at the horizon that gives it nothing
 
     def _train_horizon(self, n: int) -> Any:
         """Train this island's deals of step ``n`` until its horizon is closed and every
