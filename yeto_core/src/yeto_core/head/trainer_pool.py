@@ -130,7 +130,12 @@ class TrainerPool:
             self._finish("no_islands")
 
     def stop(self, reason: StopReason = StopReason.FINISHED) -> None:
-        """Release every island (no cut of the pool: docs/sync.md)."""
+        """Release every island (no cut of the pool: docs/sync.md). The islands leave the
+        roster (their unmerged rounds stay in the buffer) and the pool is finished: no
+        island is started again (the cost guard's trainer stop ends the training)."""
+        for island in list(self.roster):
+            self._leave(island, reason.value)
+        self._finish(f"stopped ({reason.value})")
         for island, handle in list(self.handles.items()):
             ok = self.provider.release(handle)
             if ok and handle in self.head.costs.open_handles():
