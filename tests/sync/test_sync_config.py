@@ -145,7 +145,7 @@ _HANDS_OVER = types.SimpleNamespace(
 
 
 def _pool_checks(tmp_path, *, cap, local_steps, lifecycle="remote"):
-    data = _data(tmp_path, {"local_steps": local_steps}, islands=2)
+    data = _data(tmp_path, {"local_steps": local_steps}, islands=2)  # strict
     data["samplers"][0]["backlog_cap"] = cap
     data["trainer"].update(backend="hands-over", lifecycle=lifecycle)
     report = run_preflight(parse_config(data), minimal_plugins(_HANDS_OVER))
@@ -161,7 +161,16 @@ def test_preflight_passes_several_islands_with_room_for_a_horizon(tmp_path):
 def test_preflight_refuses_a_horizon_larger_than_the_backlog_cap(tmp_path):
     check = _pool_checks(tmp_path, cap=8, local_steps=3)["trainer.islands"]
     assert check.status == "fail"
-    assert "a horizon holds 12 groups" in check.detail and "backlog_cap = 8" in check.detail
+    assert "a horizon of 12 groups" in check.detail and "backlog_cap = 8" in check.detail
+
+
+def test_preflight_wants_room_for_carried_horizons_with_elastic(tmp_path):
+    data = _data(tmp_path, {"preset": "elastic", "local_steps": 2, "max_carry_age": 1}, 2)
+    data["samplers"][0]["backlog_cap"] = 8
+    data["trainer"]["backend"] = "hands-over"
+    report = run_preflight(parse_config(data), minimal_plugins(_HANDS_OVER))
+    check = {c.name: c for c in report.checks}["trainer.islands"]
+    assert check.status == "fail" and "2 horizons of 8 groups" in check.detail
 
 
 def test_preflight_refuses_several_islands_in_the_heads_process(tmp_path):

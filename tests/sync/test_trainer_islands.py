@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from yeto_core.buffer.ledger import BatchLedger
@@ -17,32 +18,40 @@ from yeto_core.sync.deals import deal_summary
 from yeto_core.testing.fake_run import fake_head, fake_run_config
 
 
-def _pool_config(tmp_path: Path, **kw):
-    return fake_run_config(
-        tmp_path,
-        total_rounds=8,
-        name="pooltest",
-        sync={"preset": "strict", "local_steps": 2},
-        **kw,
-    )
+def _pool_config(tmp_path: Path, preset: str = "strict", **kw):
+    sync = {"preset": preset, "local_steps": 2}
+    if preset == "elastic":
+        sync["quorum"] = 1  # a step is decided by the first delta; the other is carried
+    return fake_run_config(tmp_path, total_rounds=8, name="pooltest", sync=sync, **kw)
 
 
 def _with_islands(config, n: int):
     import attrs
 
-    # a horizon of every island (n * local_steps rounds) must fit under the backlog cap
-    samplers = [attrs.evolve(s, backlog_cap=12) for s in config.samplers]
+    # two horizons (n * local_steps rounds each) fit under the backlog cap: a strict
+    # step needs one, an elastic one (max_carry_age 1) two
+    samplers = [attrs.evolve(s, backlog_cap=16) for s in config.samplers]
     return attrs.evolve(config, trainer=attrs.evolve(config.trainer, islands=n), samplers=samplers)
 
 
-def test_two_trainer_islands_share_the_rounds_and_merge(tmp_path: Path) -> None:
+def _events(config, stream: str) -> list[dict]:
+    path = Path(config.run_dir) / "store" / "events" / f"{stream}.jsonl"
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except OSError:
+        return []
+
+
+@pytest.mark.parametrize("preset", ["strict", "elastic"])
+def test_two_trainer_islands_share_the_rounds_and_merge(tmp_path: Path, preset: str) -> None:
     from yeto_core.cli import cli
 
-    config = _with_islands(_pool_config(tmp_path), 2)
+    config = _with_islands(_pool_config(tmp_path, preset), 2)
     assert fake_head(config).run(print) == EXIT_OK
     store = DirStore.from_url(str(Path(config.run_dir) / "store"))
-    res = CliRunner().invoke(cli, ["ledger", "check", config.run_dir, "--json"])
-    assert res.exit_code == 0, res.output
+    for args in (["ledger", "check"], ["sync", "replay"]):
+        res = CliRunner().invoke(cli, [*args, config.run_dir])
+        assert res.exit_code == 0, res.output
     rounds = BatchLedger(store).trained_rounds()
     assert len(rounds) >= config.trainer.total_rounds
     islands = {r.island for r in rounds}
@@ -55,16 +64,12 @@ def test_two_trainer_islands_share_the_rounds_and_merge(tmp_path: Path) -> None:
     assert len(seen) == len(set(seen))
     summary = json.loads((Path(config.run_dir) / "summary.json").read_text())
     assert summary["groups_trained"] == sum(len(r.positions) for r in rounds)
+    skipped = sum(summary["groups_skipped"].values())
+    assert summary["groups_trained"] + skipped == summary["groups_appended"], summary
+    finish = [e["data"] for e in _events(config, "trainer") if e["kind"] == "pool_finish"]
+    assert finish == [{"reason": "data_end"}]
     latest = ReleaseStore(store).latest()
     assert latest is not None and latest.version == max(r.outer_step for r in rounds)
-
-
-def _events(config, stream: str) -> list[dict]:
-    path = Path(config.run_dir) / "store" / "events" / f"{stream}.jsonl"
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except OSError:
-        return []
 
 
 def test_a_killed_trainer_island_loses_no_round(tmp_path: Path) -> None:

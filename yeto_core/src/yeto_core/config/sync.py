@@ -203,13 +203,21 @@ def check_trainer_islands(config: Any, plugins: Any, report: Any) -> None:
             "the sampler groups have different group_size: several trainer islands need one"
         )
     horizon = t.islands * s.local_steps * t.groups_per_round
+    # elastic: a late island's rounds wait for the step that carries its delta, up to
+    # max_carry_age steps later, while the next horizons fill
+    spans = 1 + (s.max_carry_age if s.preset == "elastic" else 0)
     cap = max((g.backlog_cap for g in config.samplers), default=0)
-    if cap < horizon:
+    if cap < horizon * spans:
+        window = (
+            f"{spans} horizons of {horizon} groups (1 + max_carry_age, elastic)"
+            if spans > 1
+            else f"a horizon of {horizon} groups"
+        )
         problems.append(
-            f"a horizon holds {horizon} groups (islands {t.islands} x local_steps "
-            f"{s.local_steps} x groups_per_round {t.groups_per_round}), all waiting in the "
-            f"buffer until the outer step commits, but the samplers stop at backlog_cap = "
-            f"{cap}: raise backlog_cap to at least {horizon}, or lower local_steps"
+            f"{window} (islands {t.islands} x local_steps {s.local_steps} x "
+            f"groups_per_round {t.groups_per_round}) wait in the buffer until their outer "
+            f"step commits, but the samplers stop at backlog_cap = {cap}: raise "
+            f"backlog_cap to at least {horizon * spans}, or lower local_steps"
         )
     if problems:
         report.fail("trainer.islands", "; ".join(problems))

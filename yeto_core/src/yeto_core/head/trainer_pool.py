@@ -117,6 +117,7 @@ class TrainerPool:
         if ended and self.data_end_at is None:
             self.data_end_at = self.head.clock()
             self._log("data_end", data_end_at=self.data_end_at)
+        self._late_at_data_end(open_step)
         self.dealer.deal(open_step, self.roster, self.policy_version, ended)
         horizon = self.dealer.close(open_step, self.roster)
         if horizon is not None:
@@ -232,6 +233,29 @@ class TrainerPool:
             release_id=rel.release_id,
             **self.releases.last_publish,
         )
+
+    def _late_at_data_end(self, open_step: int) -> None:
+        """The data ended, every round is dealt and none is held for the open step, but an
+        earlier step left rounds unmerged (``elastic``: a late delta waiting to be carried,
+        which only a decision with a fresh delta carries). The late islands leave: their
+        rounds are dealt again to the others (one late island stays when no other is
+        left), whose fresh deltas decide the step."""
+        d = self.dealer
+        if not d.exhausted or d.redeal or open_step in d.closed or d.held(open_step):
+            return
+        late = sorted(
+            {
+                r.island
+                for r in d.rounds
+                if r.committed_at is None and not r.skips_only and r.island in self.roster
+            }
+        )
+        if not late:
+            return
+        keep = [i for i in self.roster if i not in late] or late[:1]
+        for island in late:
+            if island not in keep:
+                self._leave(island, "late_at_data_end")
 
     def _gone(self, island: str, reason: str) -> None:
         handle = self.handles.get(island)

@@ -75,6 +75,14 @@ class SyncedIsland:
                 f"trainer island {self.island!r}: the syncer has no outer step 0; the head "
                 "starts it before it launches the trainer islands"
             )
+        self._read_deals()
+        dealt = [d.outer_step for d in self.mine.values()]
+        if dealt and min(dealt) - 1 < step:
+            # rounds were dealt to this island for a step that committed before it
+            # started (elastic: the quorum did not wait): train them from that step's
+            # start, as dealt; the delta goes in late (carried, or rejected and the
+            # rounds dealt again)
+            step = min(dealt) - 1
         start = self.syncer.merged(step)
         if start is None:
             raise SyncError(f"outer step {step} is committed but its merged state is gone")
@@ -120,9 +128,7 @@ class SyncedIsland:
         round it lists for this island is trained; the horizon."""
         waited_since = self._clock()
         while True:
-            for d in self.feed.new():
-                if d.island == self.island:
-                    self.mine[(d.deal, d.gen)] = d
+            self._read_deals()
             todo = sorted(
                 k for k, d in self.mine.items() if d.outer_step == n and k not in self.trained
             )
@@ -141,6 +147,11 @@ class SyncedIsland:
                         f"for outer step {n} in {self.timeout_s:g} s: is the head running?"
                     )
                 self._sleep(self.poll_s)
+
+    def _read_deals(self) -> None:
+        for d in self.feed.new():
+            if d.island == self.island:
+                self.mine[(d.deal, d.gen)] = d
 
     def _train(self, deal: Deal) -> None:
         if any(p not in self._entries for p in deal.round.positions):
