@@ -187,3 +187,14 @@ def test_preflight_refuses_decoupled_as_planned(tmp_path):
 def test_preflight_names_an_unknown_syncer(tmp_path):
     checks = _checks(tmp_path, {"syncer": "nope"})
     assert checks["sync.syncer"].status == "fail" and "nope" in checks["sync.syncer"].detail
+
+
+def test_the_plan_names_the_trainer_islands(tmp_path):
+    from yeto_core.cli.run_cmd import plan_dict, plan_text
+
+    one = parse_config(_data(tmp_path))
+    assert plan_dict(one)["trainer"]["islands"] == ["trainer"]
+    assert "islands" not in plan_text(one)
+    two = parse_config(_data(tmp_path, {"preset": "elastic", "quorum": 1}, islands=2))
+    assert plan_dict(two)["trainer"]["islands"] == ["trainer-0", "trainer-1"]
+    assert "trainer-0, trainer-1: syncer store, elastic, 8 rounds each" in plan_text(two)
