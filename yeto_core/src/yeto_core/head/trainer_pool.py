@@ -34,7 +34,7 @@ from yeto_core.ports.trainer import backend_options
 from yeto_core.records import IslandStatus, LifecycleState, ReleaseInfo, StopReason
 from yeto_core.sampler import fingerprint
 from yeto_core.sync.dealer import RoundDealer
-from yeto_core.trainer.loop import Journal, LoopConfig
+from yeto_core.trainer.loop import Journal, LoopConfig, TrainerLoopGaveUp
 
 _ENDED = (IslandStatus.EXITED, IslandStatus.GONE, IslandStatus.LOST)
 
@@ -128,7 +128,12 @@ class TrainerPool:
         if self.dealer.done:
             self._finish("data_end")
         elif not self.roster:
-            self._finish("no_islands")
+            self._finish("gave_up")
+            raise TrainerLoopGaveUp(
+                "every trainer island left the roster before the data ended (see the "
+                "'leave' records in head/pool/ and the islands' logs); rounds not merged "
+                "stay in the buffer"
+            )
 
     def stop(self, reason: StopReason = StopReason.FINISHED) -> None:
         """Release every island (no cut of the pool: docs/sync.md). The islands leave the
