@@ -137,11 +137,12 @@ class TrainerPool:
 
     def stop(self, reason: StopReason = StopReason.FINISHED) -> None:
         """Release every island (no cut of the pool: docs/sync.md). The islands leave the
-        roster (their unmerged rounds stay in the buffer) and the pool is finished: no
-        island is started again (the cost guard's trainer stop ends the training)."""
+        roster (their unmerged rounds stay in the buffer). It does not finish the pool (a
+        run stopped early is not finished); no island is started again, so a tick after
+        it gives up (the cost guard's trainer stop ends the training)."""
+        why = f"head_stop_{reason.value.lower()}"  # e.g. head_stop_finished
         for island in list(self.roster):
-            self._leave(island, reason.value)
-        self._finish(f"stopped ({reason.value})")
+            self._leave(island, why)
         for island, handle in list(self.handles.items()):
             ok = self.provider.release(handle)
             if ok and handle in self.head.costs.open_handles():
