@@ -129,3 +129,65 @@ def test_a_rejected_delta_gives_its_rounds_back(tmp_path: Path) -> None:
     assert ledger.check(watermark=buffer.watermark)["trained"] == 8
     trained = [p for r in ledger.trained_rounds() for p in r.positions]
     assert sorted(trained) == list(range(8))
+
+
+def test_rounds_whose_delta_is_too_late_to_merge_are_dealt_again(tmp_path: Path) -> None:
+    """elastic, quorum 1, max_carry_age 1: b never submits for step 1; once step 2 is
+    committed its step-1 rounds can no longer merge and go to the next horizon, and b's
+    delta, when it finally comes, is rejected too_old without a round given back twice."""
+    store, buffer, ledger, _syncer, dealer, islands = _setup(tmp_path, 16)
+    syncer = StoreSyncer.open(
+        DirStore(tmp_path / "elastic"),
+        SyncSettings(preset="elastic", quorum=1, max_carry_age=1, diverged_ratio=0.0),
+    )
+    syncer.start({"params": np.zeros(4)}, ("a", "b"))
+    for isl in islands.values():
+        isl.syncer = syncer
+    for step in (1, 2):
+        dealer.deal(step, ["a", "b"], step - 1, True)
+        dealer.close(step, ["a", "b"])
+        islands["a"].train_step(step)
+        islands["a"].submit(step)
+        dealer.on_step(syncer.poll())
+        assert dealer.expire(step + 1, 1) == (2 if step == 2 else 0)
+    assert [r.deal for r in dealer.redeal] == [1, 3]  # b's step-1 rounds
+    assert ledger.trained_rounds()[-1].seq == 1  # b's round 1 holds the watermark
+    islands["b"].train_step(1)
+    islands["b"].submit(1)  # too late: age 2 at the next decision
+    dealer.deal(3, ["a", "b"], 2, True)
+    held = dealer.held(3)
+    assert {r.deal for rs in held.values() for r in rs} >= {1, 3}
+    dealer.close(3, ["a", "b"])
+    for name in ("a", "b"):
+        islands[name].train_step(3)
+        islands[name].submit(3)
+    step = syncer.poll()
+    assert ("b", 1, "too_old") in step.rejected
+    dealer.on_step(step)
+    assert not dealer.redeal  # the rejection gave nothing back: dealt again already
+    trained = [p for r in ledger.trained_rounds() for p in r.positions]
+    assert len(trained) == len(set(trained))
+    ledger.check(watermark=buffer.watermark)
+
+
+def test_no_empty_final_horizon_while_a_late_delta_is_awaited(tmp_path: Path) -> None:
+    """The data ended and every round is dealt, but b's step-1 delta has not merged: the
+    horizon of step 2 is not closed empty (that would stop both islands and leave b's
+    rounds untrained); once b's rounds are dealt again it closes with them."""
+    store, buffer, ledger, _syncer, dealer, islands = _setup(tmp_path, 8)
+    syncer = StoreSyncer.open(
+        DirStore(tmp_path / "elastic"), SyncSettings(preset="elastic", quorum=1)
+    )
+    syncer.start({"params": np.zeros(4)}, ("a", "b"))
+    islands["a"].syncer = syncer
+    dealer.deal(1, ["a", "b"], 0, True)
+    dealer.close(1, ["a", "b"])
+    islands["a"].train_step(1)
+    islands["a"].submit(1)
+    dealer.on_step(syncer.poll())
+    assert dealer.deal(2, ["a", "b"], 1, True) == 0 and dealer.exhausted
+    assert dealer.close(2, ["a", "b"]) is None
+    assert dealer.island_gone("b") == 2  # the head's late-at-data-end: b leaves
+    assert dealer.deal(2, ["a"], 1, True) == 2
+    horizon = dealer.close(2, ["a"])
+    assert horizon is not None and horizon.final and horizon.deals == {"a": [(1, 1), (3, 1)]}

@@ -170,7 +170,7 @@ def test_preflight_wants_room_for_carried_horizons_with_elastic(tmp_path):
     data["trainer"]["backend"] = "hands-over"
     report = run_preflight(parse_config(data), minimal_plugins(_HANDS_OVER))
     check = {c.name: c for c in report.checks}["trainer.islands"]
-    assert check.status == "fail" and "2 horizons of 8 groups" in check.detail
+    assert check.status == "fail" and "3 horizons of 8 groups" in check.detail
 
 
 def test_preflight_refuses_several_islands_in_the_heads_process(tmp_path):

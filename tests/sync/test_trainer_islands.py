@@ -28,9 +28,10 @@ def _pool_config(tmp_path: Path, preset: str = "strict", **kw):
 def _with_islands(config, n: int):
     import attrs
 
-    # two horizons (n * local_steps rounds each) fit under the backlog cap: a strict
-    # step needs one, an elastic one (max_carry_age 1) two
-    samplers = [attrs.evolve(s, backlog_cap=16) for s in config.samplers]
+    # a strict run needs a horizon (n * local_steps rounds) under the backlog cap, an
+    # elastic one (max_carry_age 1) three
+    cap = 3 * n * config.sync.local_steps * config.trainer.groups_per_round
+    samplers = [attrs.evolve(s, backlog_cap=cap) for s in config.samplers]
     return attrs.evolve(config, trainer=attrs.evolve(config.trainer, islands=n), samplers=samplers)
 
 

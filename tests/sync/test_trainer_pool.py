@@ -41,7 +41,7 @@ def _pool(tmp_path: Path, roster: list[str]) -> TrainerPool:
     pool.journal = Journal(None)
     pool.stream = types.SimpleNamespace(emit=lambda kind, **data: None, flush=lambda: None)
     pool.workdir = tmp_path / "work"
-    pool.roster, pool.handles = roster, {}
+    pool.roster, pool.handles, pool.carry_age = roster, {}, 0
     pool.finished, pool.data_end_at, pool.policy_version = None, None, 0
     return pool
 

@@ -203,13 +203,14 @@ def check_trainer_islands(config: Any, plugins: Any, report: Any) -> None:
             "the sampler groups have different group_size: several trainer islands need one"
         )
     horizon = t.islands * s.local_steps * t.groups_per_round
-    # elastic: a late island's rounds wait for the step that carries its delta, up to
-    # max_carry_age steps later, while the next horizons fill
-    spans = 1 + (s.max_carry_age if s.preset == "elastic" else 0)
+    # elastic: a late island's rounds (and the rounds taken after them) wait for the
+    # step that carries its delta, up to max_carry_age steps later, while the next
+    # horizon fills
+    spans = 2 + s.max_carry_age if s.preset == "elastic" else 1
     cap = max((g.backlog_cap for g in config.samplers), default=0)
     if cap < horizon * spans:
         window = (
-            f"{spans} horizons of {horizon} groups (1 + max_carry_age, elastic)"
+            f"{spans} horizons of {horizon} groups (2 + max_carry_age, elastic)"
             if spans > 1
             else f"a horizon of {horizon} groups"
         )

@@ -61,6 +61,8 @@ class TrainerPool:
                 "start a new run (a new run_dir)"
             )
         self.provider = head.providers[t.provider]
+        #: how many steps late a delta may still merge (strict: none)
+        self.carry_age = config.sync.max_carry_age if config.sync.preset == "elastic" else 0
         self.syncer = head.plugins.syncer(config.sync.syncer).open(
             head.store, config.sync.settings()
         )
@@ -117,6 +119,9 @@ class TrainerPool:
         if ended and self.data_end_at is None:
             self.data_end_at = self.head.clock()
             self._log("data_end", data_end_at=self.data_end_at)
+        expired = self.dealer.expire(open_step, self.carry_age)
+        if expired:
+            self._log("expired", outer_step=open_step, rounds=expired)
         self._late_at_data_end(open_step)
         self.dealer.deal(open_step, self.roster, self.policy_version, ended)
         horizon = self.dealer.close(open_step, self.roster)

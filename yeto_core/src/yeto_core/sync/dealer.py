@@ -181,6 +181,10 @@ class RoundDealer:
         final = self.exhausted and not self.redeal
         if not full and not final:
             return None
+        if not held and any(r.committed_at is None and not r.skips_only for r in self.rounds):
+            # rounds of an earlier step wait for a late delta (elastic): an empty final
+            # horizon would stop the islands before it merges or is dealt again
+            return None
         # final with nothing held: the islands stop without an outer step
         horizon = Horizon(
             outer_step=step,
@@ -210,6 +214,15 @@ class RoundDealer:
             if reason != "duplicate":
                 self._give_back(lambda r, i=island, o=origin: (r.island, r.outer_step) == (i, o))
         return self.flush()
+
+    def expire(self, open_step: int, max_carry_age: int) -> int:
+        """Deal again the rounds whose delta can no longer merge: dealt for a step more
+        than ``max_carry_age`` steps before ``open_step`` (the syncer rejects such a delta
+        ``too_old``, whether it comes or not). Without this a late island's rounds would
+        hold the buffer's watermark until its delta came. Returns how many."""
+        return self._give_back(
+            lambda r: r.outer_step is not None and open_step - r.outer_step > max_carry_age
+        )
 
     def island_gone(self, island: str) -> int:
         """``island`` left (after the syncer's ``leave``): its uncommitted rounds are
