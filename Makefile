@@ -131,7 +131,8 @@ vllm-example: install vllm-venv
 # the sky provider through a local double on loopback S3 with a preemption (~15 min),
 # examples/convert (a node slot converting between sampler and trainer; ~6-12 min), the
 # quickstart's head SIGKILLed and run up again (~45 s), examples/dataset learning and then
-# its head and a sampler SIGKILLed mid-epoch (~6 min), examples/reasoning-gym learning (~4 min).
+# its head and a sampler SIGKILLed mid-epoch (~6 min), examples/reasoning-gym learning (~4 min),
+# examples/multi-trainer (two trainer islands through the syncer; ~5 min).
 examples: install vllm-venv
 	YETO_SOAK=1 $(BIN)/python -m pytest -q -s -p no:cacheprovider \
 	  tests/integration/test_vllm_example.py tests/sglang/test_example_learns.py \
@@ -141,7 +142,8 @@ examples: install vllm-venv
 	  tests/integration/test_quickstart_scale.py \
 	  "tests/ports/test_islands_need_only_the_store.py::test_the_full_quickstart_learns_through_the_tempdir_provider" \
 	  "tests/integration/test_data_examples.py::test_the_dataset_example_learns_and_resumes_after_sigkill" \
-	  "tests/integration/test_data_examples.py::test_the_reasoning_gym_example_learns"
+	  "tests/integration/test_data_examples.py::test_the_reasoning_gym_example_learns" \
+	  tests/integration/test_multi_trainer_example.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

@@ -1,18 +1,21 @@
-"""``[trainer] islands`` and ``[sync]``: parsed, checked with clear errors, and refused in
-preflight where the syncer is not wired in yet (several islands, ``decoupled``)."""
+"""``[trainer] islands`` and ``[sync]``: parsed, checked with clear errors, and checked in
+preflight (several islands need a backend that hands over its parameters and room for a
+horizon in the backlog; ``decoupled`` is refused as planned)."""
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 
 import pytest
 
+from yeto_core import hookimpl
 from yeto_core.config.load import config_from_dict, config_to_dict, parse_config
 from yeto_core.config.preflight import run_preflight
 from yeto_core.config.sync import SyncConfig
 from yeto_core.errors import ConfigError
 from yeto_core.ports.sync import SyncSettings
-from yeto_core.testing.minimal import minimal_plugins
+from yeto_core.testing.minimal import MinimalBackend, minimal_plugins
 
 
 def _data(tmp_path: Path, sync: dict | None = None, islands: int | None = None) -> dict:
@@ -119,11 +122,60 @@ def test_preflight_says_nothing_of_sync_for_one_island(tmp_path):
     assert "sync.syncer" not in checks and "trainer.islands" not in checks
 
 
-def test_preflight_refuses_several_islands_until_they_are_wired(tmp_path):
+def test_preflight_refuses_several_islands_on_a_backend_without_parameters(tmp_path):
     checks = _checks(tmp_path, {"preset": "elastic"}, islands=2)
     assert checks["sync.syncer"].status == "ok"
     assert checks["trainer.islands"].status == "fail"
-    assert "not wired into the trainer yet" in checks["trainer.islands"].detail
+    assert "parameters / load_parameters" in checks["trainer.islands"].detail
+
+
+class _HandsOver(MinimalBackend):
+    PLUGIN_NAME = "hands-over"
+
+    def parameters(self):
+        return {}
+
+    def load_parameters(self, params):
+        pass
+
+
+_HANDS_OVER = types.SimpleNamespace(
+    yeto_register_trainer_backends=hookimpl(lambda register: register(_HandsOver))
+)
+
+
+def _pool_checks(tmp_path, *, cap, local_steps, lifecycle="remote"):
+    data = _data(tmp_path, {"local_steps": local_steps}, islands=2)  # strict
+    data["samplers"][0]["backlog_cap"] = cap
+    data["trainer"].update(backend="hands-over", lifecycle=lifecycle)
+    report = run_preflight(parse_config(data), minimal_plugins(_HANDS_OVER))
+    return {c.name: c for c in report.checks}
+
+
+def test_preflight_passes_several_islands_with_room_for_a_horizon(tmp_path):
+    check = _pool_checks(tmp_path, cap=8, local_steps=2)["trainer.islands"]
+    assert check.status == "ok", check.detail
+    assert "8 groups a horizon" in check.detail
+
+
+def test_preflight_refuses_a_horizon_larger_than_the_backlog_cap(tmp_path):
+    check = _pool_checks(tmp_path, cap=8, local_steps=3)["trainer.islands"]
+    assert check.status == "fail"
+    assert "a horizon of 12 groups" in check.detail and "backlog_cap = 8" in check.detail
+
+
+def test_preflight_wants_room_for_carried_horizons_with_elastic(tmp_path):
+    data = _data(tmp_path, {"preset": "elastic", "local_steps": 2, "max_carry_age": 1}, 2)
+    data["samplers"][0]["backlog_cap"] = 8
+    data["trainer"]["backend"] = "hands-over"
+    report = run_preflight(parse_config(data), minimal_plugins(_HANDS_OVER))
+    check = {c.name: c for c in report.checks}["trainer.islands"]
+    assert check.status == "fail" and "3 horizons of 8 groups" in check.detail
+
+
+def test_preflight_refuses_several_islands_in_the_heads_process(tmp_path):
+    check = _pool_checks(tmp_path, cap=8, local_steps=2, lifecycle="driver")["trainer.islands"]
+    assert check.status == "fail" and "lifecycle = 'remote'" in check.detail
 
 
 def test_preflight_refuses_decoupled_as_planned(tmp_path):
@@ -135,3 +187,14 @@ def test_preflight_refuses_decoupled_as_planned(tmp_path):
 def test_preflight_names_an_unknown_syncer(tmp_path):
     checks = _checks(tmp_path, {"syncer": "nope"})
     assert checks["sync.syncer"].status == "fail" and "nope" in checks["sync.syncer"].detail
+
+
+def test_the_plan_names_the_trainer_islands(tmp_path):
+    from yeto_core.cli.run_cmd import plan_dict, plan_text
+
+    one = parse_config(_data(tmp_path))
+    assert plan_dict(one)["trainer"]["islands"] == ["trainer"]
+    assert "islands" not in plan_text(one)
+    two = parse_config(_data(tmp_path, {"preset": "elastic", "quorum": 1}, islands=2))
+    assert plan_dict(two)["trainer"]["islands"] == ["trainer-0", "trainer-1"]
+    assert "trainer-0, trainer-1: syncer store, elastic, 8 rounds each" in plan_text(two)

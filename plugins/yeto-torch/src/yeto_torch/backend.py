@@ -1208,6 +1208,38 @@ class TorchBackend(TrainerBackend):
         dtype = self.opts.get("export_dtype")
         return EXPORT_DTYPES[dtype] if dtype else None
 
+    def parameters(self) -> dict[str, Any]:
+        """The trainable parameters as numpy copies (bfloat16 as float32): one of several
+        trainer islands submits them, less its horizon's start, to the syncer."""
+        out: dict[str, Any] = {}
+        for n, p in self._trainable():
+            t = p.detach().to("cpu", copy=True)
+            if t.dtype == torch.bfloat16:
+                t = t.float()
+            out[n] = t.numpy()
+        return out
+
+    def load_parameters(self, params: Any) -> None:
+        """Set the trainable parameters to ``params`` (a merged outer step); the AdamW
+        state, the schedule and the RNG stay this island's."""
+        trainable = dict(self._trainable())
+        missing = sorted(set(trainable) - set(params))
+        extra = sorted(set(params) - set(trainable))
+        if missing or extra:
+            raise CutError(
+                f"load_parameters: the parameters differ from the model's (missing "
+                f"{missing[:3]}, unknown {extra[:3]}); they come from another model"
+            )
+        with torch.no_grad():
+            for n, p in trainable.items():
+                src = torch.from_numpy(np.ascontiguousarray(params[n]))
+                if tuple(src.shape) != tuple(p.shape):
+                    raise CutError(
+                        f"load_parameters: {n} has shape {tuple(src.shape)}, the model's "
+                        f"is {tuple(p.shape)}"
+                    )
+                p.copy_(src.to(dtype=p.dtype, device=p.device))
+
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Every trainable parameter and AdamW tensor (for bitwise comparisons in tests)."""
         out = {f"param.{n}": p.detach() for n, p in self._trainable()}

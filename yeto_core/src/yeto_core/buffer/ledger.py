@@ -75,6 +75,10 @@ class LedgerRound:
     #: a skip-only record: no position trained, ``seq`` is the trained-round counter
     #: it follows (not a round of its own)
     skips_only: bool = False
+    #: with several trainer islands: the island that trained the round and the outer
+    #: step its delta merged at (None: the run has one trainer island)
+    island: Optional[str] = None
+    outer_step: Optional[int] = None
 
 
 def _round_key(prefix: str, seq: int) -> str:
@@ -189,12 +193,15 @@ class BatchLedger:
         seq: int,
         incarnation: int,
         parent_cut: Optional[str],
+        island: Optional[str] = None,
+        outer_step: Optional[int] = None,
     ) -> LedgerRound:
         """Record a trained :class:`~yeto_core.buffer.batch_reader.ReaderBatch` as round ``seq``.
 
         Call after ``backend.train_round`` and before the buffer commit. Refuses
         to overwrite an existing round (another trainer wrote it: only one
-        incarnation may train per store).
+        incarnation may train per store). ``island`` and ``outer_step``: with several
+        trainer islands, who trained the round and the outer step that merged it.
         """
         rec = LedgerRound(
             seq=int(seq),
@@ -211,6 +218,8 @@ class BatchLedger:
             n_padding=len(batch.padding),
             padding_from=None if batch.padding_from is None else tuple(batch.padding_from),
             time=float(self.clock()),
+            island=island,
+            outer_step=None if outer_step is None else int(outer_step),
         )
         last = self._last_seen()
         if last is not None and last.seq >= rec.seq:

@@ -250,6 +250,7 @@ def plan_dict(config: Any) -> dict[str, Any]:
             "max_policy_age": t.max_policy_age,
             "total_rounds": t.total_rounds,
             "price_per_hour": t.price_per_hour,
+            "islands": list(config.trainer_islands()) or [t.name],
         },
         "scheduler": {"name": config.scheduler.name, "options": dict(config.scheduler.options)},
         "backstops": {
@@ -281,6 +282,12 @@ def plan_text(config: Any) -> str:
         f"max policy age {t.max_policy_age}, "
         f"{t.total_rounds or 'unlimited'} rounds, ${t.price_per_hour:g}/h"
     )
+    if t.islands > 1:
+        y = config.sync
+        lines.append(
+            f"  islands   {', '.join(config.trainer_islands())}: syncer {y.syncer}, "
+            f"{y.preset}, {y.local_steps} rounds each per outer step, {y.outer_optimizer}"
+        )
     lines.append(f"  scheduler {config.scheduler.name} {config.scheduler.options or ''}".rstrip())
     b = config.backstops
     lines.append(

@@ -309,7 +309,15 @@ class RunConfig:
         """Dollars per hour of each island (sampler islands and the trainer)."""
         prices = {name: s.price_per_hour for name, s in self.sampler_islands()}
         prices[self.trainer.name] = self.trainer.price_per_hour
+        for name in self.trainer_islands():
+            prices[name] = self.trainer.price_per_hour
         return prices
+
+    def trainer_islands(self) -> tuple[str, ...]:
+        """The trainer islands' names with ``[trainer] islands > 1`` (``<name>-<i>``);
+        none with one trainer island, which is named ``[trainer] name``."""
+        n = self.trainer.islands
+        return tuple(f"{self.trainer.name}-{i}" for i in range(n)) if n > 1 else ()
 
     @property
     def run_id(self) -> str:

@@ -167,8 +167,64 @@ def check_sync(config: Any, plugins: Any, report: Any) -> None:
     else:
         report.ok("sync.syncer", f"{s.syncer!r} ({cls.__module__}.{cls.__qualname__}), {s.preset}")
     if islands > 1:
-        report.fail(
+        check_trainer_islands(config, plugins, report)
+
+
+def check_trainer_islands(config: Any, plugins: Any, report: Any) -> None:
+    """What several trainer islands need: islands of the trainer's provider, a backend
+    that hands over its parameters, one group size, and room in the backlog for a whole
+    horizon (every island's ``local_steps`` rounds wait before an outer step commits)."""
+    t, s = config.trainer, config.sync
+    problems = []
+    if t.lifecycle != "remote":
+        problems.append(
+            f"trainer.lifecycle = {t.lifecycle!r}: each trainer island is a process of the "
+            "trainer's provider; set lifecycle = 'remote'"
+        )
+    if t.nproc_per_node * t.nnodes > 1:
+        problems.append(
+            "trainer.nproc_per_node/nnodes: a trainer island of several ranks is not built "
+            "for [trainer] islands > 1 yet; use one rank per island"
+        )
+    try:
+        backend = plugins.trainer_backend(t.backend)
+    except Exception as exc:  # reported by the backend's own check
+        backend = None
+        problems.append(str(exc))
+    if backend is not None and not (
+        backend.implements("parameters") and backend.implements("load_parameters")
+    ):
+        problems.append(
+            f"the {t.backend!r} backend cannot hand its parameters to the syncer "
+            "(TrainerBackend.parameters / load_parameters); use islands = 1"
+        )
+    if len({g.group_size for g in config.samplers}) > 1:
+        problems.append(
+            "the sampler groups have different group_size: several trainer islands need one"
+        )
+    horizon = t.islands * s.local_steps * t.groups_per_round
+    # elastic: a late island's rounds (and the rounds taken after them) wait for the
+    # step that carries its delta, up to max_carry_age steps later, while the next
+    # horizon fills
+    spans = 2 + s.max_carry_age if s.preset == "elastic" else 1
+    cap = max((g.backlog_cap for g in config.samplers), default=0)
+    if cap < horizon * spans:
+        window = (
+            f"{spans} horizons of {horizon} groups (2 + max_carry_age, elastic)"
+            if spans > 1
+            else f"a horizon of {horizon} groups"
+        )
+        problems.append(
+            f"{window} (islands {t.islands} x local_steps {s.local_steps} x "
+            f"groups_per_round {t.groups_per_round}) wait in the buffer until their outer "
+            f"step commits, but the samplers stop at backlog_cap = {cap}: raise "
+            f"backlog_cap to at least {horizon * spans}, or lower local_steps"
+        )
+    if problems:
+        report.fail("trainer.islands", "; ".join(problems))
+    else:
+        report.ok(
             "trainer.islands",
-            f"{islands} trainer islands: the syncer is built, but several trainer islands are "
-            "not wired into the trainer yet (docs/sync.md, 'What is built'); use islands = 1",
+            f"{t.islands} trainer islands, {s.local_steps} rounds each per outer step "
+            f"({horizon} groups a horizon)",
         )

@@ -35,6 +35,12 @@ class HeadTrainer:
         from yeto_core.trainer.loop import Journal, LoopConfig, TrainerLoop
 
         t = self.config.trainer
+        if t.islands > 1:  # several trainer islands, one policy (docs/sync.md)
+            from yeto_core.head.trainer_pool import TrainerPool
+
+            self.trainer_loop = TrainerPool(self)
+            self.lifecycle = self.trainer_loop
+            return
         trainer_provider = self.providers[t.provider] if t.lifecycle == "remote" else _NoProvider()
         context = LifecycleContext(
             config=self.config,

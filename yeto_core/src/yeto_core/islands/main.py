@@ -157,7 +157,7 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         stop=stop,
         emit=on_event,
         dispenser=dispenser,
-        fresh_only=(config.trainer.max_policy_age, config.trainer.groups_per_round)
+        fresh_only=(config.trainer.max_policy_age, groups_per_version(config))
         if scfg.fresh_only
         else None,
         latest_release=releases.seen,
@@ -220,6 +220,15 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         stream.flush()
         engine.close()
     return 0
+
+
+def groups_per_version(config: RunConfig) -> int:
+    """Groups the trainer consumes per policy version: a round's, or with several trainer
+    islands an outer step's (every island's ``local_steps`` rounds)."""
+    t = config.trainer
+    if t.islands > 1:
+        return t.groups_per_round * t.islands * config.sync.local_steps
+    return t.groups_per_round
 
 
 def sampler_event_bridge(stream: EventStream):
@@ -298,6 +307,10 @@ def run_island(env: Mapping[str, str], plugins: Any = None, *, execve: Any = os.
         # an island rides out a store outage (retries with backoff) instead of exiting
         store = RetryingStore(plugins.open_store(ident.store_url))
         config = read_config(store)
+        if ident.role == "trainer" and config.trainer.islands > 1:
+            from yeto_core.islands.synced import run_synced_trainer
+
+            return run_synced_trainer(plugins, store, config, ident)
         if ident.role == "trainer":
             argv = torchrun_argv(config, ident, env)
             if argv is not None:

@@ -369,6 +369,27 @@ class TrainerBackend(Port):
         """
         return None
 
+    # -- optional: one of several trainer islands ([trainer] islands > 1) ----------------
+
+    def parameters(self) -> dict[str, Any]:
+        """Optional: the trainable parameters now, as numpy arrays by name (copies; a
+        bfloat16 tensor converted to float32 first). With ``[trainer] islands > 1`` each
+        trainer island submits ``parameters()`` minus the merged parameters it started
+        its horizon from to the syncer (docs/sync.md); ``cls.implements("parameters")``."""
+        raise NotImplementedError(
+            f"the {self.PLUGIN_NAME!r} backend cannot train as one of several trainer "
+            "islands (no parameters()); set trainer.islands = 1"
+        )
+
+    def load_parameters(self, params: Mapping[str, Any]) -> None:
+        """Optional: set the trainable parameters to ``params`` (names and shapes of
+        :meth:`parameters`; dtypes converted to the model's), keeping the optimizer's
+        state: a trainer island continues from each merged outer step this way."""
+        raise NotImplementedError(
+            f"the {self.PLUGIN_NAME!r} backend cannot train as one of several trainer "
+            "islands (no load_parameters()); set trainer.islands = 1"
+        )
+
     # -- optional: several ranks under torchrun -------------------------------------------
 
     def follow(self) -> None:

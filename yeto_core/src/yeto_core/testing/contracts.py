@@ -391,6 +391,31 @@ class TrainerBackendContract:
         for name in names:
             assert (later / name).read_bytes() == (now / name).read_bytes(), name
 
+    def test_parameters_hand_over_the_weights_a_release_holds(self, make_backend, tmp_path):
+        """With ``parameters`` / ``load_parameters`` (``[trainer] islands > 1``): numpy
+        arrays by name; loading earlier parameters brings back the release of then."""
+        b = make_backend()
+        if not b.implements("parameters"):
+            pytest.skip("this backend cannot train as one of several trainer islands")
+        import numpy as np
+
+        b.restore(None)
+        b.train_round(self.batch(0))
+        then = b.parameters()
+        assert then and all(isinstance(v, np.ndarray) for v in then.values())
+        (tmp_path / "then").mkdir()
+        ref = ReleaseInfo.coerce(b.publish_release(tmp_path / "then")).weight_checksum
+        b.train_round(self.batch(1))
+        (tmp_path / "moved").mkdir()
+        moved = ReleaseInfo.coerce(b.publish_release(tmp_path / "moved")).weight_checksum
+        assert moved != ref, "the round changed nothing"
+        b.load_parameters(then)
+        again = b.parameters()
+        assert sorted(again) == sorted(then)
+        assert all(again[k].tobytes() == then[k].tobytes() for k in then)
+        (tmp_path / "again").mkdir()
+        assert ReleaseInfo.coerce(b.publish_release(tmp_path / "again")).weight_checksum == ref
+
 
 #: The contract class of every port.
 CONTRACTS: dict[type[ports.Port], type] = {

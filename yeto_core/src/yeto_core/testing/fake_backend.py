@@ -112,6 +112,12 @@ class FakeBackend(TrainerBackend):
         self.rounds += 1
         return {"loss": float(np.square(self.params).sum()), "groups": float(len(batch.groups))}
 
+    def parameters(self) -> dict[str, Any]:
+        return {"params": self.params.copy()}
+
+    def load_parameters(self, params: Any) -> None:
+        self.params = np.asarray(params["params"], dtype=np.float64).copy()
+
     def save_cut(self, out_dir: Any, trigger: Trigger) -> None:
         d = Path(out_dir)
         save_file({"params": self.params}, str(d / "params.safetensors"))

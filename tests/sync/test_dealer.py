@@ -1,0 +1,193 @@
+"""The head's round dealer with the store syncer, islands played in-process: every round
+to one island, a departed island's and a rejected delta's rounds dealt again, the ledger
+written in take order once the merging outer step commits (``BatchLedger.check``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from yeto_core.buffer.batch_reader import BatchReader
+from yeto_core.buffer.ledger import BatchLedger
+from yeto_core.buffer.ledger_replay import rebuild_batch
+from yeto_core.ports.sync import SyncSettings
+from yeto_core.stores.dir_store import DirStore
+from yeto_core.sync.dealer import RoundDealer
+from yeto_core.sync.deals import DealFeed, read_horizon
+from yeto_core.sync.store_syncer import StoreSyncer
+from yeto_core.testing.fake_backend import FakeBackend, MemoryBuffer, make_group
+
+
+class _Island:
+    """An island's part, one call at a time: train the deals of a step, submit."""
+
+    def __init__(self, name: str, store, buffer, syncer) -> None:
+        self.name, self.store, self.buffer, self.syncer = name, store, buffer, syncer
+        self.backend = FakeBackend(seed=1)
+        self.feed = DealFeed(store)
+        self.deals = []
+        self.trained = []
+
+    def train_step(self, step: int) -> None:
+        self.deals += [d for d in self.feed.new() if d.island == self.name]
+        start = self.syncer.merged(step - 1)
+        self.backend.load_parameters(start)
+        entries = {e.position: e for e in self.buffer.entries(0)}
+        for d in self.deals:
+            if d.outer_step == step:
+                self.backend.train_round(rebuild_batch(self.buffer, d.round, entries))
+                self.trained.append((d.deal, d.gen))
+
+    def submit(self, step: int, *, poison: bool = False) -> None:
+        start = self.syncer.merged(step - 1)
+        delta = {"params": self.backend.parameters()["params"] - start["params"]}
+        if poison:
+            delta["params"][0] = np.nan
+        assert self.syncer.submit(self.name, step, delta).stored
+
+
+def _setup(tmp_path: Path, groups: int):
+    store = DirStore(tmp_path / "store")
+    buffer = MemoryBuffer()
+    for p in range(groups):
+        buffer.append(make_group(p, 0))
+    buffer.mark_data_end()
+    reader = BatchReader(buffer, group_size=4, groups_per_round=2, max_policy_age=100)
+    ledger = BatchLedger(store)
+    syncer = StoreSyncer.open(store, SyncSettings(preset="strict", diverged_ratio=0.0))
+    syncer.start({"params": np.zeros(4)}, ("a", "b"))
+    dealer = RoundDealer(store, lambda: reader, ledger, local_steps=2)
+    islands = {n: _Island(n, store, buffer, syncer) for n in ("a", "b")}
+    return store, buffer, ledger, syncer, dealer, islands
+
+
+def test_a_departed_islands_rounds_are_dealt_again_and_recorded_once(tmp_path: Path) -> None:
+    store, buffer, ledger, syncer, dealer, islands = _setup(tmp_path, 8)
+    assert dealer.deal(1, ["a", "b"], 0, True) == 4
+    horizon = dealer.close(1, ["a", "b"])
+    assert horizon is not None and horizon.deals == {"a": [(0, 0), (2, 0)], "b": [(1, 0), (3, 0)]}
+    islands["a"].train_step(1)
+    islands["b"].train_step(1)  # b trains, then dies before it submits
+    syncer.leave("b", "exited")
+    assert dealer.island_gone("b") == 2
+    islands["a"].submit(1)
+    step = syncer.poll()
+    assert step is not None and step.merged == (("a", 1, 1.0),)
+    written = dealer.on_step(step)
+    # only round 0 is recorded: round 1 (b's) is not merged, and the ledger keeps take order
+    assert [r.seq for r, _ in written] == [1] and written[0][0].island == "a"
+    assert buffer.watermark == 2
+    # step 2: b's two rounds go to a (gen 1), nothing new is taken before them
+    assert dealer.deal(2, ["a"], 1, True) == 2
+    assert read_horizon(store, 2) is None
+    horizon = dealer.close(2, ["a"])
+    assert horizon is not None and horizon.deals == {"a": [(1, 1), (3, 1)]}
+    islands["a"].train_step(2)
+    # a round dealt again is listed after every record the island read before
+    assert islands["a"].trained == [(0, 0), (2, 0), (1, 1), (3, 1)]
+    islands["a"].submit(2)
+    written = dealer.on_step(syncer.poll())
+    assert [(r.seq, r.island, r.outer_step) for r, _ in written] == [
+        (2, "a", 2),
+        (3, "a", 1),
+        (4, "a", 2),
+    ]
+    assert ledger.check(watermark=buffer.watermark) == {
+        "rounds": 4,
+        "trained": 8,
+        "skipped": 0,
+        "watermark": 8,
+    }
+    # the data is used up: the next horizon is final and empty, the dealer is done
+    assert dealer.deal(3, ["a"], 2, True) == 0
+    final = dealer.close(3, ["a"])
+    assert final is not None and final.final and final.deals == {"a": []}
+    assert dealer.done
+
+
+def test_a_rejected_delta_gives_its_rounds_back(tmp_path: Path) -> None:
+    store, buffer, ledger, syncer, dealer, islands = _setup(tmp_path, 8)
+    dealer.deal(1, ["a", "b"], 0, True)
+    dealer.close(1, ["a", "b"])
+    for name in ("a", "b"):
+        islands[name].train_step(1)
+    islands["a"].submit(1)
+    islands["b"].submit(1, poison=True)
+    step = syncer.poll()
+    assert step.rejected == (("b", 1, "non_finite"),)
+    dealer.on_step(step)
+    assert [r.seq for r in ledger.trained_rounds()] == [1]  # b's round 1 blocks the rest
+    assert dealer.deal(2, ["a", "b"], 1, True) == 2  # b's two rounds, dealt again
+    assert dealer.close(2, ["a", "b"]) is not None
+    held = dealer.held(2)
+    assert {r.deal for rs in held.values() for r in rs} == {1, 3}
+    for name in ("a", "b"):
+        islands[name].train_step(2)
+        islands[name].submit(2)
+    dealer.on_step(syncer.poll())
+    assert ledger.check(watermark=buffer.watermark)["trained"] == 8
+    trained = [p for r in ledger.trained_rounds() for p in r.positions]
+    assert sorted(trained) == list(range(8))
+
+
+def test_rounds_whose_delta_is_too_late_to_merge_are_dealt_again(tmp_path: Path) -> None:
+    """elastic, quorum 1, max_carry_age 1: b never submits for step 1; once step 2 is
+    committed its step-1 rounds can no longer merge and go to the next horizon, and b's
+    delta, when it finally comes, is rejected too_old without a round given back twice."""
+    store, buffer, ledger, _syncer, dealer, islands = _setup(tmp_path, 16)
+    syncer = StoreSyncer.open(
+        DirStore(tmp_path / "elastic"),
+        SyncSettings(preset="elastic", quorum=1, max_carry_age=1, diverged_ratio=0.0),
+    )
+    syncer.start({"params": np.zeros(4)}, ("a", "b"))
+    for isl in islands.values():
+        isl.syncer = syncer
+    for step in (1, 2):
+        dealer.deal(step, ["a", "b"], step - 1, True)
+        dealer.close(step, ["a", "b"])
+        islands["a"].train_step(step)
+        islands["a"].submit(step)
+        dealer.on_step(syncer.poll())
+        assert dealer.expire(step + 1, 1) == (2 if step == 2 else 0)
+    assert [r.deal for r in dealer.redeal] == [1, 3]  # b's step-1 rounds
+    assert ledger.trained_rounds()[-1].seq == 1  # b's round 1 holds the watermark
+    islands["b"].train_step(1)
+    islands["b"].submit(1)  # too late: age 2 at the next decision
+    dealer.deal(3, ["a", "b"], 2, True)
+    held = dealer.held(3)
+    assert {r.deal for rs in held.values() for r in rs} >= {1, 3}
+    dealer.close(3, ["a", "b"])
+    for name in ("a", "b"):
+        islands[name].train_step(3)
+        islands[name].submit(3)
+    step = syncer.poll()
+    assert ("b", 1, "too_old") in step.rejected
+    dealer.on_step(step)
+    assert not dealer.redeal  # the rejection gave nothing back: dealt again already
+    trained = [p for r in ledger.trained_rounds() for p in r.positions]
+    assert len(trained) == len(set(trained))
+    ledger.check(watermark=buffer.watermark)
+
+
+def test_no_empty_final_horizon_while_a_late_delta_is_awaited(tmp_path: Path) -> None:
+    """The data ended and every round is dealt, but b's step-1 delta has not merged: the
+    horizon of step 2 is not closed empty (that would stop both islands and leave b's
+    rounds untrained); once b's rounds are dealt again it closes with them."""
+    store, buffer, ledger, _syncer, dealer, islands = _setup(tmp_path, 8)
+    syncer = StoreSyncer.open(
+        DirStore(tmp_path / "elastic"), SyncSettings(preset="elastic", quorum=1)
+    )
+    syncer.start({"params": np.zeros(4)}, ("a", "b"))
+    islands["a"].syncer = syncer
+    dealer.deal(1, ["a", "b"], 0, True)
+    dealer.close(1, ["a", "b"])
+    islands["a"].train_step(1)
+    islands["a"].submit(1)
+    dealer.on_step(syncer.poll())
+    assert dealer.deal(2, ["a", "b"], 1, True) == 0 and dealer.exhausted
+    assert dealer.close(2, ["a", "b"]) is None
+    assert dealer.island_gone("b") == 2  # the head's late-at-data-end: b leaves
+    assert dealer.deal(2, ["a"], 1, True) == 2
+    horizon = dealer.close(2, ["a"])
+    assert horizon is not None and horizon.final and horizon.deals == {"a": [(1, 1), (3, 1)]}

@@ -1,0 +1,178 @@
+"""One trainer island of several: train the rounds dealt to it, submit its delta, continue
+from the merged parameters (docs/sync.md, "Several trainer islands").
+
+Per outer step ``n`` the island starts from the merged parameters of ``n - 1``, trains
+the rounds the head's dealer deals it for ``n`` (rebuilt from the buffer by their deal
+records, :mod:`yeto_core.sync.deals`), and once the horizon of ``n`` is closed and every
+round it lists for this island is trained, submits ``parameters() - start`` to the
+syncer, waits for the commit of ``n`` and loads its merged parameters. An island stops
+at a horizon that lists no round for it (the head closes an empty one once every round
+is merged, or takes the island off the roster first). It writes nothing else: the ledger,
+the buffer's watermark and the releases are the head's (the rounds count only once the
+outer step that merged this island's delta commits).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from yeto_core.buffer.ledger_replay import rebuild_batch
+from yeto_core.ports import ObjectStore, Syncer, TrainerBackend
+from yeto_core.sync.deals import Deal, DealFeed, read_horizon
+from yeto_core.sync.keys import SyncError
+from yeto_core.sync.timing import wait_merged
+
+
+def group_reward(group: Any) -> float:
+    rewards = [float(s.reward) for s in group.samples]
+    return sum(rewards) / len(rewards) if rewards else 0.0
+
+
+class SyncedIsland:
+    """The loop of one trainer island (the module docstring).
+
+    :param island: its name on the roster.
+    :param backend: a backend restored from the base (``parameters`` / ``load_parameters``).
+    :param buffer: the run's sample buffer (rounds are rebuilt from it).
+    :param syncer: the run's syncer (island side: ``submit``, ``merged``).
+    :param emit: ``emit(kind, **data)``: the island's event stream.
+    :param timeout_s: the longest wait for a deal, a horizon or a commit.
+    """
+
+    def __init__(
+        self,
+        island: str,
+        backend: TrainerBackend,
+        buffer: Any,
+        store: ObjectStore,
+        syncer: Syncer,
+        *,
+        emit: Callable[..., None],
+        timeout_s: float = 600.0,
+        poll_s: float = 0.05,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.island, self.backend, self.buffer = island, backend, buffer
+        self.store, self.syncer = store, syncer
+        self._emit, self.timeout_s, self.poll_s = emit, timeout_s, poll_s
+        self._clock, self._sleep = clock, sleep
+        self.feed = DealFeed(store)
+        self.mine: dict[tuple[int, int], Deal] = {}
+        self.trained: set[tuple[int, int]] = set()
+        self.rounds = 0
+        self._entries: dict[int, Any] = {}
+
+    def run(self) -> int:
+        """Train outer steps until a horizon gives this island nothing; the steps trained."""
+        step = self.syncer.committed_step()
+        if step < 0:
+            raise SyncError(
+                f"trainer island {self.island!r}: the syncer has no outer step 0; the head "
+                "starts it before it launches the trainer islands"
+            )
+        self._read_deals()
+        dealt = [d.outer_step for d in self.mine.values()]
+        if dealt and min(dealt) - 1 < step:
+            # rounds were dealt to this island for a step that committed before it
+            # started (elastic: the quorum did not wait): train them from that step's
+            # start, as dealt; the delta goes in late (carried, or rejected and the
+            # rounds dealt again)
+            step = min(dealt) - 1
+        start = self.syncer.merged(step)
+        if start is None:
+            raise SyncError(f"outer step {step} is committed but its merged state is gone")
+        self.backend.load_parameters(start)
+        steps = 0
+        while True:
+            n = step + 1
+            horizon = self._train_horizon(n)
+            listed = [tuple(d) for d in horizon.deals.get(self.island, [])]
+            if not listed:
+                self._emit("island_left", outer_step=n, reason="no rounds in the horizon")
+                return steps
+            now = self.backend.parameters()
+            delta = {k: np.asarray(now[k]) - np.asarray(start[k]) for k in start}
+            submit_ts = self._clock()
+            sub = self.syncer.submit(self.island, n, delta, submit_ts=submit_ts)
+            self._emit(
+                "delta_submitted",
+                outer_step=n,
+                rounds=len(listed),
+                stored=sub.stored,
+                reason=sub.reason,
+                bytes=sub.nbytes,
+            )
+            start, _timing = wait_merged(
+                self.syncer,
+                self.island,
+                n,
+                submit_ts=submit_ts,
+                timeout_s=self.timeout_s,
+                poll_s=self.poll_s,
+                clock=self._clock,
+                sleep=self._sleep,
+                events=_Emitter(self._emit),
+            )
+            self.backend.load_parameters(start)
+            step, steps = n, steps + 1
+            # after a final horizon too: a rejected delta's rounds may be dealt again; the
+            # island stops at the horizon that gives it nothing
+
+    def _train_horizon(self, n: int) -> Any:
+        """Train this island's deals of step ``n`` until its horizon is closed and every
+        round it lists for this island is trained; the horizon."""
+        waited_since = self._clock()
+        while True:
+            self._read_deals()
+            todo = sorted(
+                k for k, d in self.mine.items() if d.outer_step == n and k not in self.trained
+            )
+            for key in todo:
+                self._train(self.mine[key])
+                waited_since = self._clock()
+            horizon = read_horizon(self.store, n)
+            if horizon is not None:
+                listed = [tuple(d) for d in horizon.deals.get(self.island, [])]
+                if all(k in self.trained for k in listed):
+                    return horizon
+            if not todo:
+                if self._clock() - waited_since > self.timeout_s:
+                    raise SyncError(
+                        f"trainer island {self.island!r} got no round and no closed horizon "
+                        f"for outer step {n} in {self.timeout_s:g} s: is the head running?"
+                    )
+                self._sleep(self.poll_s)
+
+    def _read_deals(self) -> None:
+        for d in self.feed.new():
+            if d.island == self.island:
+                self.mine[(d.deal, d.gen)] = d
+
+    def _train(self, deal: Deal) -> None:
+        if any(p not in self._entries for p in deal.round.positions):
+            self._entries = {int(e.position): e for e in self.buffer.entries(0)}
+        batch = rebuild_batch(self.buffer, deal.round, self._entries)
+        metrics = self.backend.train_round(batch)
+        self.trained.add((deal.deal, deal.gen))
+        self.rounds += 1
+        self._emit(
+            "island_round",
+            deal=deal.deal,
+            gen=deal.gen,
+            outer_step=deal.outer_step,
+            positions=list(deal.round.positions),
+            rewards=[group_reward(g) for g in batch.groups],
+            metrics={k: float(v) for k, v in metrics.items()},
+        )
+
+
+class _Emitter:
+    """``emit(kind, **data)`` as the ``events`` of :func:`wait_merged`."""
+
+    def __init__(self, emit: Callable[..., None]) -> None:
+        self.emit = emit
