@@ -47,6 +47,11 @@ S = LifecycleState
 #: buffer's watch wakes it sooner where the store notifies)
 ROUND_POLL_S = 0.05
 
+#: the critical path a train command's thread is on outside the optimizer step
+#: (:meth:`~yeto_core.stage_profile.StageProfile.path`): the store requests a measuring
+#: store counts there are those the next optimizer step waits on
+CRITICAL_PATH = "trainer"
+
 
 class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
     """The trainer in this process (see the module docstring).
@@ -369,6 +374,12 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         if it failed (``train`` before it trains anything).
         """
         self.sm.go(S.TRAINING, "train")
+        with PROFILE.path(CRITICAL_PATH):
+            done = self._train_command(rounds, for_s)
+        self.sm.go(S.READY, "hold")
+        return done
+
+    def _train_command(self, rounds: int, for_s: Optional[float]) -> int:
         done = 0
         try:
             pending = self._upload_pending
@@ -400,7 +411,6 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
             raise TrainerFailedError(
                 f"trainer incarnation {self.incarnation} failed in a round: {exc}"
             ) from exc
-        self.sm.go(S.READY, "hold")
         return done
 
     def _wait_for_groups(self, seconds: float) -> None:
@@ -445,7 +455,7 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         # the next round's payloads are read, and the ledger's tail listed
         self.buffer.prefetch(batch.watermark, self.groups_per_round)
         self.ledger.look_ahead()
-        with stage("trainer.train"):
+        with stage("trainer.train"), PROFILE.path(None):  # the step itself is off the path
             metrics = self.backend.train_round(batch)
         if float(metrics.get("nonfinite", 0.0)) > 0:
             self._refuse_round(reader, batch, metrics)
