@@ -276,6 +276,7 @@ def trainer_driver(
         ledger_set_aside_before=ledger_set_aside_before,
         reader_options={"fenced_incarnations": StoreFences(store)},
         overlap_uploads=overlap_uploads,  # a round's release upload overlaps the next
+        overlap_commits=overlap_uploads,  # and so do its ledger record and buffer commit
         publish_every=config.trainer.publish_every,
         start_submitted_unix=start_submitted_unix,
     )

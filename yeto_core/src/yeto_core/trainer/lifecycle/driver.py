@@ -31,6 +31,7 @@ from yeto_core.records import (
 from yeto_core.release.store import ReleaseStore
 from yeto_core.stage_profile import PROFILE, stage
 from yeto_core.trainer.cut import CutStore
+from yeto_core.trainer.lifecycle.pipeline import DriverPipeline
 from yeto_core.trainer.lifecycle.publish import DriverPublishing
 from yeto_core.trainer.lifecycle.skip_rounds import DriverSkipRounds
 from yeto_core.trainer.lifecycle.states import (
@@ -53,7 +54,7 @@ ROUND_POLL_S = 0.05
 CRITICAL_PATH = "trainer"
 
 
-class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
+class DriverLifecycle(DriverPipeline, DriverPublishing, DriverSkipRounds, TrainerLifecycle):
     """The trainer in this process (see the module docstring).
 
     :param backend_factory: builds a fresh backend per incarnation (``factory(incarnation)``).
@@ -84,6 +85,14 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         The next start's ``start_s`` (S1's ``T_s``) is measured from it, so provisioning,
         image pull and imports count; without it (or when it lies ahead of ``clock``) from
         the ``start`` call, and ``trainer_start_summary`` says why in ``start_note``.
+
+    :param overlap_uploads: a round's release upload runs on an upload thread while the
+        next round trains (:mod:`~yeto_core.trainer.lifecycle.publish`).
+    :param overlap_commits: a round's ledger record and buffer commit run on a commit
+        thread after the next round is taken, its upload after that commit
+        (:mod:`~yeto_core.trainer.lifecycle.pipeline`; implies ``overlap_uploads``): the
+        round's thread makes no store request between two optimizer steps when the
+        buffer read the next round ahead. A trainer island's driver does both.
 
     Every round is taken by a :class:`~yeto_core.buffer.batch_reader.BatchReader` built per
     incarnation (``try_take``: a round is trained only when it is full, or short after the
@@ -118,6 +127,7 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         ledger_set_aside_before: Optional[float] = None,
         reader_options: Optional[Mapping[str, Any]] = None,
         overlap_uploads: bool = False,
+        overlap_commits: bool = False,
         publish_every: int = 1,
         start_submitted_unix: Optional[float] = None,
     ) -> None:
@@ -151,8 +161,12 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         #: the submission time of the next start (one start only: a later one in this
         #: process was not submitted then)
         self.start_submitted_unix = start_submitted_unix
+        #: a round's ledger record and buffer commit on a commit thread, after the next
+        #: round is taken (:mod:`~yeto_core.trainer.lifecycle.pipeline`); implies
+        #: ``overlap_uploads``
+        self.overlap_commits = bool(overlap_commits)
         #: overlap each round's release upload with the next round (see :meth:`_publish`)
-        self.overlap_uploads = bool(overlap_uploads)
+        self.overlap_uploads = bool(overlap_uploads) or self.overlap_commits
         self._uploader: Any = None
         self._upload_pending: Any = None
         if (
@@ -370,8 +384,9 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         select per wake-up. It does not wait at the data end.
 
         With ``overlap_uploads`` the last round's upload goes on after this returns (over
-        the head's turn); the next publish, ``train`` or ``drain`` waits for it and fails
-        if it failed (``train`` before it trains anything).
+        the head's turn), with ``overlap_commits`` its ledger record and commit too; the
+        next publish, ``train`` or ``drain`` waits for them and fails if one failed
+        (``train`` before it trains anything).
         """
         self.sm.go(S.TRAINING, "train")
         with PROFILE.path(CRITICAL_PATH):
@@ -385,6 +400,7 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
             pending = self._upload_pending
             if pending is not None and pending.done():
                 self._wait_upload()  # the previous command's last upload failed: fail now
+            self._failed_write()  # likewise its last commit
             try:
                 began = time.monotonic()
                 while done < rounds:
@@ -403,7 +419,9 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
                     # the newest version is released before the hold
                     with stage("trainer.publish"):
                         self._publish(overlap=self.overlap_uploads)
+                self._hand_over()  # the last round's writes go on over the head's turn
             except BaseException:
+                self._held = None  # not committed: trained again from the newest cut
                 self._wait_upload()
                 raise
         except Exception as exc:
@@ -435,41 +453,49 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
             self._waiting_for_groups = True  # nothing appended yet
             return False
         c = self.counters
-        # the data end only matters for a short last round (one store request less a round)
-        ended = self.partial_last_round and bool(self.buffer.data_ended())
+        self._settle()  # the commit handed over last landed: a take never overlaps one
         try:
+            # short at the data end only: the reader looks at the data end itself when
+            # the round is short (no store request a round for it here)
             with stage("trainer.take"):
-                batch = reader.try_take(
-                    c.policy_version, short_ok=self.partial_last_round and ended
-                )
+                batch = reader.try_take(c.policy_version)
         except EndOfData:
+            self._flush_writes()
             self._commit_skips_at_data_end(reader)
             return False
+        self._hand_over()  # the previous round's writes, now that this one is taken
         if batch is None:
             self._waiting_for_groups = True
             return False
         if len(batch.groups) < self.groups_per_round and not self.partial_last_round:
+            self._flush_writes()
             reader.reset()  # a short round at the data end: hold; the buffer re-offers it
             return False
         # while this round trains (remote stores): the index records appended since and
         # the next round's payloads are read, and the ledger's tail listed
         self.buffer.prefetch(batch.watermark, self.groups_per_round)
-        self.ledger.look_ahead()
+        if not self.overlap_commits:  # else the commit thread lists it after a record
+            self.ledger.look_ahead()
         with stage("trainer.train"), PROFILE.path(None):  # the step itself is off the path
             metrics = self.backend.train_round(batch)
         if float(metrics.get("nonfinite", 0.0)) > 0:
+            self._flush_writes()
             self._refuse_round(reader, batch, metrics)
             return True
         self.nonfinite_in_a_row = 0
-        with stage("trainer.ledger"):
-            self.ledger.record(
-                batch,
-                seq=c.trained_rounds + 1,
-                incarnation=self.incarnation,
-                parent_cut=self.restored_cut.cut_id if self.restored_cut else None,
-            )
-        with stage("trainer.commit"):
-            watermark = reader.commit(batch)
+        if self.overlap_commits:
+            self._hold_round(reader, batch, c.trained_rounds + 1)
+            watermark = int(batch.watermark)
+        else:
+            with stage("trainer.ledger"):
+                self.ledger.record(
+                    batch,
+                    seq=c.trained_rounds + 1,
+                    incarnation=self.incarnation,
+                    parent_cut=self.restored_cut.cut_id if self.restored_cut else None,
+                )
+            with stage("trainer.commit"):
+                watermark = reader.commit(batch)
         skipped = {r: list(ps) for r, ps in sorted(batch.skipped.items()) if ps}
         counts = {r: len(ps) for r, ps in skipped.items()}
         for r, n in counts.items():
@@ -507,7 +533,7 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         self.sm.go(S.DRAINING, f"drain ({reason.value})")
         assert self.backend is not None and self.incarnation is not None
         try:
-            self._wait_upload()
+            self._flush_writes()  # the cut holds every committed round, and only those
             out = self._scratch("cut")
             with stage("trainer.cut.save"):
                 self.backend.save_cut(out, reason.trigger)
@@ -546,6 +572,7 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         """Drop the backend (LEFT or FAILED → STOPPED)."""
         self.sm.go(S.STOPPED, "release")
         self._close_arrivals()
+        self._close_pipeline()
         if self._uploader is not None:
             self._uploader.shutdown(wait=True)
             self._uploader, self._upload_pending = None, None

@@ -4,12 +4,16 @@
 After every trained round (every ``publish_every``-th, and the last of each ``train``
 call, with ``publish_every`` > 1; and at start) the backend exports a release, which
 is fingerprinted and committed to the :class:`~yeto_core.release.store.ReleaseStore`,
-in this thread or (``overlap_uploads``) on a background upload thread.
+in this thread or (``overlap_uploads``) on a background upload thread; with
+``overlap_commits`` after the commit of the round it was trained on
+(:mod:`~yeto_core.trainer.lifecycle.pipeline`).
 """
 
 from __future__ import annotations
 
+import functools
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +64,19 @@ class DriverPublishing:
                 driver[fingerprint.INFO_KEY] = recorded.to_json()
         info = driver if writer is not None else _with_driver_keys(written, driver)
         if overlap:
-            if self._uploader is None:
-                from concurrent.futures import ThreadPoolExecutor
-
-                self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
-            self._upload_pending = self._uploader.submit(self._upload, out, info, writer)
+            job = functools.partial(self._upload, out, info, writer)
+            if not self._hold_upload(job):  # a held round's commit goes first (pipeline)
+                self._submit_upload(self._after_commit(job))
         else:
             self._upload(out, info)
+
+    def _submit_upload(self, job: Callable[[], None]) -> None:
+        """Run ``job`` (an upload) on the upload thread: the pending upload from now on."""
+        if self._uploader is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
+        self._upload_pending = self._uploader.submit(job)
 
     def _upload(self, out: Path, info: dict[str, Any], writer: Any = None) -> None:
         """Commit the release in ``out`` (first written there by ``writer``, the backend's
