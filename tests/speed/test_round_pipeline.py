@@ -13,6 +13,7 @@ commit fails the incarnation. Counts and orders, never timings.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -36,11 +37,14 @@ ROUND = 4  # groups per round
 
 
 class Counting(RemoteLookingDirStore):
-    """Counts the requests made on the trainer's critical path (as the bench's wrapper)."""
+    """Counts the requests made on the trainer's critical path (as the bench's wrapper)
+    and records, in order, each buffer commit (its watermark) and each release made
+    visible (its version)."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(root)
         self.on_path: list[str] = []
+        self.writes: list[tuple[str, int]] = []
         self.fail_commit_at: int | None = None  # fail the consumed.json write to this watermark
         self._lock = threading.Lock()
 
@@ -71,30 +75,34 @@ class Counting(RemoteLookingDirStore):
 
     def put_if_absent(self, key, data):
         self._note("put_if_absent", key)
-        return super().put_if_absent(key, data)
+        done = super().put_if_absent(key, data)
+        if done and key.startswith("releases/") and key.endswith("/manifest.json"):
+            with self._lock:
+                self.writes.append(("release", int(json.loads(data)["version"])))
+        return done
 
     def put_if_match(self, key, data, version):
         self._note("put_if_match", key)
-        if self.fail_commit_at is not None and key.endswith("consumed.json"):
-            if f'"watermark":{self.fail_commit_at}' in data.decode().replace(" ", ""):
+        if key.endswith("consumed.json"):
+            watermark = int(json.loads(data)["watermark"])
+            if watermark == self.fail_commit_at:
                 raise StoreError(f"503 Service Unavailable: put_if_match {key}")
+            out = super().put_if_match(key, data, version)
+            with self._lock:
+                self.writes.append(("commit", watermark))
+            return out
         return super().put_if_match(key, data, version)
 
-
-class OrderedReleases(ReleaseStore):
-    """Checks, as each release lands, that its round's ledger record and commit landed."""
-
-    checked: list[tuple[int, int, int]] = []
-
-    def publish(self, local_dir, info, **kw):
-        version = int(info["version"])
-        if version > 0:
-            ledger = BatchLedger(self.store).rounds()
-            committed = FileSampleBuffer(self.store, layout="objects", read_only=True).watermark
-            assert ledger and ledger[-1].seq >= version, (version, ledger[-1:] or None)
-            assert committed >= int(info["buffer_watermark"]), (version, committed)
-            type(self).checked.append((version, ledger[-1].seq, committed))
-        return super().publish(local_dir, info, **kw)
+    def released_after_commits(self) -> list[int]:
+        """The versions made visible, each checked to come after its rounds' commit."""
+        committed, versions = 0, []
+        for kind, value in self.writes:
+            if kind == "commit":
+                committed = max(committed, value)
+            else:
+                assert committed >= value * ROUND, (value, committed, self.writes)
+                versions.append(value)
+        return versions
 
 
 def _driver(root: Path, *, overlap_commits: bool, groups: int = 6 * ROUND):
@@ -106,7 +114,7 @@ def _driver(root: Path, *, overlap_commits: bool, groups: int = 6 * ROUND):
         lambda inc: FakeBackend(seed=3),
         buf,
         CutStore(store, keep=10),
-        OrderedReleases(store),
+        ReleaseStore(store),
         groups_per_round=ROUND,
         max_policy_age=100,
         workdir=root / "work",
@@ -134,11 +142,11 @@ def _run(root: Path, *, overlap_commits: bool):
     releases = [(r.version, r.weight_checksum) for r in ReleaseStore(store).list()]
     backend = lc.backend
     lc.release()
+    assert store.released_after_commits() == list(range(7))
     return on_path, cut, records, releases, backend
 
 
-def test_the_trainer_s_critical_path_holds_at_most_two_store_requests_a_round(tmp_path):
-    OrderedReleases.checked = []
+def test_the_round_thread_makes_no_store_request_between_steps_on_a_round_read_ahead(tmp_path):
     on_path, cut, records, releases, backend = _run(tmp_path / "on", overlap_commits=True)
     off_path, off_cut, off_records, off_releases, off_backend = _run(
         tmp_path / "off", overlap_commits=False
@@ -155,8 +163,6 @@ def test_the_trainer_s_critical_path_holds_at_most_two_store_requests_a_round(tm
     assert backend.params.tobytes() == off_backend.params.tobytes()
     assert cut.trained_rounds == off_cut.trained_rounds == 6
     assert cut.buffer_watermark == off_cut.buffer_watermark == 6 * ROUND
-    # every release (the pipeline's and the plain one's) landed after its round's commit
-    assert sorted(v for v, _, _ in OrderedReleases.checked) == sorted(list(range(1, 7)) * 2)
 
 
 class _GatedBuffer(FileSampleBuffer):
@@ -176,7 +182,6 @@ def test_the_next_round_trains_while_a_commit_is_in_flight_and_its_release_waits
     writer = FileSampleBuffer(store, layout="objects", host="sampler")
     writer.append_many([make_group(i, 0, g=G, seed=5) for i in range(5 * ROUND)])
     buf = _GatedBuffer(store, layout="objects", host="trainer")
-    OrderedReleases.checked = []
     fourth = threading.Event()
 
     class Backend(FakeBackend):
@@ -190,7 +195,7 @@ def test_the_next_round_trains_while_a_commit_is_in_flight_and_its_release_waits
         lambda inc: Backend(seed=3),
         buf,
         CutStore(store, keep=10),
-        OrderedReleases(store),
+        ReleaseStore(store),
         groups_per_round=ROUND,
         max_policy_age=100,
         workdir=tmp_path / "work",
@@ -213,7 +218,7 @@ def test_the_next_round_trains_while_a_commit_is_in_flight_and_its_release_waits
     assert cut.buffer_watermark == 4 * ROUND and buf.watermark == 4 * ROUND
     BatchLedger(store).check(watermark=4 * ROUND)
     assert ReleaseStore(store).latest().version == 4
-    assert [v for v, _, _ in OrderedReleases.checked] == [1, 2, 3, 4]
+    assert store.released_after_commits() == [0, 1, 2, 3, 4]
 
 
 def test_a_failed_commit_fails_the_incarnation_and_the_cut_holds_only_committed_rounds(

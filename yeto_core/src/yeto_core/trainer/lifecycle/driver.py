@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -421,8 +422,9 @@ class DriverLifecycle(DriverPipeline, DriverPublishing, DriverSkipRounds, Traine
                         self._publish(overlap=self.overlap_uploads)
                 self._hand_over()  # the last round's writes go on over the head's turn
             except BaseException:
-                self._held = None  # not committed: trained again from the newest cut
-                self._wait_upload()
+                self._drop_held("the train command failed")  # trained again from the cut
+                with contextlib.suppress(Exception):  # (this error is the one to raise)
+                    self._wait_upload()
                 raise
         except Exception as exc:
             self._fail(exc, "train")
