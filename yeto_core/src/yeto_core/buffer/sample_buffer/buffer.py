@@ -346,6 +346,9 @@ class FileSampleBuffer(BufferAppends, BufferLoads, DurableSampleBuffer):
                 if len(rnd.entries) >= spec.max_groups:
                     PROFILE.count("buffer.select_read_ahead")
                     return rnd
+                # consumed.json is still this object's own last commit: the index only
+                self._catch_up()
+                return plan_round(self._pending, self._state.watermark, spec)
             self._update()
             return plan_round(self._pending, self._state.watermark, spec)
 
