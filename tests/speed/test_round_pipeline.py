@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from yeto_core.buffer.fences import StoreFences, write_fence
 from yeto_core.buffer.ledger import BatchLedger
 from yeto_core.buffer.sample_buffer import FileSampleBuffer
 from yeto_core.errors import StoreError
@@ -253,3 +254,36 @@ def test_a_failed_commit_fails_the_incarnation_and_the_cut_holds_only_committed_
     assert cut.buffer_watermark == 6 * ROUND
     BatchLedger(store).check(watermark=6 * ROUND)
     lc2.release()
+
+
+class _ListingThreads(RemoteLookingDirStore):
+    """Records which thread lists the fences."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.listed_by: list[str] = []
+
+    def list(self, prefix="", after=None):
+        if prefix == "fences/":
+            self.listed_by.append(threading.current_thread().name)
+        return super().list(prefix, after)
+
+
+def test_the_trainer_s_fences_are_listed_on_a_thread_within_the_same_bound(tmp_path):
+    """``StoreFences(ahead=True)`` (the trainer island's reader): past half of
+    ``refresh_s`` the listing goes on a thread and the answer comes from the fences known;
+    a fence is still seen within ``refresh_s`` of its write."""
+    store = _ListingThreads(tmp_path / "s")
+    now = [0.0]
+    fences = StoreFences(store, refresh_s=1.0, clock=lambda: now[0], ahead=True)
+    me = threading.current_thread().name
+    assert not fences("sampler-0", 1)  # nothing known yet: waits for the first listing
+    now[0] = 0.6  # half the bound passed: listed on a thread, answered at once
+    assert not fences("sampler-0", 1)
+    fences._listing[0].result(30)
+    write_fence(store, "sampler-0", 1)  # written after that listing
+    now[0] = 0.9
+    assert not fences("sampler-0", 1)  # known listing began at 0.6: within the bound
+    now[0] = 1.7  # 1.1 s after the last listing began: this call waits for a fresh one
+    assert fences("sampler-0", 1)
+    assert me not in store.listed_by[1:2] and store.listed_by[1:2]  # the one at 0.6
