@@ -38,6 +38,7 @@ FIGURES = (
     "groups_stale",
     "groups_waiting",
     "trainer_critical_path_requests_per_round",
+    "trainer_wait_requests_per_round",
 )
 
 

@@ -53,6 +53,10 @@ ROUND_POLL_S = 0.05
 #: (:meth:`~yeto_core.stage_profile.StageProfile.path`): the store requests a measuring
 #: store counts there are those the next optimizer step waits on
 CRITICAL_PATH = "trainer"
+#: the path of that thread while it waits for the samplers: the data-end checks and waits
+#: after a take that found too few groups, and the takes that follow one (the step then
+#: waits for groups to be appended, not for the store)
+WAIT_PATH = "trainer_wait"
 
 
 class DriverLifecycle(DriverPipeline, DriverPublishing, DriverSkipRounds, TrainerLifecycle):
@@ -409,9 +413,10 @@ class DriverLifecycle(DriverPipeline, DriverPublishing, DriverSkipRounds, Traine
                         left = None if for_s is None else for_s - (time.monotonic() - began)
                         if not self._waiting_for_groups or left is None or left <= 0:
                             break
-                        if self.buffer.data_ended():  # no round is coming
-                            break
-                        self._wait_for_groups(min(left, ROUND_POLL_S))
+                        with PROFILE.path(WAIT_PATH):
+                            if self.buffer.data_ended():  # no round is coming
+                                break
+                            self._wait_for_groups(min(left, ROUND_POLL_S))
                         continue
                     done += 1
                     if for_s is not None and time.monotonic() - began >= for_s:
@@ -449,7 +454,7 @@ class DriverLifecycle(DriverPipeline, DriverPublishing, DriverSkipRounds, Traine
         """Train one round. False: none was trained (``_waiting_for_groups`` says whether
         because too few groups wait yet, as opposed to the data end or a held round)."""
         assert self.backend is not None and self.incarnation is not None
-        self._waiting_for_groups = False
+        waited, self._waiting_for_groups = self._waiting_for_groups, False
         reader = self._make_reader()
         if reader is None:
             self._waiting_for_groups = True  # nothing appended yet
@@ -459,7 +464,7 @@ class DriverLifecycle(DriverPipeline, DriverPublishing, DriverSkipRounds, Traine
         try:
             # short at the data end only: the reader looks at the data end itself when
             # the round is short (no store request a round for it here)
-            with stage("trainer.take"):
+            with stage("trainer.take"), PROFILE.path(WAIT_PATH if waited else CRITICAL_PATH):
                 batch = reader.try_take(c.policy_version)
         except EndOfData:
             self._flush_writes()
