@@ -37,6 +37,8 @@ FIGURES = (
     "groups_appended",
     "groups_stale",
     "groups_waiting",
+    "trainer_critical_path_requests_per_round",
+    "trainer_wait_requests_per_round",
 )
 
 

@@ -442,3 +442,21 @@ def test_the_settings_that_are_not_the_products_defaults_are_named(tmp_path: Pat
     # an option equal to its default is not named (lr 5e-4 is the torch backend's)
     assert "trainer.backend_options.lr" not in async_1["workload"]
     assert "trainer.backend_options.lr" not in async_1["tuning"]
+
+
+def test_trainer_critical_path_requests_per_round_from_the_profile_counters():
+    """``store!trainer.<op>`` over the trainer's own rounds; the waits for the samplers
+    (``store!trainer_wait.<op>``) apart; None without a counting store."""
+    from yeto_bench.e2e import trainer_critical_path
+
+    counters = {
+        "trainer.rounds": 4,
+        "store.get": 30,
+        "store!trainer.get": 4,
+        "store!trainer.put_if_match": 2,
+        "store!trainer_wait.list": 8,
+    }
+    profile = {"head": {"counters": {"store.get": 50}}, "trainer": {"counters": counters}}
+    assert trainer_critical_path(profile) == 1.5
+    assert trainer_critical_path(profile, waits=True) == 2.0
+    assert trainer_critical_path({"trainer": {"counters": {"trainer.rounds": 4}}}) is None

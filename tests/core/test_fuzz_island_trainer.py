@@ -162,7 +162,7 @@ class IslandTrainerMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         if self.driver is not None:
-            self.driver._wait_upload()
+            self.driver._flush_writes()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def _new_driver(self) -> Any:
@@ -209,6 +209,9 @@ class IslandTrainerMachine(RuleBasedStateMachine):
     @rule(rounds=st.integers(1, 4))
     def train(self, rounds: int) -> None:
         self.driver.train(rounds)
+        # the command's last round is committed on the driver's commit thread after it
+        # returns (over the head's turn): the checks below read the store once it landed
+        self.driver._flush_writes()
 
     @rule(reason=st.sampled_from([StopReason.STOPPED, StopReason.PREEMPTED]))
     def stop_and_restart_from_the_cut(self, reason: StopReason) -> None:
@@ -220,7 +223,7 @@ class IslandTrainerMachine(RuleBasedStateMachine):
     @rule()
     def a_new_trainer_process_restores_the_newest_cut(self) -> None:
         """The island's process died after its last cut; the next one builds a new driver."""
-        self.driver._wait_upload()
+        self.driver._flush_writes()  # (its last writes landed before it died)
         self.incarnation += 1
         self.driver = self._new_driver()
         self.driver.start(self.incarnation)

@@ -58,9 +58,13 @@ def _setup(tmp_path, *, remote: bool = True, n: int = 24):
     return store, buf, reader
 
 
-def _join(buf: FileSampleBuffer) -> None:
+def _join(buf: FileSampleBuffer, *, stop: bool = True) -> None:
+    """Wait for the read-ahead (``stop``: after its current index read; else until it
+    has a round or gives up)."""
     thread = buf._ahead_thread
     assert thread is not None, "prefetch started no read-ahead"
+    if stop:
+        buf._stop_ahead()
     thread.join(timeout=30)
     assert not thread.is_alive()
 
@@ -135,6 +139,7 @@ def _driver_run(root: Path, *, remote: bool, packs: bool = False, call: int = 20
         calls.append((start, n))
         real(start, n)
         if buf._ahead_thread is not None:
+            buf._stop_ahead()  # (after the index read it is in)
             buf._ahead_thread.join(timeout=30)  # the round "trains" until it is read
 
     buf.prefetch = prefetch  # type: ignore[method-assign]
@@ -224,6 +229,29 @@ def test_a_round_the_read_ahead_did_not_fill_is_read_from_the_store(tmp_path):
     second = reader.try_take(1)
     assert second is not None and len(second.groups) == 8
     assert "buffer/index/000000000008.json" in store.got  # the select read the index
+
+
+def test_groups_appended_after_the_read_ahead_s_first_index_read_are_read_ahead_too(tmp_path):
+    """A read-ahead that found less than a round reads the index again until it has one
+    (or the take comes): the groups appended while the round trains are read off the
+    trainer's path, and the take reads nothing."""
+    store, writer, buf, reader, first = _first_round_taken(tmp_path)
+    buf.prefetch(first.watermark, 8)  # nothing appended yet
+    for _ in range(3000):  # its first index read found nothing
+        if buf._ahead_keys is not None:
+            break
+        threading.Event().wait(0.01)
+    assert buf._ahead_keys == frozenset()
+    writer.append_many(
+        [build_group(f"g{i}", n=G, host="h", prompt_id=f"p{i}") for i in range(8, 16)]
+    )
+    _join(buf, stop=False)  # it ends once it holds the round
+    store.got.clear()
+    second = reader.try_take(1)
+    assert second is not None and [g.group_id for g in second.groups] == [
+        f"g{i}" for i in range(8, 16)
+    ]
+    assert store.got == []  # no listing, no index object, no payload on the take's path
 
 
 def test_with_packs_the_trainer_reads_each_pack_once(tmp_path):

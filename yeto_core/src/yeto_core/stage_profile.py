@@ -13,6 +13,11 @@ Each stage also sums the CPU time of the thread that ran it (``cpu_s``,
 ``time.thread_time``): a stage whose wall seconds are well above its CPU seconds
 waited (for the disk, the store, the GIL or a core held by another process).
 
+A thread may also be marked on a role's critical path (``with PROFILE.path("trainer")``:
+the trainer's round thread between two optimizer steps): a measuring store (the
+bench's counting wrapper) counts the requests made there as ``store!<path>.<op>``, the
+requests that role's progress waits on, apart from those its background threads make.
+
 Cost: two ``perf_counter`` and two ``thread_time`` calls and a dict update per
 stage (about a microsecond against stages of milliseconds); always on.
 """
@@ -27,6 +32,9 @@ from typing import Any, Optional
 
 #: the event kind a snapshot is written as
 EVENT_KIND = "stage_profile"
+
+#: the counter of a store request made on critical path ``path`` (:meth:`StageProfile.path`)
+PATH_COUNTER = "store!{path}.{op}"
 
 
 class StageProfile:
@@ -65,18 +73,39 @@ class StageProfile:
         return _Stage(self, name, cpu)
 
     @contextlib.contextmanager
-    def within(self, name: Optional[str]) -> Iterator[None]:
+    def within(self, name: Optional[str], path: Optional[str] = None) -> Iterator[None]:
         """Open ``name`` for :meth:`current` in this thread without timing it (a worker
-        thread doing part of the caller's stage); None: nothing."""
-        if name is None:
-            yield
-            return
-        opened = self._open.__dict__.setdefault("names", [])
-        opened.append(name)
+        thread doing part of the caller's stage; ``path``: the caller's :meth:`on_path`,
+        which the caller waits on); None: nothing."""
+        with self.path(path) if path is not None else contextlib.nullcontext():
+            if name is None:
+                yield
+                return
+            opened = self._open.__dict__.setdefault("names", [])
+            opened.append(name)
+            try:
+                yield
+            finally:
+                opened.pop()
+
+    @contextlib.contextmanager
+    def path(self, name: Optional[str]) -> Iterator[None]:
+        """Mark this thread as on the critical path ``name`` while the block runs (None:
+        off every path): a thread the role's progress waits on, such as the trainer's
+        round thread between two optimizer steps (``trainer``). A measuring store counts
+        the requests made there (``store!<name>.<op>``, :data:`PATH_COUNTER`); a worker
+        the caller waits on carries it (:meth:`within`); a background thread has none."""
+        local = self._open.__dict__
+        before = local.get("path")
+        local["path"] = name
         try:
             yield
         finally:
-            opened.pop()
+            local["path"] = before
+
+    def on_path(self) -> Optional[str]:
+        """The critical path this thread is on (:meth:`path`), None when on none."""
+        return self._open.__dict__.get("path")
 
     def current(self) -> Optional[str]:
         """The innermost stage open in this thread (None outside every stage)."""
@@ -166,6 +195,12 @@ def stage(name: str, *, cpu: bool = True) -> contextlib.AbstractContextManager[N
 
 def count(name: str, n: int = 1) -> None:
     PROFILE.count(name, n)
+
+
+def path_requests(counters: dict[str, Any], path: str) -> int:
+    """The store requests counted on critical path ``path`` (``store!<path>.<op>``)."""
+    head = PATH_COUNTER.format(path=path, op="")
+    return sum(int(v) for k, v in counters.items() if k.startswith(head))
 
 
 def emit_snapshot(emit: Callable[..., Any], *, every_s: float = 0.0, **extra: Any) -> bool:

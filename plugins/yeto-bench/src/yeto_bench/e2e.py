@@ -43,7 +43,10 @@ shape, threads, CPUs: the plain loop's too) apart from ``tuning``.
 ``--profile`` adds each run's stage profile (:mod:`yeto_core.stage_profile`:
 per process, seconds, calls, share and ms per trained round of every stage);
 ``--store-latency-ms`` / ``--remote-store`` run yeto's modes on a counting
-store wrapper (requests per trained round in the profile's counters). Every
+store wrapper (requests per trained round in the profile's counters, and per mode
+``trainer_critical_path_requests_per_round``: those the trainer's next optimizer
+step waited on, and ``trainer_wait_requests_per_round``: those its thread made while
+it waited for the samplers, :func:`trainer_critical_path`). Every
 report has ``optimizer_steps_per_s`` per mode and ``baselines`` (what each
 mode does).
 
@@ -367,7 +370,9 @@ def run_mode(
     return {
         "usd_total": money["usd_total"],
         "usd_per_trained_group": money["usd_per_trained_group"],
-        "profile": stage_profiles(store, rounds=len(trained)),
+        "profile": (profile := stage_profiles(store, rounds=len(trained))),
+        "trainer_critical_path_requests_per_round": trainer_critical_path(profile),
+        "trainer_wait_requests_per_round": trainer_critical_path(profile, waits=True),
         "max_policy_lag": max(lags) if lags else None,
         "mean_policy_lag": round(statistics.fmean(lags), 3) if lags else None,
         "time_to_target_s": hit,
@@ -403,6 +408,28 @@ def stage_profiles(store: Any, *, rounds: int) -> dict[str, Any]:
         if snaps:
             out[island] = summarize(snaps[-1].data, rounds=rounds or None)
     return out
+
+
+def trainer_critical_path(profile: dict[str, Any], *, waits: bool = False) -> Optional[float]:
+    """The store requests per trained round that the trainer's next optimizer step waited
+    on (counter ``store!trainer.<op>``: made on its round thread outside the step, or by
+    workers that thread waited for; not its background reads, commits and uploads), over
+    the rounds of the process that trained them (``trainer.rounds``: the last
+    incarnation's). ``waits``: those made instead while it waited for the samplers (the
+    takes after one that found too few groups, the data-end checks between them: path
+    ``trainer_wait``). None without a counting store (no ``store.*`` counter) or a round."""
+    from yeto_core.stage_profile import path_requests
+    from yeto_core.trainer.lifecycle.driver import CRITICAL_PATH, WAIT_PATH
+
+    requests = rounds = 0
+    counted = False
+    for st in profile.values():
+        counters = st.get("counters") or {}
+        counted = counted or any(k.startswith("store.") for k in counters)
+        if counters.get("trainer.rounds"):
+            rounds += int(counters["trainer.rounds"])
+            requests += path_requests(counters, WAIT_PATH if waits else CRITICAL_PATH)
+    return round(requests / rounds, 2) if counted and rounds else None
 
 
 def policy_lag(trained: list[Any], min_version: dict[int, int]) -> Optional[int]:
@@ -663,6 +690,14 @@ def one_report(
         },
         # yeto async's optimizer steps per second over the plain loop's (async)
         "steps_per_s_vs_plain_loop": round(a_steps / p_steps, 3) if a_steps and p_steps else None,
+        # with a counting store (--store-latency-ms, --remote-store, --seaweedfs)
+        "trainer_critical_path_requests_per_round": {
+            m: r.get("trainer_critical_path_requests_per_round")
+            for m, r in (("async", a), ("sync", s))
+        },
+        "trainer_wait_requests_per_round": {
+            m: r.get("trainer_wait_requests_per_round") for m, r in (("async", a), ("sync", s))
+        },
         "settings": {"async": a.get("settings"), "sync": s.get("settings")},
         "profile": {"async": a.get("profile"), "sync": s.get("profile")},
     }
@@ -745,6 +780,10 @@ def combine(reports: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
         "prices": first.get("prices"),
         "reward_curves": first["reward_curves"],
         "optimizer_steps_per_s": _medians(reports, "optimizer_steps_per_s"),
+        "trainer_critical_path_requests_per_round": _medians(
+            reports, "trainer_critical_path_requests_per_round"
+        ),
+        "trainer_wait_requests_per_round": _medians(reports, "trainer_wait_requests_per_round"),
         "settings": first.get("settings"),
         "profile": first.get("profile"),
         "runs": first["runs"],

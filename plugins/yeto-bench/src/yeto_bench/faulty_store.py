@@ -45,7 +45,7 @@ from typing import Any, Optional
 
 from yeto_core.errors import StoreError
 from yeto_core.ports import ObjectStore
-from yeto_core.stage_profile import PROFILE
+from yeto_core.stage_profile import PATH_COUNTER, PROFILE
 
 ENV = "YETO_FAULTS"
 ENV_LOG = "YETO_FAULTS_LOG"
@@ -138,6 +138,9 @@ class FaultyStore(ObjectStore):
         t = time.perf_counter()
         PROFILE.count(f"store.{op}")
         PROFILE.count(f"store@{PROFILE.current() or '-'}.{op}")
+        path = PROFILE.on_path()
+        if path is not None:
+            PROFILE.count(PATH_COUNTER.format(path=path, op=op))
         try:
             if self.latency_s > 0:
                 time.sleep(self.latency_s)

@@ -444,6 +444,14 @@ class BatchReader(ReaderAdmission):
                 f"{type(batch).__name__}"
             )
         wm = commit_watermark(self.buffer, batch)
+        self.note_committed(batch)
+        return wm
+
+    def note_committed(self, batch: ReaderBatch) -> None:
+        """Count ``batch`` committed in the reader's own records without writing the buffer:
+        its caller writes it (:func:`commit_watermark`) before the reader takes again (a
+        trainer that commits on another thread, after it took the next round)."""
+        wm = int(batch.watermark)
         info = batch.rounds[0] if batch.rounds else {}
         details = info.get("details", {}) if isinstance(info, Mapping) else {}
         for reason, ps in batch.skipped.items():
@@ -452,7 +460,6 @@ class BatchReader(ReaderAdmission):
                 self.last_skip_detail[p] = details.get(p, reason)
         self.trained_positions.extend(batch.positions)
         self._seen = {p: e for p, e in self._seen.items() if p >= wm}
-        return wm
 
     def reset(self) -> None:
         """Forget held groups and uncommitted skips; the buffer re-offers them.
@@ -496,6 +503,7 @@ __all__ = [
     "SamplerWaitTimeout",
     "UnconvertibleRoundError",
     "check_group",
+    "commit_watermark",
     "make_padding",
     "padding_template",
 ]

@@ -27,6 +27,7 @@ from yeto_core.ports.trainer import backend_options
 from yeto_core.providers.env import IslandIdentity
 from yeto_core.records import Batch, Event, ModelFacts, ReleaseInfo, Trigger
 from yeto_core.stage_profile import emit_snapshot, stage
+from yeto_core.stores.parallel import is_remote
 
 
 def group_reward(group: Any) -> float:
@@ -274,8 +275,10 @@ def trainer_driver(
         partial_last_round=True,
         group_size=run_group_size(config),
         ledger_set_aside_before=ledger_set_aside_before,
-        reader_options={"fenced_incarnations": StoreFences(store)},
+        # listed on a thread while the rounds come more often than every half second
+        reader_options={"fenced_incarnations": StoreFences(store, ahead=is_remote(store))},
         overlap_uploads=overlap_uploads,  # a round's release upload overlaps the next
+        overlap_commits=overlap_uploads,  # and so do its ledger record and buffer commit
         publish_every=config.trainer.publish_every,
         start_submitted_unix=start_submitted_unix,
     )

@@ -390,13 +390,21 @@ class ReleaseStore(DeltaParentKeeping):
     # -- writing ------------------------------------------------------------------------
 
     def publish(
-        self, local_dir: str | os.PathLike[str], info: Mapping[str, Any], *, handoff: bool = False
+        self,
+        local_dir: str | os.PathLike[str],
+        info: Mapping[str, Any],
+        *,
+        handoff: bool = False,
+        ready: Optional[Callable[[], None]] = None,
     ) -> Release:
         """Commit the files of ``local_dir`` as a release.
 
         :param info: ``version`` (int), ``kind`` and ``weight_checksum`` (what the backend's
             ``publish_release`` returned plus the driver's version); other keys go to
             ``Release.info``.
+        :param ready: called after the files are stored and before the manifest and the
+            pointer make the release visible (the trainer waits there for the commit of
+            the round the release was trained on); its error stops the publication.
         :param handoff: the caller never changes ``local_dir``'s files again (the driver's
             scratch export): the store may keep the files themselves, not a copy (the
             ``dir`` store hard-links them, :meth:`~yeto_core.ports.ObjectStore.put_files`),
@@ -420,6 +428,8 @@ class ReleaseStore(DeltaParentKeeping):
             existing = self._read(rid)
             if existing is not None and existing.weight_checksum == checksum:
                 if latest is None or latest.release_id != existing.release_id:
+                    if ready is not None:
+                        ready()
                     self._swap_pointer(existing, pointer_version)
                 self._keep_parent(local_dir, existing)
                 self.last_publish = {  # nothing stored: not the previous publication's figures
@@ -493,6 +503,8 @@ class ReleaseStore(DeltaParentKeeping):
         )
         if upload_dir != Path(local_dir):
             shutil.rmtree(upload_dir, ignore_errors=True)
+        if ready is not None:
+            ready()
         manifest_key = f"{self._dir(release_id)}/{MANIFEST_NAME}"
         if not self.store.put_if_absent(manifest_key, serde.dumps(rel).encode()):
             raise ReleaseError(

@@ -79,10 +79,11 @@ def overlapped(
     """``[(fn(item), None) or (None, error)]`` in ``items``' order (see the module doc)."""
     if len(items) < 2 or not is_remote(store) or _in_pool():
         return [_attempt(fn, item) for item in items]
-    where = PROFILE.current()
+    where, path = PROFILE.current(), PROFILE.on_path()
 
     def run(item: T) -> Union[tuple[R, None], tuple[None, BaseException]]:
-        with PROFILE.within(where):  # the requests count for the caller's stage
+        # the requests count for the caller's stage (and critical path: it waits for them)
+        with PROFILE.within(where, path):
             return _attempt(fn, item)
 
     return list(_executor().map(run, items))

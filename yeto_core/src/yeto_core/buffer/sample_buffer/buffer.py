@@ -337,6 +337,7 @@ class FileSampleBuffer(BufferAppends, BufferLoads, DurableSampleBuffer):
 
     @_serialized
     def select(self, spec: RoundSpec) -> BufferRound:
+        self._stop_ahead()  # the take a read-ahead read for has come
         with stage("buffer.select"):
             if self._own_state and self._reads_ahead():
                 # the index records read ahead hold a whole round: the same round a read
@@ -346,6 +347,9 @@ class FileSampleBuffer(BufferAppends, BufferLoads, DurableSampleBuffer):
                 if len(rnd.entries) >= spec.max_groups:
                     PROFILE.count("buffer.select_read_ahead")
                     return rnd
+                # consumed.json is still this object's own last commit: the index only
+                self._catch_up()
+                return plan_round(self._pending, self._state.watermark, spec)
             self._update()
             return plan_round(self._pending, self._state.watermark, spec)
 
@@ -506,6 +510,7 @@ class FileSampleBuffer(BufferAppends, BufferLoads, DurableSampleBuffer):
         }
 
     def close(self) -> None:
+        self._stop_ahead()
         for idx in (self._jsonl, self._shard, *self._shard_readers.values()):
             if idx is not None:
                 idx.close()

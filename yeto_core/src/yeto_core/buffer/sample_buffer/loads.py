@@ -22,6 +22,11 @@ from yeto_core.records import CORRUPT_INDEX_HOST, GroupEntry, SampleGroup
 from yeto_core.stage_profile import PROFILE, stage
 from yeto_core.stores.parallel import is_remote, overlapped
 
+#: a read-ahead short of a round reads the index again after this many seconds ...
+READ_AGAIN_S = 0.05
+#: ... at most this many times (2 s: a round's training), unless a select stops it first
+READ_AGAIN_MAX = 40
+
 #: how many packs' bytes a buffer object keeps after reading them (a sampler call's groups:
 #: a few MiB each at most)
 PACKS_KEPT = 4
@@ -39,6 +44,8 @@ class BufferLoads:
     _ahead_thread: Optional[threading.Thread] = None
     #: the keys the running thread reads (None: not chosen yet)
     _ahead_keys: Optional[frozenset[str]] = frozenset()
+    #: set when the take the running read-ahead reads for has come: no further index read
+    _ahead_stop: Optional[threading.Event] = None
     #: guards ``_ahead`` (not the buffer's lock: loads run on worker threads, and the
     #: buffer's lock may be held by the thread waiting for them)
     _ahead_lock = threading.Lock()
@@ -52,57 +59,82 @@ class BufferLoads:
     def prefetch(self, start: int, n: int) -> None:
         """Read ahead on one thread (a remote store only) and return at once: the index
         records appended since the last read, then the payloads of the first ``n``
-        waiting groups from ``start`` on. A read-ahead still running makes this a no-op;
-        else what the last one read and no load took is dropped (so at most one round's
-        payloads are kept)."""
+        waiting groups from ``start`` on. While fewer than ``n`` groups wait there, the
+        thread reads the index again every :data:`READ_AGAIN_S` (at most
+        :data:`READ_AGAIN_MAX` times) and reads the payloads of the groups it finds,
+        until the next select (the take it read ahead for) stops it: the groups samplers
+        append while a round trains are read off the trainer's path too. A read-ahead
+        still running (not stopped) makes this a no-op; else what the last one read and
+        no load took is dropped (so at most one round's payloads are kept)."""
         if n <= 0 or not is_remote(self.store):
             return
         running = self._ahead_thread
         if running is not None and running.is_alive():
-            return
+            stop = self._ahead_stop
+            if stop is None or not stop.is_set():
+                return
+            running.join()  # stopped by the select: it ends with the request it is in
+        stop = threading.Event()
         with self._ahead_lock:
             self._ahead = {}
             self._ahead_keys = None
         thread = threading.Thread(
-            target=self._read_ahead, args=(start, n), name="yeto-buffer-prefetch", daemon=True
+            target=self._read_ahead, args=(start, n, stop), name="yeto-buffer-prefetch", daemon=True
         )
-        self._ahead_thread = thread
+        self._ahead_thread, self._ahead_stop = thread, stop
         thread.start()
 
-    def _read_ahead(self, start: int, n: int) -> None:
-        keys: list[str] = []
-        # not blocking: a caller holding the lock may be waiting for this thread
-        if self._lock.acquire(timeout=1.0):
-            try:
-                try:
-                    self._index_ahead()
-                except Exception:  # the next select reads the index itself, and says why
-                    pass
-                groups = 0
+    def _stop_ahead(self) -> None:
+        """Stop a read-ahead's further index reads (the take it read ahead for has come)."""
+        stop = self._ahead_stop
+        if stop is not None:
+            stop.set()
+
+    def _read_ahead(self, start: int, n: int, stop: threading.Event) -> None:
+        read: set[str] = set()
+        for _ in range(READ_AGAIN_MAX + 1):
+            keys, groups = self._ahead_pass(start, n, read)
+            with self._ahead_lock:
+                self._ahead_keys = frozenset(read | set(keys))
+            if keys:
+                got = overlapped(self.store, self.store.get, keys)
+                read.update(keys)
                 with self._ahead_lock:
-                    kept = set(self._packs or ())
-                for entry, dup in self._pending:
-                    if groups >= n:
-                        break
-                    if entry.position < start or dup or entry.host == CORRUPT_INDEX_HOST:
-                        continue
-                    groups += 1
-                    # a pack holds several groups (read once); one kept is not read again
-                    if entry.payload and entry.payload not in keys and entry.payload not in kept:
-                        keys.append(entry.payload)
-            finally:
-                self._lock.release()
-        with self._ahead_lock:
-            self._ahead_keys = frozenset(keys)
-        if not keys:
-            return
-        got = overlapped(self.store, self.store.get, keys)
-        with self._ahead_lock:
-            ahead = self._ahead if self._ahead is not None else {}
-            for key, (data, exc) in zip(keys, got, strict=True):
-                if exc is None and isinstance(data, bytes):
-                    ahead[key] = data  # a failed read is read again by the load itself
-            self._ahead = ahead
+                    ahead = self._ahead if self._ahead is not None else {}
+                    for key, (data, exc) in zip(keys, got, strict=True):
+                        if exc is None and isinstance(data, bytes):
+                            ahead[key] = data  # a failed read is read again by the load
+                    self._ahead = ahead
+            if groups >= n or stop.wait(READ_AGAIN_S):
+                return
+
+    def _ahead_pass(self, start: int, n: int, read: set[str]) -> tuple[list[str], int]:
+        """Read the index ahead; (the payload keys of the first ``n`` groups waiting from
+        ``start`` on not read yet, how many groups wait there up to ``n``)."""
+        keys: list[str] = []
+        groups = 0
+        # not blocking: a caller holding the lock may be waiting for this thread
+        if not self._lock.acquire(timeout=1.0):
+            return keys, groups
+        try:
+            try:
+                self._index_ahead()
+            except Exception:  # the next select reads the index itself, and says why
+                pass
+            with self._ahead_lock:
+                kept = set(self._packs or ()) | read
+            for entry, dup in self._pending:
+                if groups >= n:
+                    break
+                if entry.position < start or dup or entry.host == CORRUPT_INDEX_HOST:
+                    continue
+                groups += 1
+                # a pack holds several groups (read once); one kept is not read again
+                if entry.payload and entry.payload not in keys and entry.payload not in kept:
+                    keys.append(entry.payload)
+        finally:
+            self._lock.release()
+        return keys, groups
 
     def _cached_pack(self, key: str) -> Optional[bytes]:
         """The bytes of pack ``key`` if a load or a read-ahead read it lately."""
@@ -136,6 +168,7 @@ class BufferLoads:
     def _wait_ahead(self, keys: Any) -> None:
         """Wait for a running read-ahead that reads any of ``keys`` (it started before:
         it answers sooner than a new round trip would)."""
+        self._stop_ahead()
         thread = self._ahead_thread
         chosen = self._ahead_keys
         if (

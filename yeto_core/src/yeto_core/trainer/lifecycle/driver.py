@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -31,6 +32,7 @@ from yeto_core.records import (
 from yeto_core.release.store import ReleaseStore
 from yeto_core.stage_profile import PROFILE, stage
 from yeto_core.trainer.cut import CutStore
+from yeto_core.trainer.lifecycle.pipeline import DriverPipeline
 from yeto_core.trainer.lifecycle.publish import DriverPublishing
 from yeto_core.trainer.lifecycle.skip_rounds import DriverSkipRounds
 from yeto_core.trainer.lifecycle.states import (
@@ -47,8 +49,17 @@ S = LifecycleState
 #: buffer's watch wakes it sooner where the store notifies)
 ROUND_POLL_S = 0.05
 
+#: the critical path a train command's thread is on outside the optimizer step
+#: (:meth:`~yeto_core.stage_profile.StageProfile.path`): the store requests a measuring
+#: store counts there are those the next optimizer step waits on
+CRITICAL_PATH = "trainer"
+#: the path of that thread while it waits for the samplers: the data-end checks and waits
+#: after a take that found too few groups, and the takes that follow one (the step then
+#: waits for groups to be appended, not for the store)
+WAIT_PATH = "trainer_wait"
 
-class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
+
+class DriverLifecycle(DriverPipeline, DriverPublishing, DriverSkipRounds, TrainerLifecycle):
     """The trainer in this process (see the module docstring).
 
     :param backend_factory: builds a fresh backend per incarnation (``factory(incarnation)``).
@@ -79,6 +90,14 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         The next start's ``start_s`` (S1's ``T_s``) is measured from it, so provisioning,
         image pull and imports count; without it (or when it lies ahead of ``clock``) from
         the ``start`` call, and ``trainer_start_summary`` says why in ``start_note``.
+
+    :param overlap_uploads: a round's release upload runs on an upload thread while the
+        next round trains (:mod:`~yeto_core.trainer.lifecycle.publish`).
+    :param overlap_commits: a round's ledger record and buffer commit run on a commit
+        thread after the next round is taken, its upload after that commit
+        (:mod:`~yeto_core.trainer.lifecycle.pipeline`; implies ``overlap_uploads``): the
+        round's thread makes no store request between two optimizer steps when the
+        buffer read the next round ahead. A trainer island's driver does both.
 
     Every round is taken by a :class:`~yeto_core.buffer.batch_reader.BatchReader` built per
     incarnation (``try_take``: a round is trained only when it is full, or short after the
@@ -113,6 +132,7 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         ledger_set_aside_before: Optional[float] = None,
         reader_options: Optional[Mapping[str, Any]] = None,
         overlap_uploads: bool = False,
+        overlap_commits: bool = False,
         publish_every: int = 1,
         start_submitted_unix: Optional[float] = None,
     ) -> None:
@@ -146,8 +166,12 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         #: the submission time of the next start (one start only: a later one in this
         #: process was not submitted then)
         self.start_submitted_unix = start_submitted_unix
+        #: a round's ledger record and buffer commit on a commit thread, after the next
+        #: round is taken (:mod:`~yeto_core.trainer.lifecycle.pipeline`); implies
+        #: ``overlap_uploads``
+        self.overlap_commits = bool(overlap_commits)
         #: overlap each round's release upload with the next round (see :meth:`_publish`)
-        self.overlap_uploads = bool(overlap_uploads)
+        self.overlap_uploads = bool(overlap_uploads) or self.overlap_commits
         self._uploader: Any = None
         self._upload_pending: Any = None
         if (
@@ -365,15 +389,23 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         select per wake-up. It does not wait at the data end.
 
         With ``overlap_uploads`` the last round's upload goes on after this returns (over
-        the head's turn); the next publish, ``train`` or ``drain`` waits for it and fails
-        if it failed (``train`` before it trains anything).
+        the head's turn), with ``overlap_commits`` its ledger record and commit too; the
+        next publish, ``train`` or ``drain`` waits for them and fails if one failed
+        (``train`` before it trains anything).
         """
         self.sm.go(S.TRAINING, "train")
+        with PROFILE.path(CRITICAL_PATH):
+            done = self._train_command(rounds, for_s)
+        self.sm.go(S.READY, "hold")
+        return done
+
+    def _train_command(self, rounds: int, for_s: Optional[float]) -> int:
         done = 0
         try:
             pending = self._upload_pending
             if pending is not None and pending.done():
                 self._wait_upload()  # the previous command's last upload failed: fail now
+            self._failed_write()  # likewise its last commit
             try:
                 began = time.monotonic()
                 while done < rounds:
@@ -381,9 +413,10 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
                         left = None if for_s is None else for_s - (time.monotonic() - began)
                         if not self._waiting_for_groups or left is None or left <= 0:
                             break
-                        if self.buffer.data_ended():  # no round is coming
-                            break
-                        self._wait_for_groups(min(left, ROUND_POLL_S))
+                        with PROFILE.path(WAIT_PATH):
+                            if self.buffer.data_ended():  # no round is coming
+                                break
+                            self._wait_for_groups(min(left, ROUND_POLL_S))
                         continue
                     done += 1
                     if for_s is not None and time.monotonic() - began >= for_s:
@@ -392,15 +425,17 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
                     # the newest version is released before the hold
                     with stage("trainer.publish"):
                         self._publish(overlap=self.overlap_uploads)
+                self._hand_over()  # the last round's writes go on over the head's turn
             except BaseException:
-                self._wait_upload()
+                self._drop_held("the train command failed")  # trained again from the cut
+                with contextlib.suppress(Exception):  # (this error is the one to raise)
+                    self._wait_upload()
                 raise
         except Exception as exc:
             self._fail(exc, "train")
             raise TrainerFailedError(
                 f"trainer incarnation {self.incarnation} failed in a round: {exc}"
             ) from exc
-        self.sm.go(S.READY, "hold")
         return done
 
     def _wait_for_groups(self, seconds: float) -> None:
@@ -419,47 +454,55 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         """Train one round. False: none was trained (``_waiting_for_groups`` says whether
         because too few groups wait yet, as opposed to the data end or a held round)."""
         assert self.backend is not None and self.incarnation is not None
-        self._waiting_for_groups = False
+        waited, self._waiting_for_groups = self._waiting_for_groups, False
         reader = self._make_reader()
         if reader is None:
             self._waiting_for_groups = True  # nothing appended yet
             return False
         c = self.counters
-        # the data end only matters for a short last round (one store request less a round)
-        ended = self.partial_last_round and bool(self.buffer.data_ended())
+        self._settle()  # the commit handed over last landed: a take never overlaps one
         try:
-            with stage("trainer.take"):
-                batch = reader.try_take(
-                    c.policy_version, short_ok=self.partial_last_round and ended
-                )
+            # short at the data end only: the reader looks at the data end itself when
+            # the round is short (no store request a round for it here)
+            with stage("trainer.take"), PROFILE.path(WAIT_PATH if waited else CRITICAL_PATH):
+                batch = reader.try_take(c.policy_version)
         except EndOfData:
+            self._flush_writes()
             self._commit_skips_at_data_end(reader)
             return False
+        self._hand_over()  # the previous round's writes, now that this one is taken
         if batch is None:
             self._waiting_for_groups = True
             return False
         if len(batch.groups) < self.groups_per_round and not self.partial_last_round:
+            self._flush_writes()
             reader.reset()  # a short round at the data end: hold; the buffer re-offers it
             return False
         # while this round trains (remote stores): the index records appended since and
         # the next round's payloads are read, and the ledger's tail listed
         self.buffer.prefetch(batch.watermark, self.groups_per_round)
-        self.ledger.look_ahead()
-        with stage("trainer.train"):
+        if not self.overlap_commits:  # else the commit thread lists it after a record
+            self.ledger.look_ahead()
+        with stage("trainer.train"), PROFILE.path(None):  # the step itself is off the path
             metrics = self.backend.train_round(batch)
         if float(metrics.get("nonfinite", 0.0)) > 0:
+            self._flush_writes()
             self._refuse_round(reader, batch, metrics)
             return True
         self.nonfinite_in_a_row = 0
-        with stage("trainer.ledger"):
-            self.ledger.record(
-                batch,
-                seq=c.trained_rounds + 1,
-                incarnation=self.incarnation,
-                parent_cut=self.restored_cut.cut_id if self.restored_cut else None,
-            )
-        with stage("trainer.commit"):
-            watermark = reader.commit(batch)
+        if self.overlap_commits:
+            self._hold_round(reader, batch, c.trained_rounds + 1)
+            watermark = int(batch.watermark)
+        else:
+            with stage("trainer.ledger"):
+                self.ledger.record(
+                    batch,
+                    seq=c.trained_rounds + 1,
+                    incarnation=self.incarnation,
+                    parent_cut=self.restored_cut.cut_id if self.restored_cut else None,
+                )
+            with stage("trainer.commit"):
+                watermark = reader.commit(batch)
         skipped = {r: list(ps) for r, ps in sorted(batch.skipped.items()) if ps}
         counts = {r: len(ps) for r, ps in skipped.items()}
         for r, n in counts.items():
@@ -497,7 +540,7 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         self.sm.go(S.DRAINING, f"drain ({reason.value})")
         assert self.backend is not None and self.incarnation is not None
         try:
-            self._wait_upload()
+            self._flush_writes()  # the cut holds every committed round, and only those
             out = self._scratch("cut")
             with stage("trainer.cut.save"):
                 self.backend.save_cut(out, reason.trigger)
@@ -536,6 +579,7 @@ class DriverLifecycle(DriverPublishing, DriverSkipRounds, TrainerLifecycle):
         """Drop the backend (LEFT or FAILED → STOPPED)."""
         self.sm.go(S.STOPPED, "release")
         self._close_arrivals()
+        self._close_pipeline()
         if self._uploader is not None:
             self._uploader.shutdown(wait=True)
             self._uploader, self._upload_pending = None, None

@@ -4,14 +4,18 @@
 After every trained round (every ``publish_every``-th, and the last of each ``train``
 call, with ``publish_every`` > 1; and at start) the backend exports a release, which
 is fingerprinted and committed to the :class:`~yeto_core.release.store.ReleaseStore`,
-in this thread or (``overlap_uploads``) on a background upload thread.
+in this thread or (``overlap_uploads``) on a background upload thread; with
+``overlap_commits`` it becomes visible only after the commit of the round it was
+trained on (:mod:`~yeto_core.trainer.lifecycle.pipeline`).
 """
 
 from __future__ import annotations
 
+import functools
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from yeto_core.records import ReleaseInfo
 from yeto_core.sampler import fingerprint
@@ -60,24 +64,37 @@ class DriverPublishing:
                 driver[fingerprint.INFO_KEY] = recorded.to_json()
         info = driver if writer is not None else _with_driver_keys(written, driver)
         if overlap:
-            if self._uploader is None:
-                from concurrent.futures import ThreadPoolExecutor
-
-                self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
-            self._upload_pending = self._uploader.submit(self._upload, out, info, writer)
+            # visible only after the commit of its round (pipeline, overlap_commits)
+            ready = self._release_ready()
+            self._submit_upload(functools.partial(self._upload, out, info, writer, ready))
         else:
             self._upload(out, info)
 
-    def _upload(self, out: Path, info: dict[str, Any], writer: Any = None) -> None:
+    def _submit_upload(self, job: Callable[[], None]) -> None:
+        """Run ``job`` (an upload) on the upload thread: the pending upload from now on."""
+        if self._uploader is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
+        self._upload_pending = self._uploader.submit(job)
+
+    def _upload(
+        self,
+        out: Path,
+        info: dict[str, Any],
+        writer: Any = None,
+        ready: Optional[Callable[[], None]] = None,
+    ) -> None:
         """Commit the release in ``out`` (first written there by ``writer``, the backend's
-        :meth:`~yeto_core.ports.TrainerBackend.release_writer`, when given)."""
+        :meth:`~yeto_core.ports.TrainerBackend.release_writer`, when given; visible once
+        ``ready`` returned)."""
         assert self.releases is not None
         if writer is not None:  # ``info`` holds the driver's keys only
             with stage("trainer.publish.export"):
                 written = ReleaseInfo.coerce(writer(out)).as_dict()
             info = _with_driver_keys(written, info)
         with stage("trainer.publish.upload"):
-            rel = self.releases.publish(out, info, handoff=True)  # out is removed next
+            rel = self.releases.publish(out, info, handoff=True, ready=ready)  # out is removed next
         shutil.rmtree(out, ignore_errors=True)
         self._event(
             "trainer_published",
