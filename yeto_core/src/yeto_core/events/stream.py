@@ -1,18 +1,28 @@
-"""Per-island event streams in the store: ``events/<island>.jsonl``.
+"""Per-island event streams in the store: ``events/<island>.jsonl`` and, for each later
+writer of the same island, ``events/<island>/<n:06d>.jsonl``.
 
-Each island (and the head, as ``head``) owns one stream and is its only
-writer. Object stores have no append, so the writer keeps the stream's lines
-and puts the whole object again at each flush (atomic: a reader sees the old
-stream or the new one). A restarted island reads its stream back first and
-continues it. Streams stay small (one line per group, round, release and
-decision); ``yeto run status`` and the run summary read them.
+Every :class:`EventStream` (one incarnation of an island, or the head) writes an object
+of its own and is its only writer: at its start it claims the island's first key,
+``events/<island>.jsonl``, with ``put_if_absent`` (the island's first incarnation), or
+else the next free ``events/<island>/<n>.jsonl`` (a restarted island, a standby launched
+while its predecessor still runs, a head relaunching an island whose last incarnation is
+not dead yet). Two incarnations of one island that run at once thus never write the same
+object, so none overwrites the other's events, on any store. Object stores have no
+append, so a writer keeps its own lines and puts its whole object again at each flush
+(atomic: a reader sees the old object or the new one). Streams stay small (one line per
+group, round, release and decision); ``yeto run status`` and the run summary read them.
 
-On a store whose objects are local files (the ``dir`` store) a flush after the
-writer's first one appends only the new lines to the file (one ``write``,
-synced like a put), so a flush costs O(new lines), not O(stream). A reader may
-then see a last line still being written, which it skips like any bad line; a
-writer's first flush (after a restart too) puts the whole stream, which ends a
-line torn by a crash, so it stays one bad line that readers skip.
+An island's events (:func:`read_events`, :func:`read_all`) are its objects' lines, the
+first key's first, then the later writers' in the order they claimed theirs: each
+incarnation's events in the order it wrote them, and for an island whose incarnations ran
+one after another, the order of its events. Runs written when every island had one object
+read the same way.
+
+On a store whose objects are local files (the ``dir`` store) a flush appends only the new
+lines to the writer's file (one ``write``, synced like a put), so a flush costs O(new
+lines), not O(stream). A reader may then see a last line still being written: a line is
+an event once its newline is written (a last line without one, still being written or torn
+by a crash, is not read; any other bad line is skipped).
 """
 
 from __future__ import annotations
@@ -20,7 +30,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Optional
 
 from yeto_core.errors import NotFoundError
@@ -29,10 +39,51 @@ from yeto_core.stage_profile import stage
 from yeto_core.stores.parallel import map_all
 
 PREFIX = "events/"
+SUFFIX = ".jsonl"
+#: the most later keys one island's writers claim (a store whose ``put_if_absent`` keeps
+#: refusing would otherwise hold a writer's start forever)
+MAX_CLAIMS = 100_000
 
 
 def stream_key(island: str) -> str:
-    return f"{PREFIX}{island}.jsonl"
+    """The island's first key: its first writer's object (the only one in older runs)."""
+    return f"{PREFIX}{island}{SUFFIX}"
+
+
+def later_key(island: str, n: int) -> str:
+    """The object of the island's ``n``-th later writer (``n`` from 1)."""
+    return f"{PREFIX}{island}/{n:06d}{SUFFIX}"
+
+
+def _key_rank(key: str) -> Optional[tuple[str, int]]:
+    """(island, 0 for the first key or ``n`` for a later one); None: not a stream key."""
+    if not key.startswith(PREFIX) or not key.endswith(SUFFIX):
+        return None
+    name = key[len(PREFIX) : -len(SUFFIX)]
+    island, slash, n = name.partition("/")
+    if not island:
+        return None
+    if not slash:
+        return island, 0
+    if n.isdigit() and int(n) > 0 and "/" not in n:
+        return island, int(n)
+    return None
+
+
+def stream_keys(keys: Iterable[str]) -> dict[str, list[str]]:
+    """Island -> its stream objects among ``keys``, in read order (the first key, then the
+    later ones in claim order); other keys are left out."""
+    ranked: dict[str, list[tuple[int, str]]] = {}
+    for key in keys:
+        found = _key_rank(key)
+        if found is not None:
+            ranked.setdefault(found[0], []).append((found[1], key))
+    return {island: [k for _, k in sorted(ranked[island])] for island in sorted(ranked)}
+
+
+def _complete(raw: bytes) -> bytes:
+    """The whole lines of ``raw`` (a last line without its newline is still being written)."""
+    return raw[: raw.rfind(b"\n") + 1]
 
 
 def _parse(text: str, island: str) -> list[Event]:
@@ -53,72 +104,117 @@ def _parse(text: str, island: str) -> list[Event]:
     return out
 
 
-def _stream_bytes(store: Any, island: str) -> bytes:
-    """``island``'s stream as stored (missing: empty)."""
+def _object_bytes(store: Any, key: str) -> bytes:
+    """A stream object as stored (missing: empty)."""
     try:
-        return bytes(store.get(stream_key(island)))
+        return bytes(store.get(key))
     except NotFoundError:
         return b""
 
 
 def read_events(store: Any, island: str) -> list[Event]:
-    """Every event of ``island``'s stream (missing: empty; a bad line is skipped)."""
-    return _parse(_stream_bytes(store, island).decode(errors="replace"), island)
+    """Every event of ``island``'s streams, in read order (see the module docstring;
+    missing: empty; a bad line is skipped)."""
+    later = stream_keys(store.list(f"{PREFIX}{island}/")).get(island, [])
+    keys = [stream_key(island), *later]
+    raws = map_all(store, lambda key: _object_bytes(store, key), keys)
+    return [e for raw in raws for e in _parse(_complete(raw).decode(errors="replace"), island)]
 
 
 def islands(store: Any) -> list[str]:
     """Islands that have a stream."""
-    out = []
-    for key in store.list(PREFIX):
-        name = key[len(PREFIX) :]
-        if name.endswith(".jsonl") and "/" not in name:
-            out.append(name[: -len(".jsonl")])
-    return out
+    return list(stream_keys(store.list(PREFIX)))
 
 
 def read_all(store: Any) -> dict[str, list[Event]]:
-    """Every stream, by island (on a remote store the streams are read at once)."""
+    """Every island's events, by island (on a remote store the objects are read at once)."""
     return StreamsReader(store).read_all()
 
 
 class StreamsReader:
-    """:func:`read_all` again and again (the head, every poll): each stream's bytes are
-    read whole, but only what was added since the last read is parsed.
+    """:func:`read_all` again and again (the head, every poll): each stream object's bytes
+    are read whole, but only what was added since the last read is parsed.
 
-    Streams only grow (a writer appends lines, or puts its whole stream again with new
-    lines at the end): when a stream's bytes start with those parsed last time, up to
-    their last complete line, the events of that part are kept and the rest parsed;
-    anything else (a stream rewritten shorter or changed) is parsed whole. The result
-    equals :func:`read_all`'s. Safe to call from one thread at a time or several."""
+    Objects only grow (a writer appends lines, or puts its whole object again with new lines
+    at the end): when an object's bytes start with those parsed last time, the events of
+    that part are kept and the rest parsed; anything else (rewritten shorter or changed) is
+    parsed whole. An island's list only grows at its end while its objects do: the new
+    events of each of its objects are added at the end, so two incarnations writing at once
+    read in the order the reader saw their events (the head's breakers and clock-skew watch
+    read each list from where they stopped). An object rewritten or gone: the island's list
+    is :func:`read_all`'s again. A first read returns :func:`read_all`'s result. Safe to
+    call from one thread at a time or several."""
 
     def __init__(self, store: Any) -> None:
         self.store = store
-        self._parsed: dict[str, tuple[bytes, list[Event]]] = {}  # island -> (lines, events)
+        self._parsed: dict[str, tuple[bytes, list[Event]]] = {}  # key -> (lines, events)
+        #: island -> (events of each of its objects in its list, its list)
+        self._lists: dict[str, tuple[dict[str, int], list[Event]]] = {}
         self._lock = threading.Lock()
 
     def read_all(self) -> dict[str, list[Event]]:
-        names = islands(self.store)
-        raws = map_all(self.store, lambda name: _stream_bytes(self.store, name), names)
+        by_island = stream_keys(self.store.list(PREFIX))
+        keys = [key for ks in by_island.values() for key in ks]
+        raws = map_all(self.store, lambda key: _object_bytes(self.store, key), keys)
+        raw_of = dict(zip(keys, raws, strict=True))
         with self._lock:
-            return {name: self._events(name, raw) for name, raw in zip(names, raws, strict=True)}
+            for gone in set(self._parsed) - set(keys):
+                del self._parsed[gone]
+            for gone in set(self._lists) - set(by_island):
+                del self._lists[gone]
+            return {island: self._island(island, ks, raw_of) for island, ks in by_island.items()}
 
-    def _events(self, island: str, raw: bytes) -> list[Event]:
-        done, events = self._parsed.get(island, (b"", []))
-        if not raw.startswith(done):
+    def _island(self, island: str, keys: list[str], raw_of: dict[str, bytes]) -> list[Event]:
+        counted, events = self._lists.get(island, ({}, []))
+        grown = set(counted) <= set(keys)
+        objects = {}
+        for key in keys:
+            objects[key], kept = self._events(key, raw_of[key], island)
+            grown = grown and kept and len(objects[key]) >= counted.get(key, 0)
+        if grown:
+            events = events + [e for k in keys for e in objects[k][counted.get(k, 0) :]]
+        else:
+            events = [e for k in keys for e in objects[k]]
+        self._lists[island] = ({k: len(v) for k, v in objects.items()}, events)
+        return list(events)
+
+    def _events(self, key: str, raw: bytes, island: str) -> tuple[list[Event], bool]:
+        """The object's events and whether those of the last read were kept (it grew)."""
+        done, events = self._parsed.get(key, (b"", []))
+        kept = raw.startswith(done)
+        if not kept:
             done, events = b"", []
-        cut = raw.rfind(b"\n") + 1  # the lines known whole (a last one may be torn)
-        if cut > len(done):
-            events = events + _parse(raw[len(done) : cut].decode(errors="replace"), island)
-            done = raw[:cut]
-        self._parsed[island] = (done, events)
-        return events + _parse(raw[cut:].decode(errors="replace"), island)
+        whole = _complete(raw)
+        if len(whole) > len(done):
+            events = events + _parse(whole[len(done) :].decode(errors="replace"), island)
+            done = whole
+        self._parsed[key] = (done, events)
+        return events, kept
+
+
+def claim_key(store: Any, island: str) -> str:
+    """A stream object of ``island`` that no other writer has: the first key when it is
+    free, else the next later key (each created empty with ``put_if_absent``)."""
+    if store.put_if_absent(stream_key(island), b""):
+        return stream_key(island)
+    taken = [_key_rank(k) for k in store.list(f"{PREFIX}{island}/")]
+    n = max((r[1] for r in taken if r is not None and r[0] == island), default=0) + 1
+    for m in range(n, n + MAX_CLAIMS):
+        if store.put_if_absent(later_key(island, m), b""):
+            return later_key(island, m)
+    raise RuntimeError(
+        f"could not create a stream object for island {island!r}: {MAX_CLAIMS} keys from "
+        f"{later_key(island, n)!r} on were all taken; the store's put_if_absent may be "
+        "refusing every key (check the store)"
+    )
 
 
 class EventStream:
-    """The writer of one island's stream.
+    """The writer of one incarnation of an island's stream: it claims an object of its own
+    (:attr:`key`, :func:`claim_key`) at its start and writes only that one.
 
     :param store: the run's object store.
-    :param island: the island name (the stream's key).
+    :param island: the island name (the stream's keys).
     :param clock: seconds since the epoch.
     :param flush_s: at most this long between a new event and its flush
         (``emit`` flushes when the last flush is older); 0 flushes every event.
@@ -145,18 +241,17 @@ class EventStream:
         self.observer = observer
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()  # one flush at a time, in order
-        try:
-            existing = store.get(stream_key(island)).decode(errors="replace")
-        except NotFoundError:
-            existing = ""
-        self._lines = [ln for ln in existing.splitlines() if ln.strip()]
+        #: this writer's own object (see the module docstring): no other writer has it
+        self.key = claim_key(store, island)
+        self._lines: list[str] = []
         self._dirty = False
         self._last_flush = self.clock()
         root = store.local_root()
-        #: the stream's file when the store keeps objects as local files (appends)
-        self._file = None if root is None else root / stream_key(island)
-        #: lines in the store after the last flush (None: the next flush puts them all)
-        self._flushed: Optional[int] = None
+        #: the object's file when the store keeps objects as local files (appends)
+        self._file = None if root is None else root / self.key
+        #: lines in the store after the last flush (None: the next flush puts them all);
+        #: the claimed file is there, empty, so a local-file store appends from the start
+        self._flushed: Optional[int] = None if self._file is None else 0
         self.background = background
         self._wake = threading.Event()
         self._flusher: Optional[threading.Thread] = None
@@ -203,7 +298,7 @@ class EventStream:
                 pass
 
     def flush(self) -> None:
-        """Write the new events (no-op when nothing changed): the whole stream, or an append."""
+        """Write the new events (no-op when nothing changed): the whole object, or an append."""
         with self._flush_lock:
             with self._lock:
                 if not self._dirty:
@@ -216,7 +311,7 @@ class EventStream:
             try:
                 with stage("events.flush"):
                     if start is None:
-                        self.store.put(stream_key(self.island), data)
+                        self.store.put(self.key, data)
                     else:
                         self._append(data)
             except BaseException:
@@ -226,7 +321,7 @@ class EventStream:
             self._flushed = count
 
     def _append(self, data: bytes) -> None:
-        """Add ``data`` (whole lines) to the end of the stream's local file."""
+        """Add ``data`` (whole lines) to the end of this writer's local file."""
         import os
 
         assert self._file is not None
@@ -241,7 +336,8 @@ class EventStream:
             os.close(fd)
 
     def events(self) -> Iterator[Event]:
-        """What this stream holds (including unflushed events)."""
+        """The events this writer emitted (including unflushed ones); the island's other
+        incarnations' are :func:`read_events`'s."""
         with self._lock:
             text = "\n".join(self._lines)
         return iter(_parse(text, self.island))

@@ -12,17 +12,19 @@ from typing import Any, Optional
 
 from yeto_core.config.evaluation import EVAL_STREAM, eval_island
 from yeto_core.config.load import RunConfig, SamplerIslandConfig
-from yeto_core.events.stream import EventStream
+from yeto_core.events.stream import EventStream, read_events
 from yeto_core.sampler.evaluation import ReleaseEvaluator, eval_prompts, eval_sampling
 
 
 def evaluated_releases(stream: EventStream) -> list[tuple[str, int]]:
-    """(release key, version) of every ``eval_result`` the eval stream holds."""
-    return [
+    """(release key, version) of every ``eval_result`` the eval stream holds (every
+    incarnation's, this writer's unflushed ones too), each once."""
+    found = (
         (str(e.data["release_id"]), int(e.data["version"]))
-        for e in stream.events()
+        for e in [*read_events(stream.store, stream.island), *stream.events()]
         if e.kind == "eval_result" and "release_id" in e.data and "version" in e.data
-    ]
+    )
+    return list(dict.fromkeys(found))
 
 
 def start_evaluation(
