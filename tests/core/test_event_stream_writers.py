@@ -109,3 +109,30 @@ def test_a_single_writer_makes_one_object_and_one_claim(tmp_path: Path) -> None:
         s.emit("x", n=n)
     assert calls == ["put"] * 3
     assert [k for k in store.list("events/")] == [stream_key("trainer")]
+
+
+def test_later_writers_are_kept_apart_without_an_exclusive_create() -> None:
+    """On a store whose create-if-absent is not exclusive across machines, two later
+    writers that list at once pick the same number; their keys still differ."""
+
+    class Racing(MemoryStore):
+        blind = True  # a writer's list does not see the other's claim yet
+
+        def put_if_absent(self, key: str, data: bytes) -> bool:
+            if key == stream_key("s"):
+                return super().put_if_absent(key, data)
+            self.put(key, data)  # both "win"
+            return True
+
+        def list(self, prefix: str = "", after=None):
+            if self.blind and prefix == "events/s/":
+                return iter(())
+            return super().list(prefix, after)
+
+    store = Racing()
+    first, a, b = (EventStream(store, "s", flush_s=0.0) for _ in range(3))
+    assert len({first.key, a.key, b.key}) == 3
+    for n, w in enumerate((first, a, b)):
+        w.emit("x", n=n)
+    store.blind = False
+    assert sorted(e.data["n"] for e in read_events(store, "s")) == [0, 1, 2]

@@ -1,13 +1,15 @@
 """Per-island event streams in the store: ``events/<island>.jsonl`` and, for each later
-writer of the same island, ``events/<island>/<n:06d>.jsonl``.
+writer of the same island, ``events/<island>/<n:06d>-<random>.jsonl``.
 
 Every :class:`EventStream` (one incarnation of an island, or the head) writes an object
 of its own and is its only writer: at its start it claims the island's first key,
 ``events/<island>.jsonl``, with ``put_if_absent`` (the island's first incarnation), or
-else the next free ``events/<island>/<n>.jsonl`` (a restarted island, a standby launched
+else a new ``events/<island>/<n>-<random>.jsonl`` (a restarted island, a standby launched
 while its predecessor still runs, a head relaunching an island whose last incarnation is
 not dead yet). Two incarnations of one island that run at once thus never write the same
-object, so none overwrites the other's events, on any store. Object stores have no
+object, so none overwrites the other's events, on any store (the first key is taken with the
+store's create-if-absent: on ``modal-volume``, exclusive only within a process, two
+incarnations starting on two machines in the same instant could both take it). Object stores have no
 append, so a writer keeps its own lines and puts its whole object again at each flush
 (atomic: a reader sees the old object or the new one). Streams stay small (one line per
 group, round, release and decision); ``yeto run status`` and the run summary read them.
@@ -28,6 +30,7 @@ by a crash, is not read; any other bad line is skipped).
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -40,9 +43,9 @@ from yeto_core.stores.parallel import map_all
 
 PREFIX = "events/"
 SUFFIX = ".jsonl"
-#: the most later keys one island's writers claim (a store whose ``put_if_absent`` keeps
-#: refusing would otherwise hold a writer's start forever)
-MAX_CLAIMS = 100_000
+#: the most keys one writer tries at its start (a store whose ``put_if_absent`` keeps
+#: refusing would otherwise hold it forever)
+MAX_CLAIMS = 1000
 
 
 def stream_key(island: str) -> str:
@@ -50,9 +53,10 @@ def stream_key(island: str) -> str:
     return f"{PREFIX}{island}{SUFFIX}"
 
 
-def later_key(island: str, n: int) -> str:
-    """The object of the island's ``n``-th later writer (``n`` from 1)."""
-    return f"{PREFIX}{island}/{n:06d}{SUFFIX}"
+def later_key(island: str, n: int, token: str) -> str:
+    """The object of a later writer of the island: ``n`` orders it (from 1), ``token`` (random)
+    keeps two writers that pick the same ``n`` at once apart on any store."""
+    return f"{PREFIX}{island}/{n:06d}-{token}{SUFFIX}"
 
 
 def _key_rank(key: str) -> Optional[tuple[str, int]]:
@@ -60,12 +64,13 @@ def _key_rank(key: str) -> Optional[tuple[str, int]]:
     if not key.startswith(PREFIX) or not key.endswith(SUFFIX):
         return None
     name = key[len(PREFIX) : -len(SUFFIX)]
-    island, slash, n = name.partition("/")
+    island, slash, rest = name.partition("/")
     if not island:
         return None
     if not slash:
         return island, 0
-    if n.isdigit() and int(n) > 0 and "/" not in n:
+    n = rest.partition("-")[0]
+    if n.isdigit() and int(n) > 0 and "/" not in rest:
         return island, int(n)
     return None
 
@@ -194,17 +199,20 @@ class StreamsReader:
 
 def claim_key(store: Any, island: str) -> str:
     """A stream object of ``island`` that no other writer has: the first key when it is
-    free, else the next later key (each created empty with ``put_if_absent``)."""
+    free, else a later key numbered after those listed (each created empty with
+    ``put_if_absent``; a later key's random part keeps it apart even on a store whose
+    create-if-absent is not exclusive across machines)."""
     if store.put_if_absent(stream_key(island), b""):
         return stream_key(island)
     taken = [_key_rank(k) for k in store.list(f"{PREFIX}{island}/")]
     n = max((r[1] for r in taken if r is not None and r[0] == island), default=0) + 1
     for m in range(n, n + MAX_CLAIMS):
-        if store.put_if_absent(later_key(island, m), b""):
-            return later_key(island, m)
+        key = later_key(island, m, secrets.token_hex(4))
+        if store.put_if_absent(key, b""):
+            return key
     raise RuntimeError(
         f"could not create a stream object for island {island!r}: {MAX_CLAIMS} keys from "
-        f"{later_key(island, n)!r} on were all taken; the store's put_if_absent may be "
+        f"{later_key(island, n, '…')!r} on were refused; the store's put_if_absent may be "
         "refusing every key (check the store)"
     )
 
