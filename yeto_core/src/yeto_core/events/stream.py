@@ -176,8 +176,8 @@ class StreamsReader:
         for key in keys:
             objects[key], kept = self._events(key, raw_of[key], island)
             grown = grown and kept and len(objects[key]) >= counted.get(key, 0)
-        if grown:
-            events = events + [e for k in keys for e in objects[k][counted.get(k, 0) :]]
+        if grown:  # (the lists kept here are never handed out: extended in place)
+            events.extend(e for k in keys for e in objects[k][counted.get(k, 0) :])
         else:
             events = [e for k in keys for e in objects[k]]
         self._lists[island] = ({k: len(v) for k, v in objects.items()}, events)
@@ -191,7 +191,7 @@ class StreamsReader:
             done, events = b"", []
         whole = _complete(raw)
         if len(whole) > len(done):
-            events = events + _parse(whole[len(done) :].decode(errors="replace"), island)
+            events.extend(_parse(whole[len(done) :].decode(errors="replace"), island))
             done = whole
         self._parsed[key] = (done, events)
         return events, kept
