@@ -43,6 +43,8 @@ from yeto_core.stores.parallel import map_all
 
 PREFIX = "events/"
 SUFFIX = ".jsonl"
+#: a stream object's finished marker is its key with this added (see :func:`closed_key`)
+CLOSED = ".closed"
 #: the most keys one writer tries at its start (a store whose ``put_if_absent`` keeps
 #: refusing would otherwise hold it forever)
 MAX_CLAIMS = 1000
@@ -57,6 +59,12 @@ def later_key(island: str, n: int, token: str) -> str:
     """The object of a later writer of the island: ``n`` orders it (from 1), ``token`` (random)
     keeps two writers that pick the same ``n`` at once apart on any store."""
     return f"{PREFIX}{island}/{n:06d}-{token}{SUFFIX}"
+
+
+def closed_key(key: str) -> str:
+    """The marker of the stream object ``key``: created once by its writer's
+    :meth:`EventStream.close` after its last flush, so the object no longer changes."""
+    return key + CLOSED
 
 
 def _key_rank(key: str) -> Optional[tuple[str, int]]:
@@ -148,33 +156,55 @@ class StreamsReader:
     read in the order the reader saw their events (the head's breakers and clock-skew watch
     read each list from where they stopped). An object rewritten or gone: the island's list
     is :func:`read_all`'s again. A first read returns :func:`read_all`'s result. Safe to
-    call from one thread at a time or several."""
+    call from one thread at a time or several.
+
+    An object whose finished marker (:func:`closed_key`, its writer's
+    :meth:`EventStream.close`) is in the listing is read once more after the reader first
+    lists the marker (its final content) and never again while the object and its marker
+    are listed, so the requests of a poll do not grow with the incarnations that ended
+    cleanly. An object without a marker (its writer still running, killed, or from a run
+    written before markers) is read at every poll."""
 
     def __init__(self, store: Any) -> None:
         self.store = store
         self._parsed: dict[str, tuple[bytes, list[Event]]] = {}  # key -> (lines, events)
         #: island -> (events of each of its objects in its list, its list)
         self._lists: dict[str, tuple[dict[str, int], list[Event]]] = {}
+        #: objects read after their marker was listed: their final content, not read again
+        self._final: set[str] = set()
         self._lock = threading.Lock()
 
     def read_all(self) -> dict[str, list[Event]]:
-        by_island = stream_keys(self.store.list(PREFIX))
+        listed = list(self.store.list(PREFIX))
+        by_island = stream_keys(listed)
         keys = [key for ks in by_island.values() for key in ks]
-        raws = map_all(self.store, lambda key: _object_bytes(self.store, key), keys)
-        raw_of = dict(zip(keys, raws, strict=True))
+        closed = {k[: -len(CLOSED)] for k in listed if k.endswith(CLOSED)}
+        with self._lock:
+            # an object gone, or its marker gone: read again until it is marked anew
+            self._final &= closed & set(keys)
+            fetch = [key for key in keys if key not in self._final]
+        raws = map_all(self.store, lambda key: _object_bytes(self.store, key), fetch)
+        raw_of = dict(zip(fetch, raws, strict=True))
         with self._lock:
             for gone in set(self._parsed) - set(keys):
                 del self._parsed[gone]
             for gone in set(self._lists) - set(by_island):
                 del self._lists[gone]
-            return {island: self._island(island, ks, raw_of) for island, ks in by_island.items()}
+            out = {island: self._island(island, ks, raw_of) for island, ks in by_island.items()}
+            # read after its marker was listed: the object's final content
+            self._final |= closed & set(raw_of)
+            return out
 
     def _island(self, island: str, keys: list[str], raw_of: dict[str, bytes]) -> list[Event]:
         counted, events = self._lists.get(island, ({}, []))
         grown = set(counted) <= set(keys)
         objects = {}
         for key in keys:
-            objects[key], kept = self._events(key, raw_of[key], island)
+            if key in self._final or key not in raw_of:  # (another thread's read: older)
+                kept = key in self._parsed  # (else gone meanwhile: read at the next poll)
+                objects[key] = self._parsed[key][1] if kept else []
+            else:
+                objects[key], kept = self._events(key, raw_of[key], island)
             grown = grown and kept and len(objects[key]) >= counted.get(key, 0)
         if grown:  # (the lists kept here are never handed out: extended in place)
             events.extend(e for k in keys for e in objects[k][counted.get(k, 0) :])
@@ -248,18 +278,23 @@ class EventStream:
         self.flush_s = flush_s
         self.observer = observer
         self._lock = threading.Lock()
-        self._flush_lock = threading.Lock()  # one flush at a time, in order
+        self._flush_lock = threading.RLock()  # one flush at a time, in order
         #: this writer's own object (see the module docstring): no other writer has it
         self.key = claim_key(store, island)
         self._lines: list[str] = []
         self._dirty = False
         self._last_flush = self.clock()
-        root = store.local_root()
+        self._root = store.local_root()
         #: the object's file when the store keeps objects as local files (appends)
-        self._file = None if root is None else root / self.key
-        #: lines in the store after the last flush (None: the next flush puts them all);
-        #: the claimed file is there, empty, so a local-file store appends from the start
+        self._file = None if self._root is None else self._root / self.key
+        #: the first of :attr:`_lines` in this writer's object (after a :meth:`close`, a
+        #: later event starts an object of its own)
+        self._start = 0
+        #: lines in the store after the last flush (None: the next flush puts all of the
+        #: object's); the claimed file is there, empty, so a local-file store appends at once
         self._flushed: Optional[int] = None if self._file is None else 0
+        #: the object is marked finished (:meth:`close`): its lines end here
+        self._closed: Optional[int] = None
         self.background = background
         self._wake = threading.Event()
         self._flusher: Optional[threading.Thread] = None
@@ -311,8 +346,13 @@ class EventStream:
             with self._lock:
                 if not self._dirty:
                     return
+                reopen = self._closed is not None
+            if reopen:  # an event after close: a new object (the marked one never changes)
+                self._reopen()
+            with self._lock:
                 start = self._flushed if self._file is not None else None
-                data = ("\n".join(self._lines[start or 0 :]) + "\n").encode()
+                first = self._start if start is None else start
+                data = ("\n".join(self._lines[first:]) + "\n").encode()
                 count = len(self._lines)
                 self._dirty = False
                 self._last_flush = self.clock()
@@ -327,6 +367,35 @@ class EventStream:
                     self._flushed, self._dirty = None, True
                 raise
             self._flushed = count
+
+    def close(self) -> None:
+        """The writer's end (an island's or the head's, on a clean exit or a SIGTERM): the
+        last events are written, then the object is marked finished with its marker
+        (:func:`closed_key`, created once), so readers read it once more and then no longer
+        poll it. A writer killed before it closes leaves no marker: its object is read at
+        every poll. An event emitted after close is written to a new object of this writer
+        (claimed at its flush), which the next close marks in turn."""
+        with self._flush_lock:
+            self.flush()
+            with self._lock:
+                if self._closed is not None or self._dirty:
+                    return
+                end = len(self._lines)
+                marker = json.dumps({"lines": end - self._start}).encode()
+            with stage("events.flush"):
+                self.store.put_if_absent(closed_key(self.key), marker)
+            with self._lock:
+                self._closed = end
+
+    def _reopen(self) -> None:
+        """Claim a new object for the events emitted after :meth:`close` (holding the
+        flush lock)."""
+        key = claim_key(self.store, self.island)
+        with self._lock:
+            assert self._closed is not None
+            self.key, self._start, self._closed = key, self._closed, None
+            self._file = None if self._root is None else self._root / key
+            self._flushed = None if self._file is None else self._start
 
     def _append(self, data: bytes) -> None:
         """Add ``data`` (whole lines) to the end of this writer's local file."""

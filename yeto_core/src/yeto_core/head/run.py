@@ -510,6 +510,7 @@ class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands, HeadScale):
         write_json_atomic(self.run_dir / STATUS_FILE, status)
         emit_snapshot(self.events.emit)
         self.events.emit("run_down", reason=reason, exit_code=code, errors=errors)
+        self.events.close()  # marked finished: a later head's reader reads it once
         if self.lease is not None:
             try:
                 self.lease.release()  # the next `yeto run up` takes it at once

@@ -76,6 +76,7 @@ def start_evaluation(
         source=island,
         incarnation=incarnation,
         stop=stop,
+        on_close=stream.close,  # the eval stream's marker once the evaluator stopped
     )
     if start:
         evaluator.start()
