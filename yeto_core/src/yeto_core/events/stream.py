@@ -25,6 +25,11 @@ lines to the writer's file (one ``write``, synced like a put), so a flush costs 
 lines), not O(stream). A reader may then see a last line still being written: a line is
 an event once its newline is written (a last line without one, still being written or torn
 by a crash, is not read; any other bad line is skipped).
+
+A writer that ends cleanly (:meth:`EventStream.close`) marks its object finished with a
+create-once marker, its key plus ``.closed`` (:func:`closed_key`), after its last flush;
+the head's :class:`StreamsReader` reads a marked object once more and then no longer gets
+it. A writer killed before its close leaves no marker, and its object is read at every poll.
 """
 
 from __future__ import annotations

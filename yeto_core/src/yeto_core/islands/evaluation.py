@@ -27,6 +27,15 @@ def evaluated_releases(stream: EventStream) -> list[tuple[str, int]]:
     return list(dict.fromkeys(found))
 
 
+def close_quietly(stream: EventStream) -> None:
+    """Close ``stream`` at an island's end without ending its other cleanup: a store that
+    fails now leaves the object unmarked (read at every poll, as a killed writer's)."""
+    try:
+        stream.close()
+    except Exception:
+        pass
+
+
 def start_evaluation(
     plugins: Any,
     store: Any,
@@ -76,7 +85,7 @@ def start_evaluation(
         source=island,
         incarnation=incarnation,
         stop=stop,
-        on_close=stream.close,  # the eval stream's marker once the evaluator stopped
+        on_close=lambda: close_quietly(stream),  # its marker once the evaluator stopped
     )
     if start:
         evaluator.start()
