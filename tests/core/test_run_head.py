@@ -16,6 +16,7 @@ import attrs
 import pytest
 from click.testing import CliRunner
 
+from yeto_core.events.stream import closed_key
 from yeto_core.head.run import EXIT_OK, EXIT_WALL_CLOCK, Head, backstop_reason
 from yeto_core.providers.local import _group_alive
 from yeto_core.testing.fake_run import fake_head, fake_run_config
@@ -79,6 +80,11 @@ def test_a_run_finishes_and_accounts_for_every_group(tmp_path: Path) -> None:
     ]
     assert starts and all(d["start_measured_from"] == "submission" for d in starts), starts
     assert all(d["start_s"] >= d["start_in_process_s"] for d in starts), starts
+    # every writer ended cleanly (the islands on their SIGTERM or their own end, the head
+    # after run_down): each stream object is marked finished, so a reader no longer polls it
+    store = Path(config.run_dir) / "store"
+    objects = [p.relative_to(store).as_posix() for p in (store / "events").rglob("*.jsonl")]
+    assert len(objects) >= 4 and all((store / closed_key(k)).exists() for k in objects), objects
 
 
 def test_wall_clock_backstop_stops_cleanly(tmp_path: Path) -> None:

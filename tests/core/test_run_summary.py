@@ -71,7 +71,7 @@ def test_event_streams_roundtrip_and_continue(tmp_path) -> None:
     t[0] += 11
     a.emit("x", n=2)  # due: flushes both
     assert [e.data["n"] for e in read_events(store, "sampler-0")] == [1, 2]
-    b = EventStream(store, "sampler-0", flush_s=0)  # a restarted island continues it
+    b = EventStream(store, "sampler-0", flush_s=0)  # a restarted island: its events follow
     b.emit("y")
     assert [e.kind for e in read_all(store)["sampler-0"]] == ["x", "x", "y"]
     store.put("events/bad.jsonl", b'{"kind": "ok", "time": 1}\nnot json\n')

@@ -461,3 +461,22 @@ def test_env_vars_documented():
     for name in ENV.values():
         assert name in text, name
     assert TEST_SECRET_ACCESS_KEY not in text
+
+
+@pytest.mark.parametrize("server", ["moto", "seaweedfs"])
+def test_two_event_stream_writers_of_one_island_lose_no_event(server, request, s3_url):
+    """A standby and its predecessor (docs/agentic.md) write one island's stream on S3."""
+    from yeto_core.events.stream import EventStream, read_all, read_events
+
+    endpoint = request.getfixturevalue(f"{server}_endpoint")
+    options = {"list_order": "sorted"} if server == "seaweedfs" else {}
+    store = S3Store.from_url(s3_url, **options, **s3_options(endpoint))
+    old = EventStream(store, "sampler-0", flush_s=0.0)
+    old.emit("x", who="old", n=0)
+    standby = EventStream(store, "sampler-0", flush_s=0.0)
+    for n in range(1, 4):
+        standby.emit("x", who="new", n=n)
+        old.emit("x", who="old", n=n)
+    want = [("old", n) for n in range(4)] + [("new", n) for n in range(1, 4)]
+    assert [(e.data["who"], e.data["n"]) for e in read_events(store, "sampler-0")] == want
+    assert [(e.data["who"], e.data["n"]) for e in read_all(store)["sampler-0"]] == want

@@ -510,6 +510,10 @@ class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands, HeadScale):
         write_json_atomic(self.run_dir / STATUS_FILE, status)
         emit_snapshot(self.events.emit)
         self.events.emit("run_down", reason=reason, exit_code=code, errors=errors)
+        try:
+            self.events.close()  # marked finished: a later head's reader reads it once
+        except Exception:  # the store is out: the object stays read, as a killed head's is
+            pass
         if self.lease is not None:
             try:
                 self.lease.release()  # the next `yeto run up` takes it at once

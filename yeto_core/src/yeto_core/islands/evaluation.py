@@ -12,17 +12,28 @@ from typing import Any, Optional
 
 from yeto_core.config.evaluation import EVAL_STREAM, eval_island
 from yeto_core.config.load import RunConfig, SamplerIslandConfig
-from yeto_core.events.stream import EventStream
+from yeto_core.events.stream import EventStream, read_events
 from yeto_core.sampler.evaluation import ReleaseEvaluator, eval_prompts, eval_sampling
 
 
 def evaluated_releases(stream: EventStream) -> list[tuple[str, int]]:
-    """(release key, version) of every ``eval_result`` the eval stream holds."""
-    return [
+    """(release key, version) of every ``eval_result`` the eval stream holds (every
+    incarnation's, this writer's unflushed ones too), each once."""
+    found = (
         (str(e.data["release_id"]), int(e.data["version"]))
-        for e in stream.events()
+        for e in [*read_events(stream.store, stream.island), *stream.events()]
         if e.kind == "eval_result" and "release_id" in e.data and "version" in e.data
-    ]
+    )
+    return list(dict.fromkeys(found))
+
+
+def close_quietly(stream: EventStream) -> None:
+    """Close ``stream`` at an island's end without ending its other cleanup: a store that
+    fails now leaves the object unmarked (read at every poll, as a killed writer's)."""
+    try:
+        stream.close()
+    except Exception:
+        pass
 
 
 def start_evaluation(
@@ -74,6 +85,7 @@ def start_evaluation(
         source=island,
         incarnation=incarnation,
         stop=stop,
+        on_close=lambda: close_quietly(stream),  # its marker once the evaluator stopped
     )
     if start:
         evaluator.start()

@@ -91,7 +91,7 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
             from yeto_core.sampler.drain import drained_before_loop
 
             on_event(drained_before_loop(incarnation))
-        stream.flush()
+        stream.close()
         raise
     task = plugins.task(config.task.name).from_config(config.task.options, plugins=plugins)
     buffer = open_run_buffer(plugins, config, store, island)
@@ -218,7 +218,10 @@ def run_sampler(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
         loop.rewards.close()  # idle workers end (a hung reward's thread is a daemon)
         emit_snapshot(stream.emit)
         stream.flush()
-        engine.close()
+        try:
+            engine.close()
+        finally:
+            stream.close()  # the engine's last events too, then the object's marker
     return 0
 
 

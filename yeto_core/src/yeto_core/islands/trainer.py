@@ -205,7 +205,7 @@ def run_trainer(plugins: Any, store: Any, config: RunConfig, ident: IslandIdenti
             recorder["backend"].backend.close()  # the other ranks (if any) end too
     finally:
         emit_snapshot(stream.emit)
-        stream.flush()
+        stream.close()  # its last events, then its marker: the head reads it no more
     return 0
 
 

@@ -138,6 +138,8 @@ class ReleaseEvaluator:
     :param emit: called with every event (``eval_result``, ``eval_discarded``,
         ``eval_failed``).
     :param source: the island's name (events' source).
+    :param on_close: called by :meth:`close` once the thread stopped (the island closes
+        its eval stream there).
     """
 
     def __init__(
@@ -159,6 +161,7 @@ class ReleaseEvaluator:
         incarnation: int = 0,
         stop: Optional[threading.Event] = None,
         clock: Callable[[], float] = time.time,
+        on_close: Optional[Callable[[], None]] = None,
     ) -> None:
         if samples_per_prompt < 1:
             raise ValueError(f"samples_per_prompt={samples_per_prompt}: must be >= 1")
@@ -174,6 +177,7 @@ class ReleaseEvaluator:
         self.source, self.incarnation = source, int(incarnation)
         self.stop = stop or threading.Event()
         self.clock = clock
+        self._on_close = on_close
         #: releases whose evaluation raised (not tried again by this incarnation)
         self.failed: set[str] = set()
         self.evaluations = 0
@@ -306,3 +310,5 @@ class ReleaseEvaluator:
         self.stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._on_close is not None:  # (the island's eval stream: written and marked)
+            self._on_close()

@@ -72,7 +72,7 @@ def fake_sampler(plugins) -> int:
         stream.emit("group_appended", position=pos, reward=0.5, version=version)
         i += 1
         time.sleep(scfg.min_round_s)
-    stream.flush()
+    stream.close()  # as a real island does on SIGTERM: its object is marked finished
     return 0
 
 
