@@ -441,3 +441,23 @@ def test_on_pool_keeps_the_order_raises_the_first_error_and_runs_inline_on_the_p
     inner = _executor().submit(lambda: on_pool(lambda i: threading.current_thread().name, [0, 1]))
     me = inner.result(timeout=10)
     assert len(set(me)) == 1 and me[0].startswith("store-io")
+
+
+@pytest.mark.parametrize("fresh", [None, (2, 8)])
+def test_a_samplers_backlog_reads_never_ask_for_the_data_end(tmp_path, fresh):
+    """A sampler sizes its calls by the backlog and never acts on the data end (the head
+    stops it): its reads are consumed.json, the index listing and the new records, not a
+    DATA_END request each (one read in three on SeaweedFS, every call of every island)."""
+    from yeto_core.testing.fakes import digits_sampler
+
+    store = RemoteDir(tmp_path / "s")
+    buf = FileSampleBuffer(store, layout="objects", host="h")
+    loop = digits_sampler(buf, backlog_cap=64, fresh_only=fresh, share_of=1)
+    store.calls.clear()
+    assert loop.claim_room()[0] >= 4  # the decision reads the backlog itself
+    assert len(loop.run_round()) == 4  # and the read ahead, on a copy, while it appends
+    loop.claim_room()
+    assert store.calls["list"] >= 2 and store.calls["exists"] == 0
+    head = FileSampleBuffer(store, layout="objects", read_only=True)
+    buf.mark_data_end()
+    assert head.backlog().data_ended  # what acts on the data end still reads it

@@ -190,10 +190,12 @@ class SamplerRoom:
     def _read_backlog(self, buffer: Any, newest: Optional[int]) -> Any:
         """The backlog the cap and ``fresh_only`` count: without fenced incarnations'
         groups (the trainer skips them; counted, a few lost nodes' groups would hold the
-        cap full while the trainer waits for trainable ones)."""
+        cap full while the trainer waits for trainable ones). A sampler never acts on the
+        data end (the head stops it), so the read leaves it out: a request less on a
+        remote store."""
         if self.fresh_only is None:
-            return buffer.backlog(fenced=self.fenced)
-        return buffer.backlog(
+            return buffer.backlog_without_end(fenced=self.fenced)
+        return buffer.backlog_without_end(
             current_version=newest, max_policy_age=self.fresh_only[0], fenced=self.fenced
         )
 

@@ -424,7 +424,29 @@ class FileSampleBuffer(BufferAppends, BufferLoads, DurableSampleBuffer):
 
         Cost: O(new index records + backlog), independent of the history.
         """
-        ended = self._update(check_end=True)
+        return self._backlog(current_version, max_policy_age, fenced, check_end=True)
+
+    @_serialized
+    def backlog_without_end(
+        self,
+        current_version: Optional[int] = None,
+        max_policy_age: Optional[int] = None,
+        fenced: Optional[Callable[[str, int], bool]] = None,
+    ) -> Backlog:
+        """:meth:`backlog` without reading ``DATA_END`` (one request less on a remote
+        store): ``data_ended`` is what this object knows already."""
+        return self._backlog(current_version, max_policy_age, fenced, check_end=False)
+
+    def _backlog(
+        self,
+        current_version: Optional[int],
+        max_policy_age: Optional[int],
+        fenced: Optional[Callable[[str, int], bool]],
+        *,
+        check_end: bool,
+    ) -> Backlog:
+        self._update(check_end=check_end)
+        ended = self._data_ended
         groups = samples = 0
         oldest_v: Optional[int] = None
         oldest_t: Optional[float] = None
