@@ -461,3 +461,29 @@ def test_a_samplers_backlog_reads_never_ask_for_the_data_end(tmp_path, fresh):
     head = FileSampleBuffer(store, layout="objects", read_only=True)
     buf.mark_data_end()
     assert head.backlog().data_ended  # what acts on the data end still reads it
+
+
+def test_a_follower_fetches_the_release_its_pointer_names_without_its_manifest(tmp_path):
+    """LATEST.json holds the release's manifest bytes: a follower's load is the pointer's
+    get and the files' gets (checked against it), not a second read of the manifest."""
+    import hashlib
+
+    from yeto_core.errors import ReleaseError
+    from yeto_core.release.store import ReleaseStore
+
+    store = RemoteDir(tmp_path / "s")
+    publisher, follower = ReleaseStore(store), ReleaseStore(store)
+    out = tmp_path / "export"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"w" * 64)
+    checksum = hashlib.sha256(b"w" * 64).hexdigest()
+    publisher.publish(out, {"version": 1, "kind": "full", "weight_checksum": checksum})
+    store.calls.clear()
+    rel = follower.latest()
+    assert rel is not None
+    follower.fetch(rel, tmp_path / "a")
+    assert store.calls == {"get": 2}  # the pointer and the one file
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == b"w" * 64
+    (tmp_path / "s" / "releases" / "1" / "model.safetensors").write_bytes(b"x" * 64)
+    with pytest.raises(ReleaseError):  # still checked against the pointer's digests
+        follower.fetch(rel, tmp_path / "b")
