@@ -456,6 +456,8 @@ def test_a_samplers_backlog_reads_never_ask_for_the_data_end(tmp_path, fresh):
     store.calls.clear()
     assert loop.claim_room()[0] >= 4  # the decision reads the backlog itself
     assert len(loop.run_round()) == 4  # and the read ahead, on a copy, while it appends
+    assert loop._backlog_ahead is not None
+    loop._backlog_ahead[0].result()
     loop.claim_room()
     assert store.calls["list"] >= 2 and store.calls["exists"] == 0
     head = FileSampleBuffer(store, layout="objects", read_only=True)
@@ -487,3 +489,32 @@ def test_a_follower_fetches_the_release_its_pointer_names_without_its_manifest(t
     (tmp_path / "s" / "releases" / "1" / "model.safetensors").write_bytes(b"x" * 64)
     with pytest.raises(ReleaseError):  # still checked against the pointer's digests
         follower.fetch(rel, tmp_path / "b")
+
+
+def test_a_samplers_cursors_fetch_each_index_object_once_and_never_their_own(tmp_path):
+    """Index objects are immutable: a sampler's appender, its reader and the copy that
+    reads the backlog ahead share what any of them read or created. Two samplers append a
+    call each, twice; each reads the backlog through both its buffer and its copy."""
+    store = RemoteDir(tmp_path / "s")
+    gets: list[str] = []
+    real_get = store.get
+
+    def spy(key: str) -> bytes:
+        if key.startswith("buffer/index/"):
+            gets.append(key)
+        return real_get(key)
+
+    store.get = spy  # type: ignore[method-assign]
+    a = FileSampleBuffer(store, layout="objects", host="a")
+    b = FileSampleBuffer(store, layout="objects", host="b")
+    copies = {a: a.reader_copy(), b: b.reader_copy()}
+    made: dict[FileSampleBuffer, set[str]] = {a: set(), b: set()}
+    for n in range(2):
+        for buf in (a, b):
+            first = buf.append_many([group(100 * n + 10 * (buf is b) + i) for i in range(4)])[0]
+            made[buf].add(f"buffer/index/{first:012d}.json")
+    for buf in (a, b):
+        gets.clear()
+        assert buf.backlog().groups == 16 and copies[buf].backlog().groups == 16
+        assert not set(gets) & made[buf]  # its own objects: never fetched
+        assert len(gets) == len(set(gets))  # the other's: once for both cursors
