@@ -442,3 +442,26 @@ def test_the_settings_that_are_not_the_products_defaults_are_named(tmp_path: Pat
     # an option equal to its default is not named (lr 5e-4 is the torch backend's)
     assert "trainer.backend_options.lr" not in async_1["workload"]
     assert "trainer.backend_options.lr" not in async_1["tuning"]
+
+
+def test_store_requests_per_trained_round_are_summed_per_role_and_kind() -> None:
+    from yeto_bench.e2e_requests import store_requests
+
+    profile = {
+        "head": {"counters_per_round": {"store.get": 5.0, "store@head.tick.get": 5.0}},
+        "sampler-0": {"counters_per_round": {"store.get": 2.0, "store.list": 1.0}},
+        "sampler-1": {"counters_per_round": {"store.get": 2.5, "store.list": 0.5}},
+        "trainer": {"counters_per_round": {"store.put": 3.0, "rounds": 9}},
+    }
+    r = store_requests(profile)
+    assert r is not None and r["total"] == 14.0
+    assert r["by_role"] == {"head": 5.0, "samplers": 6.0, "trainer": 3.0}
+    assert r["by_kind"] == {"get": 9.5, "list": 1.5, "put": 3.0}
+    assert r["by_role_and_kind"]["samplers"] == {"get": 4.5, "list": 1.5}
+    assert r["top_stages"] == {"head: head.tick.get": 5.0}
+    assert store_requests({"head": {"counters_per_round": {"rounds": 1}}}) is None
+    one = one_report(
+        dict(_run(60), profile=profile), _run(90), None, task="sort4", target=0.8, timeout_s=240
+    )
+    assert one["store_requests_per_trained_round"]["async"]["total"] == 14.0
+    assert one["store_requests_per_trained_round"]["sync"] is None

@@ -43,7 +43,9 @@ shape, threads, CPUs: the plain loop's too) apart from ``tuning``.
 ``--profile`` adds each run's stage profile (:mod:`yeto_core.stage_profile`:
 per process, seconds, calls, share and ms per trained round of every stage);
 ``--store-latency-ms`` / ``--remote-store`` run yeto's modes on a counting
-store wrapper (requests per trained round in the profile's counters). Every
+store wrapper (requests per trained round in the profile's counters, summed per role
+and request kind in ``store_requests_per_trained_round``, with or without
+``--profile``: :mod:`yeto_bench.e2e_requests`). Every
 report has ``optimizer_steps_per_s`` per mode and ``baselines`` (what each
 mode does).
 
@@ -70,6 +72,7 @@ from typing import Any, Optional
 
 import click
 
+from yeto_bench.e2e_requests import store_requests
 from yeto_bench.head_proc import start_head, stop_head
 from yeto_bench.run_toml import bench_run_toml
 from yeto_core.cli import exit_codes
@@ -664,6 +667,11 @@ def one_report(
         # yeto async's optimizer steps per second over the plain loop's (async)
         "steps_per_s_vs_plain_loop": round(a_steps / p_steps, 3) if a_steps and p_steps else None,
         "settings": {"async": a.get("settings"), "sync": s.get("settings")},
+        # on the counting wrapper (None without it): yeto_bench.e2e_requests
+        "store_requests_per_trained_round": {
+            "async": store_requests(a.get("profile")),
+            "sync": store_requests(s.get("profile")),
+        },
         "profile": {"async": a.get("profile"), "sync": s.get("profile")},
     }
 
@@ -746,6 +754,7 @@ def combine(reports: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
         "reward_curves": first["reward_curves"],
         "optimizer_steps_per_s": _medians(reports, "optimizer_steps_per_s"),
         "settings": first.get("settings"),
+        "store_requests_per_trained_round": first.get("store_requests_per_trained_round"),
         "profile": first.get("profile"),
         "runs": first["runs"],
         "baselines": BASELINES,
