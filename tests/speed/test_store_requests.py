@@ -518,3 +518,18 @@ def test_a_samplers_cursors_fetch_each_index_object_once_and_never_their_own(tmp
         assert buf.backlog().groups == 16 and copies[buf].backlog().groups == 16
         assert not set(gets) & made[buf]  # its own objects: never fetched
         assert len(gets) == len(set(gets))  # the other's: once for both cursors
+
+
+def test_the_whole_index_read_for_the_summary_fetches_only_what_was_not_read(tmp_path):
+    """The head's summary reads every entry (O(history)); the objects its backlog reads
+    already fetched are not fetched again."""
+    store = RemoteDir(tmp_path / "s")
+    writer = FileSampleBuffer(store, layout="objects", host="a")
+    for n in range(3):
+        writer.append_many([group(10 * n + i) for i in range(4)])
+    head = FileSampleBuffer(store, layout="objects", read_only=True)
+    assert head.backlog().groups == 12
+    writer.append_many([group(99)])
+    store.calls.clear()
+    assert [e.group_id for e in head.entries()][-1] == "g99"
+    assert store.calls == {"list": 1, "get": 1}  # the listing and the one new object

@@ -302,11 +302,14 @@ class FileSampleBuffer(BufferAppends, BufferLoads, DurableSampleBuffer):
         return self._head
 
     def entries(self, start: int = 0) -> list[GroupEntry]:
-        """Every entry from ``start`` on, read from the index (O(history); tests and tools)."""
+        """Every entry from ``start`` on, read from the index (O(history); tests and tools;
+        the ``objects`` index fetches only the objects this buffer has not kept)."""
         if self._jsonl is not None:
             reader = JsonlIndex(self._jsonl.path, fsync=False)
         else:
-            reader = ObjectsIndex(self.store, self.prefix)  # type: ignore[assignment]
+            reader = ObjectsIndex(  # type: ignore[assignment]
+                self.store, self.prefix, cache=self._index_cache
+            )
         out = [entry_from(r, "index") for r in reader.read_new()]
         if isinstance(reader, JsonlIndex):
             reader.close()
