@@ -460,3 +460,26 @@ def test_trainer_critical_path_requests_per_round_from_the_profile_counters():
     assert trainer_critical_path(profile) == 1.5
     assert trainer_critical_path(profile, waits=True) == 2.0
     assert trainer_critical_path({"trainer": {"counters": {"trainer.rounds": 4}}}) is None
+
+
+def test_store_requests_per_trained_round_are_summed_per_role_and_kind() -> None:
+    from yeto_bench.e2e_requests import store_requests
+
+    profile = {
+        "head": {"counters_per_round": {"store.get": 5.0, "store@head.tick.get": 5.0}},
+        "sampler-0": {"counters_per_round": {"store.get": 2.0, "store.list": 1.0}},
+        "sampler-1": {"counters_per_round": {"store.get": 2.5, "store.list": 0.5}},
+        "trainer": {"counters_per_round": {"store.put": 3.0, "rounds": 9}},
+    }
+    r = store_requests(profile)
+    assert r is not None and r["total"] == 14.0
+    assert r["by_role"] == {"head": 5.0, "samplers": 6.0, "trainer": 3.0}
+    assert r["by_kind"] == {"get": 9.5, "list": 1.5, "put": 3.0}
+    assert r["by_role_and_kind"]["samplers"] == {"get": 4.5, "list": 1.5}
+    assert r["top_stages"] == {"head: head.tick.get": 5.0}
+    assert store_requests({"head": {"counters_per_round": {"rounds": 1}}}) is None
+    one = one_report(
+        dict(_run(60), profile=profile), _run(90), None, task="sort4", target=0.8, timeout_s=240
+    )
+    assert one["store_requests_per_trained_round"]["async"]["total"] == 14.0
+    assert one["store_requests_per_trained_round"]["sync"] is None

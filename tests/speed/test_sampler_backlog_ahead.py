@@ -22,6 +22,10 @@ class CountingBuffer(FileSampleBuffer):
         type(self).reads += 1
         return super().backlog(*args, **kw)
 
+    def backlog_without_end(self, *args: Any, **kw: Any) -> Any:
+        type(self).reads += 1
+        return super().backlog_without_end(*args, **kw)
+
     def reader_copy(self) -> Optional[FileSampleBuffer]:
         if self.store.local_root() is not None:
             return None

@@ -441,3 +441,95 @@ def test_on_pool_keeps_the_order_raises_the_first_error_and_runs_inline_on_the_p
     inner = _executor().submit(lambda: on_pool(lambda i: threading.current_thread().name, [0, 1]))
     me = inner.result(timeout=10)
     assert len(set(me)) == 1 and me[0].startswith("store-io")
+
+
+@pytest.mark.parametrize("fresh", [None, (2, 8)])
+def test_a_samplers_backlog_reads_never_ask_for_the_data_end(tmp_path, fresh):
+    """A sampler sizes its calls by the backlog and never acts on the data end (the head
+    stops it): its reads are consumed.json, the index listing and the new records, not a
+    DATA_END request each (one read in three on SeaweedFS, every call of every island)."""
+    from yeto_core.testing.fakes import digits_sampler
+
+    store = RemoteDir(tmp_path / "s")
+    buf = FileSampleBuffer(store, layout="objects", host="h")
+    loop = digits_sampler(buf, backlog_cap=64, fresh_only=fresh, share_of=1)
+    store.calls.clear()
+    assert loop.claim_room()[0] >= 4  # the decision reads the backlog itself
+    assert len(loop.run_round()) == 4  # and the read ahead, on a copy, while it appends
+    assert loop._backlog_ahead is not None
+    loop._backlog_ahead[0].result()
+    loop.claim_room()
+    assert store.calls["list"] >= 2 and store.calls["exists"] == 0
+    head = FileSampleBuffer(store, layout="objects", read_only=True)
+    buf.mark_data_end()
+    assert head.backlog().data_ended  # what acts on the data end still reads it
+
+
+def test_a_follower_fetches_the_release_its_pointer_names_without_its_manifest(tmp_path):
+    """LATEST.json holds the release's manifest bytes: a follower's load is the pointer's
+    get and the files' gets (checked against it), not a second read of the manifest."""
+    import hashlib
+
+    from yeto_core.errors import ReleaseError
+    from yeto_core.release.store import ReleaseStore
+
+    store = RemoteDir(tmp_path / "s")
+    publisher, follower = ReleaseStore(store), ReleaseStore(store)
+    out = tmp_path / "export"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"w" * 64)
+    checksum = hashlib.sha256(b"w" * 64).hexdigest()
+    publisher.publish(out, {"version": 1, "kind": "full", "weight_checksum": checksum})
+    store.calls.clear()
+    rel = follower.latest()
+    assert rel is not None
+    follower.fetch(rel, tmp_path / "a")
+    assert store.calls == {"get": 2}  # the pointer and the one file
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == b"w" * 64
+    (tmp_path / "s" / "releases" / "1" / "model.safetensors").write_bytes(b"x" * 64)
+    with pytest.raises(ReleaseError):  # still checked against the pointer's digests
+        follower.fetch(rel, tmp_path / "b")
+
+
+def test_a_samplers_cursors_fetch_each_index_object_once_and_never_their_own(tmp_path):
+    """Index objects are immutable: a sampler's appender, its reader and the copy that
+    reads the backlog ahead share what any of them read or created. Two samplers append a
+    call each, twice; each reads the backlog through both its buffer and its copy."""
+    store = RemoteDir(tmp_path / "s")
+    gets: list[str] = []
+    real_get = store.get
+
+    def spy(key: str) -> bytes:
+        if key.startswith("buffer/index/"):
+            gets.append(key)
+        return real_get(key)
+
+    store.get = spy  # type: ignore[method-assign]
+    a = FileSampleBuffer(store, layout="objects", host="a")
+    b = FileSampleBuffer(store, layout="objects", host="b")
+    copies = {a: a.reader_copy(), b: b.reader_copy()}
+    made: dict[FileSampleBuffer, set[str]] = {a: set(), b: set()}
+    for n in range(2):
+        for buf in (a, b):
+            first = buf.append_many([group(100 * n + 10 * (buf is b) + i) for i in range(4)])[0]
+            made[buf].add(f"buffer/index/{first:012d}.json")
+    for buf in (a, b):
+        gets.clear()
+        assert buf.backlog().groups == 16 and copies[buf].backlog().groups == 16
+        assert not set(gets) & made[buf]  # its own objects: never fetched
+        assert len(gets) == len(set(gets))  # the other's: once for both cursors
+
+
+def test_the_whole_index_read_for_the_summary_fetches_only_what_was_not_read(tmp_path):
+    """The head's summary reads every entry (O(history)); the objects its backlog reads
+    already fetched are not fetched again."""
+    store = RemoteDir(tmp_path / "s")
+    writer = FileSampleBuffer(store, layout="objects", host="a")
+    for n in range(3):
+        writer.append_many([group(10 * n + i) for i in range(4)])
+    head = FileSampleBuffer(store, layout="objects", read_only=True)
+    assert head.backlog().groups == 12
+    writer.append_many([group(99)])
+    store.calls.clear()
+    assert [e.group_id for e in head.entries()][-1] == "g99"
+    assert store.calls == {"list": 1, "get": 1}  # the listing and the one new object

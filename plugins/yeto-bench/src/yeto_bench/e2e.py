@@ -43,7 +43,9 @@ shape, threads, CPUs: the plain loop's too) apart from ``tuning``.
 ``--profile`` adds each run's stage profile (:mod:`yeto_core.stage_profile`:
 per process, seconds, calls, share and ms per trained round of every stage);
 ``--store-latency-ms`` / ``--remote-store`` run yeto's modes on a counting
-store wrapper (requests per trained round in the profile's counters, and per mode
+store wrapper (requests per trained round in the profile's counters, summed per role
+and request kind in ``store_requests_per_trained_round``, with or without
+``--profile``: :mod:`yeto_bench.e2e_requests`; and per mode
 ``trainer_critical_path_requests_per_round``: those the trainer's next optimizer
 step waited on, and ``trainer_wait_requests_per_round``: those its thread made while
 it waited for the samplers, :func:`trainer_critical_path`). Every
@@ -73,6 +75,7 @@ from typing import Any, Optional
 
 import click
 
+from yeto_bench.e2e_requests import store_requests
 from yeto_bench.head_proc import start_head, stop_head
 from yeto_bench.run_toml import bench_run_toml
 from yeto_core.cli import exit_codes
@@ -699,6 +702,11 @@ def one_report(
             m: r.get("trainer_wait_requests_per_round") for m, r in (("async", a), ("sync", s))
         },
         "settings": {"async": a.get("settings"), "sync": s.get("settings")},
+        # on the counting wrapper (None without it): yeto_bench.e2e_requests
+        "store_requests_per_trained_round": {
+            "async": store_requests(a.get("profile")),
+            "sync": store_requests(s.get("profile")),
+        },
         "profile": {"async": a.get("profile"), "sync": s.get("profile")},
     }
 
@@ -785,6 +793,7 @@ def combine(reports: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
         ),
         "trainer_wait_requests_per_round": _medians(reports, "trainer_wait_requests_per_round"),
         "settings": first.get("settings"),
+        "store_requests_per_trained_round": first.get("store_requests_per_trained_round"),
         "profile": first.get("profile"),
         "runs": first["runs"],
         "baselines": BASELINES,

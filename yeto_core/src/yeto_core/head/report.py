@@ -75,11 +75,12 @@ class HeadReport:
     run_dir: Any
     _stop_requested: Optional[str]
     provider_of: Any  # HeadIslands.provider_of
+    read_backlog: Any  # HeadTrainer.read_backlog
 
     def status(self) -> dict[str, Any]:
         """The status dict (``status.json``, the progress display)."""
         now = self.clock()
-        b = self.buffer.backlog()
+        b = self.read_backlog()  # HeadTrainer: kept for the scheduler's decision that follows
         if b.head_position != self.state.last_head_position:
             self.state.last_head_position = b.head_position
             self.state.last_arrival_at = now

@@ -260,7 +260,8 @@ class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands, HeadScale):
         """Every island's event stream, and the clock when the read ended."""
         if self._streams is None:
             self._streams = StreamsReader(self.store)
-        streams = self._streams.read_all()
+        with stage("head.read_streams"):  # on a thread too: its requests named in the profile
+            streams = self._streams.read_all()
         return streams, self.clock()
 
     def check_breakers(self, streams: dict[str, list[Any]]) -> None:

@@ -9,6 +9,7 @@ check of its final cut.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Optional
 
 import attrs
@@ -25,9 +26,17 @@ def lora_run(config: Any) -> bool:
     return (config.trainer.backend_options or {}).get("tuning") == "lora"
 
 
+#: seconds a backlog read by the housekeeping tick stays good for the scheduler's next
+#: decision (the trainer tick right after it; an older read is read again)
+BACKLOG_REUSE_S = 1.0
+
+
 class HeadTrainer:
     """Building and stopping the trainer loop (the host holds the config, plugins,
     store, providers, cost guard, events, fences, ``launch_record`` and ``build_driver``)."""
+
+    #: (monotonic time, data end seen, backlog) of the last :meth:`read_backlog`
+    _backlog_read: Optional[tuple[float, bool, Any]] = None
 
     def build_trainer_loop(self) -> None:
         """The scheduler, the ``[trainer] lifecycle`` and the TrainerLoop."""
@@ -93,6 +102,17 @@ class HeadTrainer:
             ready_timeout_s=float(t.ready_timeout_s),
         )
 
+    def read_backlog(self) -> Any:
+        """The backlog read now as the scheduler counts it (without fenced incarnations'
+        groups until the data end), kept for the trainer tick that follows within
+        ``BACKLOG_REUSE_S`` (:meth:`backlog_for_scheduler`): the housekeeping tick's
+        ``status.json`` and the scheduler's decision share one read, not two (each a
+        few requests on a remote store)."""
+        ended = self.trainer_loop is not None and self.trainer_loop.data_end_at is not None
+        b = self.buffer.backlog(fenced=None if ended else self.fences)
+        self._backlog_read = (time.monotonic(), ended, b)
+        return b
+
     def backlog_for_scheduler(self) -> Any:
         """The backlog the scheduler decides on: without the groups of fenced sampler
         incarnations, which the trainer skips (a start for them would train nothing);
@@ -100,10 +120,15 @@ class HeadTrainer:
 
         The trainer takes a short last round once the data ended (the driver's
         ``partial_last_round``), so that every appended group is trained or skipped:
-        fenced groups left then are skipped by that drain.
+        fenced groups left then are skipped by that drain. A read of :meth:`read_backlog`
+        made just before (the housekeeping tick) is used once instead of a new one.
         """
         ended = self.trainer_loop is not None and self.trainer_loop.data_end_at is not None
-        b = self.buffer.backlog(fenced=None if ended else self.fences)
+        kept, self._backlog_read = self._backlog_read, None
+        if kept is not None and kept[1] == ended and time.monotonic() - kept[0] <= BACKLOG_REUSE_S:
+            b = kept[2]
+        else:
+            b = self.buffer.backlog(fenced=None if ended else self.fences)
         if not b.data_ended:
             return b
         if not ended:  # the data end is new: read once more, every group counted

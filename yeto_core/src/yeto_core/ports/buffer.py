@@ -218,6 +218,18 @@ class DurableSampleBuffer(Port):
         Its cost does not grow with history.
         """
 
+    def backlog_without_end(
+        self,
+        current_version: Optional[int] = None,
+        max_policy_age: Optional[int] = None,
+        fenced: Optional[Callable[[str, int], bool]] = None,
+    ) -> Backlog:
+        """:meth:`backlog` for a reader that never acts on the data end (a sampler sizing
+        its next call): its ``data_ended`` may stay False after :meth:`mark_data_end`,
+        which spares a buffer that keeps the mark apart a request per read. Default:
+        :meth:`backlog`."""
+        return self.backlog(current_version, max_policy_age, fenced)
+
     @abc.abstractmethod
     def poll_arrivals(self, callback: Callable[[GroupEntry], None]) -> int:
         """Call ``callback`` once per group appended since the last poll; return the count."""

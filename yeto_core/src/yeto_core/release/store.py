@@ -260,8 +260,12 @@ class ReleaseStore(DeltaParentKeeping):
             (a :class:`~yeto_core.release.delta.DeltaError`, with a ``reason``, when a
             delta does not apply).
         :returns: ``dest_dir``.
+
+        A :class:`Release` is fetched as it is (a follower's, read from ``LATEST.json``,
+        which holds the bytes of the manifest: read again, it would be a request for
+        what the pointer said); an id or a version is resolved through its manifest.
         """
-        rel = self.get(ref)
+        rel = ref if isinstance(ref, Release) else self.get(ref)
         dest = Path(dest_dir)
         if rel.encoding != "delta":
             reused = self._download(rel, dest, self._reusable(rel, have))

@@ -35,6 +35,10 @@ from typing import Any, Optional
 from yeto_core.stage_profile import PROFILE, stage
 from yeto_core.stores.parallel import in_background
 
+#: a sampler waiting for room reads the whole backlog at least every this many polls,
+#: even when no commit, load or release was seen (each poll between: the watermark only)
+ROOM_FULL_READ_EVERY = 10
+
 #: seconds a commit seen ahead of the newest release counts as a release to come (for
 #: ``fresh_only``): a trainer publishes within a moment of its commit, and one that
 #: died in between publishes nothing until the next incarnation trains
@@ -43,6 +47,9 @@ PENDING_RELEASE_S = 30.0
 
 class SamplerRoom:
     """Sizing the next call to the room the backlog leaves (the cap, ``fresh_only``)."""
+
+    #: (watermark, served version, newest release seen) of the last decision's read
+    _room_marks: Optional[tuple[int, int, Any]] = None
 
     def wait_for_room(self) -> bool:
         """Wait while the backlog is at the cap (and, with ``sync_rounds``, for the policy;
@@ -85,13 +92,38 @@ class SamplerRoom:
             if watch is None:
                 watch = self.buffer.watch()  # wakes on the trainer's commit (None: poll)
             with stage("sampler.wait_backlog"):
-                if watch is not None:
-                    watch.wait(self.backlog_poll_s)
-                    if self.stop.is_set():
+                if not self._wait_for_change(watch):
+                    if watch is not None:
                         watch.close()
-                        return False
-                elif self.stop.wait(self.backlog_poll_s):
                     return False
+
+    def _wait_for_change(self, watch: Any) -> bool:
+        """Wait at the cap (or the ``fresh_only`` bound) until the room may have grown.
+
+        With no room, only a commit (the watermark), a load or a newer release seen (the
+        versions ``fresh_only`` counts from) can make room: other islands' appends only
+        take it. Each poll reads the watermark (one request: consumed.json), not the
+        whole backlog (the index listing and its new records too), and the backlog is
+        read again when one of them changed, or after ``ROOM_FULL_READ_EVERY`` polls
+        (what else frees room: a fence, a pending release given up after
+        ``PENDING_RELEASE_S``). :returns: False if stopped while waiting.
+        """
+        marks = self._room_marks
+        for _ in range(ROOM_FULL_READ_EVERY):
+            if watch is not None:
+                watch.wait(self.backlog_poll_s)
+                if self.stop.is_set():
+                    return False
+            elif self.stop.wait(self.backlog_poll_s):
+                return False
+            if marks is None:
+                return True
+            with stage("sampler.watermark_poll"):
+                now = (int(self.buffer.watermark), int(self.follower.version))
+            if now != marks[:2] or self.latest_release() != marks[2]:
+                return True
+            PROFILE.count("sampler.backlog_read_unchanged")
+        return True
 
     def _whole_call_until(self, why: dict[str, Any]) -> Optional[float]:
         """Until when a call the room cuts short may wait for the follower's next load
@@ -190,10 +222,12 @@ class SamplerRoom:
     def _read_backlog(self, buffer: Any, newest: Optional[int]) -> Any:
         """The backlog the cap and ``fresh_only`` count: without fenced incarnations'
         groups (the trainer skips them; counted, a few lost nodes' groups would hold the
-        cap full while the trainer waits for trainable ones)."""
+        cap full while the trainer waits for trainable ones). A sampler never acts on the
+        data end (the head stops it), so the read leaves it out: a request less on a
+        remote store."""
         if self.fresh_only is None:
-            return buffer.backlog(fenced=self.fenced)
-        return buffer.backlog(
+            return buffer.backlog_without_end(fenced=self.fenced)
+        return buffer.backlog_without_end(
             current_version=newest, max_policy_age=self.fresh_only[0], fenced=self.fenced
         )
 
@@ -210,7 +244,8 @@ class SamplerRoom:
                     self._no_reader_copy = True
                     return None
                 self._ahead_buffer = copy
-            return self._read_backlog(self._ahead_buffer, newest)
+            with stage("sampler.backlog_read_ahead"):  # its requests, named in the profile
+                return self._read_backlog(self._ahead_buffer, newest)
 
         self._backlog_ahead = (in_background(read, "yeto-sampler-backlog"), appending)
 
@@ -230,14 +265,18 @@ class SamplerRoom:
         PROFILE.count("sampler.backlog_read_ahead")
         return backlog, appended
 
+    def _mark_read(self, backlog: Any, served: int, seen: Any) -> None:
+        """What the decision's backlog read saw that can make room: the watermark, the
+        served version, the newest release seen (:meth:`_wait_for_change`)."""
+        self._room_marks = (int(backlog.watermark), served, seen)
+
     def _room(self) -> tuple[int, dict[str, Any]]:
         """(groups the next call may add, the inputs of that decision)."""
         ahead = self._backlog_read_ahead()
         if self.fresh_only is None:
-            if ahead is not None:
-                groups = int(ahead[0].groups) + ahead[1]
-            else:
-                groups = self._read_backlog(self.buffer, None).groups
+            read = ahead[0] if ahead is not None else self._read_backlog(self.buffer, None)
+            groups = int(read.groups) + (ahead[1] if ahead is not None else 0)
+            self._mark_read(read, int(self.follower.version), self.latest_release())
             room = self.prompts_per_call if groups < self.backlog_cap else 0
             return room, {"backlog_groups": groups, **({"read_ahead": True} if ahead else {})}
         age, per_round = self.fresh_only
@@ -253,6 +292,7 @@ class SamplerRoom:
         else:
             backlog = self._read_backlog(self.buffer, newest)
             groups = backlog.groups
+        self._mark_read(backlog, served, seen)
         if seen is not None and seen[1] is not None and backlog.watermark > int(seen[1]):
             # rounds committed since that release (their releases are not out yet): each
             # moved the watermark by at least a round. Only for a while: a trainer that

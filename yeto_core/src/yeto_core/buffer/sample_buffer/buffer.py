@@ -23,7 +23,7 @@ from yeto_core.buffer.sample_buffer.codec import check_group_id, entry_from
 from yeto_core.buffer.sample_buffer.consumed import STALE_TAIL, ConsumedState, plan_round
 from yeto_core.buffer.sample_buffer.jsonl_index import JsonlIndex
 from yeto_core.buffer.sample_buffer.loads import BufferLoads
-from yeto_core.buffer.sample_buffer.objects_index import ObjectsIndex
+from yeto_core.buffer.sample_buffer.objects_index import IndexCache, ObjectsIndex
 from yeto_core.buffer.sample_buffer.shards import merge_shards
 from yeto_core.errors import NotFoundError, SampleBufferError
 from yeto_core.ports import DurableSampleBuffer, ObjectStore
@@ -49,6 +49,8 @@ class FileSampleBuffer(BufferAppends, BufferLoads, DurableSampleBuffer):
         ``jsonl`` and ``objects``; ``[buffer] options.packs``, default true). False: one
         payload object per group, and layout ``objects`` appends as before packs (dedup
         across processes by the payload's key).
+    :param index_cache: layout ``objects``: the index objects another buffer of this
+        process read or created (:meth:`reader_copy` shares its own); default: a new one.
 
     One object may be shared by threads (the head's loop and a watcher): its
     methods take one lock, so a read of the index and the head it advances are
@@ -68,6 +70,7 @@ class FileSampleBuffer(BufferAppends, BufferLoads, DurableSampleBuffer):
         read_only: bool = False,
         merger: bool = False,
         packs: bool = True,
+        index_cache: Optional[IndexCache] = None,
     ) -> None:
         if not isinstance(packs, bool):
             raise SampleBufferError(
@@ -87,6 +90,8 @@ class FileSampleBuffer(BufferAppends, BufferLoads, DurableSampleBuffer):
             layout = "jsonl" if root is not None else "objects"
         self.layout = layout
         self.events: list[Event] = []
+        #: the index objects (immutable) this buffer's cursors and its copies read or made
+        self._index_cache = IndexCache() if index_cache is None else index_cache
         fsync = store.fsyncs()
         if layout in ("jsonl", "shards"):
             if root is None:
@@ -101,13 +106,17 @@ class FileSampleBuffer(BufferAppends, BufferLoads, DurableSampleBuffer):
             self._objects: Optional[ObjectsIndex] = None
         else:
             self._jsonl = None
-            self._objects = ObjectsIndex(store, self.prefix, events=self.events)
+            self._objects = ObjectsIndex(
+                store, self.prefix, events=self.events, cache=self._index_cache
+            )
         self.packs = packs
         #: layout ``objects`` with packs: the appender's own cursor into the index (it
         #: reads to the end before each index object it writes; ``append._append_objects``)
         self._objects_packs = packs and layout == "objects" and not read_only
         self._writer: Optional[ObjectsIndex] = (
-            ObjectsIndex(store, self.prefix) if self._objects_packs else None
+            ObjectsIndex(store, self.prefix, cache=self._index_cache)
+            if self._objects_packs
+            else None
         )
         self._shard: Optional[JsonlIndex] = None
         self._shard_readers: dict[str, JsonlIndex] = {}
@@ -293,11 +302,14 @@ class FileSampleBuffer(BufferAppends, BufferLoads, DurableSampleBuffer):
         return self._head
 
     def entries(self, start: int = 0) -> list[GroupEntry]:
-        """Every entry from ``start`` on, read from the index (O(history); tests and tools)."""
+        """Every entry from ``start`` on, read from the index (O(history); tests and tools;
+        the ``objects`` index fetches only the objects this buffer has not kept)."""
         if self._jsonl is not None:
             reader = JsonlIndex(self._jsonl.path, fsync=False)
         else:
-            reader = ObjectsIndex(self.store, self.prefix)  # type: ignore[assignment]
+            reader = ObjectsIndex(  # type: ignore[assignment]
+                self.store, self.prefix, cache=self._index_cache
+            )
         out = [entry_from(r, "index") for r in reader.read_new()]
         if isinstance(reader, JsonlIndex):
             reader.close()
@@ -325,6 +337,7 @@ class FileSampleBuffer(BufferAppends, BufferLoads, DurableSampleBuffer):
             host=self.host,
             clock=self.clock,
             read_only=True,
+            index_cache=self._index_cache,
         )
 
     def _reads_ahead(self) -> bool:
@@ -428,7 +441,29 @@ class FileSampleBuffer(BufferAppends, BufferLoads, DurableSampleBuffer):
 
         Cost: O(new index records + backlog), independent of the history.
         """
-        ended = self._update(check_end=True)
+        return self._backlog(current_version, max_policy_age, fenced, check_end=True)
+
+    @_serialized
+    def backlog_without_end(
+        self,
+        current_version: Optional[int] = None,
+        max_policy_age: Optional[int] = None,
+        fenced: Optional[Callable[[str, int], bool]] = None,
+    ) -> Backlog:
+        """:meth:`backlog` without reading ``DATA_END`` (one request less on a remote
+        store): ``data_ended`` is what this object knows already."""
+        return self._backlog(current_version, max_policy_age, fenced, check_end=False)
+
+    def _backlog(
+        self,
+        current_version: Optional[int],
+        max_policy_age: Optional[int],
+        fenced: Optional[Callable[[str, int], bool]],
+        *,
+        check_end: bool,
+    ) -> Backlog:
+        self._update(check_end=check_end)
+        ended = self._data_ended
         groups = samples = 0
         oldest_v: Optional[int] = None
         oldest_t: Optional[float] = None

@@ -4,11 +4,18 @@ Object ``index/<p:012d>.json`` holds the records of positions ``p .. p+n-1``, on
 JSON line each (:func:`~yeto_core.buffer.sample_buffer.codec.encode_record`): ``append`` writes
 objects of one record, ``append_many`` (a sampler call's group commit) one object for the
 call, so a call costs one index request instead of one per group.
+
+Index objects are immutable (created whole with ``put_if_absent``, never rewritten or
+deleted): the cursors of one process (a sampler's appender, its reader, the copy that
+reads the backlog ahead) share an :class:`IndexCache` of the objects read or written,
+so each object is fetched once per process, and an appender's own objects never.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
@@ -23,14 +30,44 @@ from yeto_core.stores.parallel import get_all
 log = logging.getLogger("yeto.buffer")
 
 
+class IndexCache:
+    """The bytes of the newest index objects read or created (immutable: a copy is as good
+    as a read), by key; the oldest ``size`` beyond are dropped. Thread-safe."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = int(size)
+        self._objects: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Optional[bytes]:
+        with self._lock:
+            return self._objects.get(key)
+
+    def put(self, key: str, raw: bytes) -> None:
+        with self._lock:
+            self._objects[key] = raw
+            self._objects.move_to_end(key)
+            while len(self._objects) > self.size:
+                self._objects.popitem(last=False)
+
+
 class ObjectsIndex:
     """The index as a :class:`StoreLog` of ``<position:012d>.json`` objects (one or more
-    records each, see the module docstring)."""
+    records each, see the module docstring).
+
+    :param cache: objects already read or created, shared with the other cursors of this
+        process (None: every object is fetched)."""
 
     def __init__(
-        self, store: ObjectStore, prefix: str, *, events: Optional[list[Event]] = None
+        self,
+        store: ObjectStore,
+        prefix: str,
+        *,
+        events: Optional[list[Event]] = None,
+        cache: Optional[IndexCache] = None,
     ) -> None:
         self.store = store
+        self.cache = cache
         self.events = events if events is not None else []
         self.quarantined = 0  # complete records that failed their checksum
         self.log = StoreLog(store, f"{prefix}/index", width=12)
@@ -75,7 +112,7 @@ class ObjectsIndex:
         count, last_key = self.count, self.last_key
         keys = self.list_new() if listed is None else listed
         # the objects' gets overlap on a remote store (one round trip for many)
-        for key, raw in zip(keys, get_all(self.store, keys), strict=True):
+        for key, raw in zip(keys, self._get_objects(keys), strict=True):
             pos = self._position_of(key)
             if pos > count:
                 break  # not visible yet: the listing raced a creation
@@ -92,6 +129,26 @@ class ObjectsIndex:
             last_key = key
         self.count, self.last_key = count, last_key
         return out
+
+    def _get_objects(self, keys: list[str]) -> list[bytes]:
+        """The bytes of the index objects ``keys``: from the cache, the others fetched at
+        once (and cached)."""
+        if self.cache is None:
+            return get_all(self.store, keys)
+        have = {key: self.cache.get(key) for key in keys}
+        missing = [key for key, raw in have.items() if raw is None]
+        for key, raw in zip(missing, get_all(self.store, missing), strict=True):
+            self.cache.put(key, raw)
+            have[key] = raw
+        return [have[key] for key in keys]  # type: ignore[misc]
+
+    def _create(self, pos: int, raw: bytes) -> bool:
+        """Create the object at ``pos`` (``put_if_absent``); cached when this call made it."""
+        if not self.log.create(pos, raw):
+            return False
+        if self.cache is not None:
+            self.cache.put(self.key(pos), raw)
+        return True
 
     def _records(self, key: str, pos: int, raw: bytes) -> list[dict[str, Any]]:
         """The records of the index object ``key`` at position ``pos``: positions
@@ -175,7 +232,7 @@ class ObjectsIndex:
         pos = self._next
         while True:
             recs = [make(pos + i) for i, make in enumerate(makes)]
-            if self.log.create(pos, b"".join(encode_record(r) for r in recs)):
+            if self._create(pos, b"".join(encode_record(r) for r in recs)):
                 self._next = pos + len(recs)
                 return [(pos + i, r) for i, r in enumerate(recs)]
             pos = self._free_after(self.key(pos))
@@ -195,7 +252,7 @@ class ObjectsIndex:
             return []
         pos = self.count
         recs = [make(pos + i) for i, make in enumerate(makes)]
-        if not self.log.create(pos, b"".join(encode_record(r) for r in recs)):
+        if not self._create(pos, b"".join(encode_record(r) for r in recs)):
             return None
         self.count, self.last_key = pos + len(recs), self.key(pos)
         return [(pos + i, r) for i, r in enumerate(recs)]
@@ -213,7 +270,7 @@ class ObjectsIndex:
             last = after
         pos = self._position_of(last)
         try:
-            raw = self.store.get(last)
+            raw = self._get_objects([last])[0]
         except NotFoundError:
             raise SampleBufferError(
                 f"index object {last!r} was listed and is gone: nothing deletes index "
