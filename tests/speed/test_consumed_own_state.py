@@ -58,7 +58,12 @@ def test_after_its_own_commit_a_round_already_read_reads_nothing(tmp_path):
     assert FileSampleBuffer(store, layout="objects").watermark == 4
 
 
-def test_a_round_not_read_yet_reads_consumed_json_once_in_its_select(tmp_path):
+def test_a_round_not_read_yet_reads_the_index_only_when_consumed_json_is_its_own_commit(
+    tmp_path,
+):
+    """consumed.json is still this reader's own last commit: the select reads the index
+    only (one request less on the trainer's path); another committer meanwhile is refused
+    by the commit's compare-and-swap (the next test)."""
     store, buf, reader = setup(tmp_path, n=2)
     reader.commit(reader.try_take(0))
     late = FileSampleBuffer(store, layout="objects", host="late")
@@ -67,9 +72,9 @@ def test_a_round_not_read_yet_reads_consumed_json_once_in_its_select(tmp_path):
     store.consumed_reads = 0
     batch = reader.try_take(1)
     assert batch is not None and batch.watermark_before == 2
-    assert store.consumed_reads == 1  # the select's (overlapped with the index listing)
+    assert store.consumed_reads == 0
     assert reader.commit(batch) == 4
-    assert store.consumed_reads == 1
+    assert store.consumed_reads == 0
 
 
 def test_a_state_written_by_another_after_the_select_is_refused_by_the_commit(tmp_path):
