@@ -138,16 +138,23 @@ def _ledger_check(run_dir: Path) -> dict:
     return info
 
 
-def _eval_gain(run_dir: Path) -> tuple[float, float, int]:
-    """(base, last) held-out ``reward_mean`` of the run's [eval], and evaluations made."""
+#: The run's end level is the mean of its last evaluations: one greedy evaluation of 256
+#: items moves by a few hundredths from release to release (examples/reasoning-gym measured
+#: 0.805, 0.719, 0.777, 0.721, 0.789, 0.719 over its last six), so a single last point
+#: can miss a gain the run made.
+END_EVALUATIONS = 3
+
+
+def _eval_gain(run_dir: Path) -> tuple[float, float, float, int]:
+    """(base, end, last) held-out ``reward_mean`` of the run's [eval] (end: the mean of the
+    last :data:`END_EVALUATIONS`), and the evaluations made."""
     releases = json.loads((run_dir / "summary.json").read_text())["eval"]["releases"]
     releases = sorted(releases, key=lambda r: r["version"])
     assert releases[0]["version"] == 0, releases[0]  # the base
-    return (
-        releases[0]["metrics"]["reward_mean"],
-        releases[-1]["metrics"]["reward_mean"],
-        len(releases),
-    )
+    assert len(releases) > END_EVALUATIONS, releases
+    means = [r["metrics"]["reward_mean"] for r in releases]
+    end = sum(means[-END_EVALUATIONS:]) / END_EVALUATIONS
+    return means[0], end, means[-1], len(releases)
 
 
 def _check(run_dir: Path, *against: str) -> list[str]:
@@ -198,11 +205,12 @@ def test_the_dataset_example_learns_and_resumes_after_sigkill(tmp_path: Path) ->
     assert proc.returncode == 0, out[-3000:]
     assert "finished (data_end)" in out, out[-3000:]
     assert wall <= 900, f"the run took {wall:.0f} s"
-    base, last, n = _eval_gain(learned)
+    base, end, last, n = _eval_gain(learned)
     print(
-        f"dataset example: {wall:.0f} s, [eval] reward_mean {base:.3f} -> {last:.3f} ({n} evaluations)"
+        f"dataset example: {wall:.0f} s, [eval] reward_mean {base:.3f} -> {end:.3f} "
+        f"(mean of the last {END_EVALUATIONS}; last {last:.3f}; {n} evaluations)"
     )
-    assert last - base >= 0.2, (base, last)
+    assert end - base >= 0.2, (base, end, last)
     # the releases scored again offline (greedy and sampled): the same rise
     evals = _script(
         "evaluate.py", str(learned), "--set", f"path={data / 'eval.jsonl'}", "--every", "100"
@@ -263,10 +271,11 @@ def test_the_reasoning_gym_example_learns(tmp_path: Path) -> None:
     assert proc.returncode == 0, out[-3000:]
     assert "finished (data_end)" in out, out[-3000:]
     assert wall <= 900, f"the run took {wall:.0f} s"
-    base, last, n = _eval_gain(run_dir)
+    base, end, last, n = _eval_gain(run_dir)
     print(
-        f"reasoning-gym example: {wall:.0f} s, [eval] reward_mean {base:.3f} -> {last:.3f} ({n} evaluations)"
+        f"reasoning-gym example: {wall:.0f} s, [eval] reward_mean {base:.3f} -> {end:.3f} "
+        f"(mean of the last {END_EVALUATIONS}; last {last:.3f}; {n} evaluations)"
     )
-    assert last - base >= 0.15, (base, last)
+    assert end - base >= 0.15, (base, end, last)
     print("\n".join(_check(run_dir)))
     _ledger_check(run_dir)
