@@ -80,6 +80,27 @@ class LedgerRound:
     island: Optional[str] = None
     outer_step: Optional[int] = None
 
+    @classmethod
+    def of_batch(cls, batch: Any, seq: int, incarnation: int, parent_cut: Optional[str],
+                 **extra: Any) -> LedgerRound:  # fmt: skip
+        """The record of a reader's batch (``extra``: ``time``, ``island``, ``outer_step``)."""
+        return cls(
+            seq=int(seq),
+            incarnation=int(incarnation),
+            parent_cut=parent_cut,
+            policy_version=int(batch.policy_version),
+            positions=tuple(int(p) for p in batch.positions),
+            skipped={r: tuple(int(p) for p in ps) for r, ps in sorted(batch.skipped.items())},
+            watermark_before=int(batch.watermark_before),
+            watermark=int(batch.watermark),
+            group_size=int(batch.group_size),
+            groups_per_round=int(batch.groups_per_round),
+            n_real=int(batch.n_real_samples),
+            n_padding=len(batch.padding),
+            padding_from=None if batch.padding_from is None else tuple(batch.padding_from),
+            **extra,
+        )
+
 
 def _round_key(prefix: str, seq: int) -> str:
     return f"{prefix}/rounds/{seq:012d}.json"  # = StoreLog(store, f"{prefix}/rounds", width=12).key
@@ -203,20 +224,11 @@ class BatchLedger:
         incarnation may train per store). ``island`` and ``outer_step``: with several
         trainer islands, who trained the round and the outer step that merged it.
         """
-        rec = LedgerRound(
-            seq=int(seq),
-            incarnation=int(incarnation),
-            parent_cut=parent_cut,
-            policy_version=int(batch.policy_version),
-            positions=tuple(int(p) for p in batch.positions),
-            skipped={r: tuple(int(p) for p in ps) for r, ps in sorted(batch.skipped.items())},
-            watermark_before=int(batch.watermark_before),
-            watermark=int(batch.watermark),
-            group_size=int(batch.group_size),
-            groups_per_round=int(batch.groups_per_round),
-            n_real=int(batch.n_real_samples),
-            n_padding=len(batch.padding),
-            padding_from=None if batch.padding_from is None else tuple(batch.padding_from),
+        rec = LedgerRound.of_batch(
+            batch,
+            seq,
+            incarnation,
+            parent_cut,
             time=float(self.clock()),
             island=island,
             outer_step=None if outer_step is None else int(outer_step),

@@ -49,21 +49,7 @@ class _Round:
 
 def as_ledger_round(batch: ReaderBatch, deal: int) -> LedgerRound:
     """The ledger record of ``batch`` (its ``seq``: the deal number), as an island reads it."""
-    return LedgerRound(
-        seq=deal,
-        incarnation=0,
-        parent_cut=None,
-        policy_version=int(batch.policy_version),
-        positions=tuple(int(p) for p in batch.positions),
-        skipped={r: tuple(int(p) for p in ps) for r, ps in sorted(batch.skipped.items())},
-        watermark_before=int(batch.watermark_before),
-        watermark=int(batch.watermark),
-        group_size=int(batch.group_size),
-        groups_per_round=int(batch.groups_per_round),
-        n_real=int(batch.n_real_samples),
-        n_padding=len(batch.padding),
-        padding_from=None if batch.padding_from is None else tuple(batch.padding_from),
-    )
+    return LedgerRound.of_batch(batch, deal, 0, None)
 
 
 class RoundDealer:
