@@ -14,6 +14,7 @@ from yeto_core.conversion.local import TO_SAMPLER_STEPS, TO_TRAINER_STEPS
 from yeto_core.head.run import EXIT_OK
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_run import fake_head, fake_run_config
+from yeto_core.testing.streams import stream_text
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +63,7 @@ def test_the_trainer_runs_on_a_converted_node_and_gives_it_back(tmp_path: Path) 
     decisions = [r for r in journal if r["kind"] == "conversion_decision"]
     assert any(r["action"] == "to_trainer" and r["node"] == "flex-0" for r in decisions)
     assert all("inputs" in r and "ranking" in r for r in decisions)
-    events = (store / "events" / "head.jsonl").read_text()
+    events = stream_text(store, "head")
     assert events.count('"kind":"conversion_decision"') == len(decisions)
     assert not list((run / "islands").glob("*.json"))
 

@@ -20,6 +20,7 @@ from yeto_core.events.stream import closed_key
 from yeto_core.head.run import EXIT_OK, EXIT_WALL_CLOCK, Head, backstop_reason
 from yeto_core.providers.local import _group_alive
 from yeto_core.testing.fake_run import fake_head, fake_run_config
+from yeto_core.testing.streams import stream_events, stream_text
 
 
 def _config(tmp_path: Path, **kw):
@@ -69,10 +70,10 @@ def test_a_run_finishes_and_accounts_for_every_group(tmp_path: Path) -> None:
     assert status["state"] == "finished"
     assert (Path(config.run_dir) / "FINISHED").exists()
     assert not (Path(config.run_dir) / "head.json").exists()
-    events = (Path(config.run_dir) / "store" / "events" / "head.jsonl").read_text()
+    events = stream_text(Path(config.run_dir) / "store", "head")
     assert '"kind":"trainer_start"' in events
     # T_s from the local provider's submission stamp, not from the trainer's start call
-    trainer = (Path(config.run_dir) / "store" / "events" / "trainer.jsonl").read_text()
+    trainer = stream_text(Path(config.run_dir) / "store", "trainer")
     starts = [
         json.loads(line)["data"]
         for line in trainer.splitlines()
@@ -244,12 +245,7 @@ def test_a_tripped_breaker_stops_the_run_cleanly_with_its_exit_code(
         == (s["groups_appended"])
     )
     _no_islands_left(config)
-    head_events = [
-        json.loads(line)
-        for line in (Path(config.run_dir) / "store" / "events" / "head.jsonl")
-        .read_text()
-        .splitlines()
-    ]
+    head_events = stream_events(Path(config.run_dir) / "store", "head")
     trips = [e for e in head_events if e["kind"] == "breaker"]
     assert len(trips) == 1
     assert threads and set(threads) == {"head-streams"}
@@ -292,7 +288,7 @@ def test_the_head_rides_out_a_store_that_fails_for_a_while(tmp_path: Path, monke
     assert failing["raised"] == 12
     s = _summary(config)
     assert s["groups_trained"] + sum(s["groups_skipped"].values()) == s["groups_appended"]
-    events = (Path(config.run_dir) / "store" / "events" / "head.jsonl").read_text()
+    events = stream_text(Path(config.run_dir) / "store", "head")
     assert '"kind":"store_outage_survived"' in events
 
 

@@ -26,18 +26,15 @@ from tests.core.test_run_head import (
 )
 from yeto_core.cli import cli
 from yeto_core.head.scale import ScaleRefused, check_scale, parse_samplers
+from yeto_core.testing.streams import stream_events, stream_text
 
 
 def _head_events(config) -> list[dict]:
-    path = Path(config.run_dir) / "store" / "events" / "head.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return stream_events(Path(config.run_dir) / "store", "head")
 
 
 def _appended(config, island: str) -> int:
-    path = Path(config.run_dir) / "store" / "events" / f"{island}.jsonl"
-    if not path.exists():
-        return 0
-    return path.read_text().count('"kind":"group_appended"')
+    return stream_text(Path(config.run_dir) / "store", island).count('"kind":"group_appended"')
 
 
 def _scale(config, *args: str):

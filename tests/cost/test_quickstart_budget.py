@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from yeto_core.testing.streams import stream_text
+
 pytest.importorskip("yeto_torch")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,7 +97,7 @@ def test_the_quickstart_stops_at_its_budget_with_a_cut(tmp_path: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["exit_code"] == EXIT_BUDGET and summary["reason"] == "budget"
     assert summary["cost"]["usd_total"] <= BUDGET
-    head = (run_dir / "store" / "events" / "head.jsonl").read_text().splitlines()
+    head = stream_text(run_dir / "store", "head").splitlines()
     guard = [json.loads(ln)["data"] for ln in head if '"kind":"cost_guard"' in ln]
     assert guard and guard[-1]["action"] == "stop_run", guard[-1:]
     assert any(g["action"] == "release_sampler" for g in guard)

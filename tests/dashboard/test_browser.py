@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from yeto_core.testing.streams import stream_events
+
 pytest.importorskip("yeto_torch")
 pytest.importorskip("yeto_dashboard")
 
@@ -103,8 +105,7 @@ def _wait(cond, timeout: float, what: str, interval: float = 0.2):
 
 
 def _events(run_dir: Path, island: str, store: str = "store") -> list[dict]:
-    path = run_dir / store / "events" / f"{island}.jsonl"
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    return stream_events(run_dir / store, island)
 
 
 def _files(run_dir: Path) -> list[tuple[str, int, int]]:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_quickstart import QUICKSTART, ROOT, YETO, _accounted, _summary, _yeto
+from yeto_core.testing.streams import stream_events, stream_text
 
 pytest.importorskip("yeto_torch")
 
@@ -54,10 +55,7 @@ def _status(run_dir: Path) -> dict:
 
 def _appended(run_dir: Path, island: str) -> int:
     """Groups ``island`` appended (its ``sampler_round`` events)."""
-    path = run_dir / "store" / "events" / f"{island}.jsonl"
-    if not path.exists():
-        return 0
-    events = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    events = stream_events(run_dir / "store", island)
     return sum(int(e["data"].get("groups", 0)) for e in events if e["kind"] == "sampler_round")
 
 
@@ -157,7 +155,7 @@ def test_the_quickstart_scales_from_2_to_4_samplers_and_back_while_it_runs(
     for island in ("sampler-2", "sampler-3"):
         assert store.exists(gone_key(island, 0)), island  # verified released by the head
     assert dispense_report(store)["double_holds"] == 0  # no range held by two at once
-    head_events = (run_dir / "store" / "events" / "head.jsonl").read_text()
+    head_events = stream_text(run_dir / "store", "head")
     assert head_events.count('"kind":"sampler_scale"') == 2
     journal = [
         json.loads(p.read_text())

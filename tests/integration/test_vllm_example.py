@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from yeto_core.testing.streams import stream_events
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "vllm" / "run.toml"
 VLLM_VENV = Path(os.environ.get("YETO_VLLM_VENV", ROOT / "build" / "vllm-venv"))
@@ -48,9 +50,7 @@ def test_vllm_example_learns_and_verifies_every_served_policy(tmp_path: Path) ->
     # the samplers' quiet pauses (pause_until_quiet): each ends once the trainer stood still
     pauses = []
     for island in s["sampler_versions_by_island"]:
-        path = run_dir / "store" / "events" / f"{island}.jsonl"
-        for line in path.read_text().splitlines():
-            e = json.loads(line)
+        for e in stream_events(run_dir / "store", island):
             if e["kind"] == "sampler_resumed":
                 pauses.append((island, e["data"]["paused_s"], e["data"]["ended"]))
     print("pauses (island, s, ended):", pauses)

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from yeto_core.testing.streams import stream_events
+
 ROOT = Path(__file__).resolve().parents[2]
 YETO = [sys.executable, "-c", "from yeto_core.cli import main; main()"]
 ROUNDS = 6
@@ -88,8 +90,7 @@ def _run(tmp_path: Path, base: Path, mode: str) -> Path:
 
 
 def _events(store: Path, island: str) -> list[dict]:
-    lines = (store / "events" / f"{island}.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    return stream_events(store, island)
 
 
 def _rounds(store: Path) -> list[dict]:

@@ -18,6 +18,7 @@ from yeto_core.head.lease import read_lease
 from yeto_core.head.run import EXIT_BUSY, EXIT_FENCED, EXIT_OK
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.testing.fake_run import fake_head, fake_run_config
+from yeto_core.testing.streams import stream_events
 
 _SCRIPT = textwrap.dedent(
     """
@@ -148,8 +149,6 @@ def test_a_paused_head_is_fenced_by_the_next_one_and_exits_without_writing(tmp_p
             if p is not None and p.poll() is None:
                 p.send_signal(signal.SIGCONT)
                 p.kill()
-    head_events = [
-        json.loads(ln) for ln in (root / "events" / "head.jsonl").read_text().splitlines()
-    ]
+    head_events = stream_events(root, "head")
     taken = [e for e in head_events if e["kind"] == "head_lease_taken_over"]
     assert len(taken) == 1 and taken[0]["data"]["lapsed"]["holder"] == holder

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from yeto_core.testing.streams import stream_events
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "sglang" / "run.toml"
 YETO = [sys.executable, "-c", "from yeto_core.cli import main; main()"]
@@ -53,8 +55,7 @@ def test_the_sglang_example_learns_sort4_with_every_group_accounted_for(tmp_path
     assert s["sampler_versions_verified"] >= 5 and s["sampler_versions_unverified"] == 0, s
     events = []
     for island in ("sampler-0", "sampler-1"):
-        path = run_dir / "store" / "events" / f"{island}.jsonl"
-        events += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        events += stream_events(run_dir / "store", island)
     kinds = [e.get("kind") for e in events]
     assert "engine_server_started" in kinds
     assert "release_refused" not in kinds, [e for e in events if e.get("kind") == "release_refused"]

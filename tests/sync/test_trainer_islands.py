@@ -16,6 +16,7 @@ from yeto_core.release.store import ReleaseStore
 from yeto_core.stores.dir_store import DirStore
 from yeto_core.sync.deals import deal_summary
 from yeto_core.testing.fake_run import fake_head, fake_run_config
+from yeto_core.testing.streams import stream_events
 
 
 def _pool_config(tmp_path: Path, preset: str = "strict", **kw):
@@ -36,11 +37,7 @@ def _with_islands(config, n: int):
 
 
 def _events(config, stream: str) -> list[dict]:
-    path = Path(config.run_dir) / "store" / "events" / f"{stream}.jsonl"
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except OSError:
-        return []
+    return stream_events(Path(config.run_dir) / "store", stream)
 
 
 @pytest.mark.parametrize("preset", ["strict", "elastic"])

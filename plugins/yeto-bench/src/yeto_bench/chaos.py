@@ -210,9 +210,11 @@ def check_run(
         buf.close()
     appended = {int(e.position) for e in entries}
     from yeto_core.errors import NotFoundError
+    from yeto_core.events.stream import stream_keys
 
     release_events: list[dict[str, Any]] = []
-    for key in store.list("events/"):
+    # every island's stream objects (not their .closed markers)
+    for key in [k for keys in stream_keys(store.list("events/")).values() for k in keys]:
         try:
             text = store.get(key).decode(errors="replace")
         except NotFoundError:

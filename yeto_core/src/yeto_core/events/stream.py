@@ -139,6 +139,16 @@ def read_events(store: Any, island: str) -> list[Event]:
     return [e for raw in raws for e in _parse(_complete(raw).decode(errors="replace"), island)]
 
 
+def read_lines(store: Any, island: str) -> str:
+    """``island``'s streams as one JSON Lines text, in read order: every whole line of
+    each of its objects (what a single stream object held before incarnations wrote
+    their own; for tools and tests that read lines, not events)."""
+    later = stream_keys(store.list(f"{PREFIX}{island}/")).get(island, [])
+    keys = [stream_key(island), *later]
+    raws = map_all(store, lambda key: _object_bytes(store, key), keys)
+    return "".join(_complete(raw).decode(errors="replace") for raw in raws)
+
+
 def islands(store: Any) -> list[str]:
     """Islands that have a stream."""
     return list(stream_keys(store.list(PREFIX)))
