@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed
 DEPS := constraints.txt requirements-dev.txt $(foreach d,$(DISTS),$(d)/pyproject.toml) \
         examples/third_party_plugin/pyproject.toml
 
-.PHONY: install test lint quickstart fuzz chaos chaos-evict bench-loss soak clean vllm-venv vllm-example examples wheels
+.PHONY: install test lint quickstart fuzz chaos chaos-evict chaos-agentic bench-loss soak clean vllm-venv vllm-example examples wheels
 
 install: $(STAMP)
 
@@ -93,6 +93,12 @@ chaos: install
 # Eviction campaign: sampler nodes on the marketplace simulator, >= 20 evictions (docs/nc.md).
 chaos-evict: install
 	$(BIN)/yeto bench chaos --faults evict --evictions 20 --json
+
+# NC nodes evicted mid-trial in agentic rounds (docs/agentic.md): the test's profile, then a campaign.
+chaos-agentic: install
+	YETO_SOAK=1 $(BIN)/python -m pytest -q -p no:cacheprovider \
+	  "tests/bench/test_chaos_agentic.py::test_nc_nodes_evicted_mid_trial_are_swept_by_their_replacements"
+	$(BIN)/yeto bench chaos --faults agentic --kills 2 --evictions 4 --runs 2 --seed 1 --rows 96 --json
 
 # The loss comparison of docs/algorithms.md ("Which loss when"): yeto bench loss on its
 # synchronous stand-in, 4 loss configurations x lr 2.5e-4/5e-4/1e-3 x lags 1/4/8 x 5 seeds

@@ -87,6 +87,11 @@ def test_sampler_islands_killed_mid_trial_leave_no_sandbox_and_lose_no_group(tmp
 
 
 @needs_bwrap
+@pytest.mark.skipif(
+    os.environ.get("YETO_SOAK") != "1",
+    reason="NC evictions mid-trial (30-200 s on 2 cores; an eviction can still land just "
+    "after a trial ended and find nothing to sweep): YETO_SOAK=1 (make chaos-agentic) runs it",
+)
 @pytest.mark.timeout(900)
 def test_nc_nodes_evicted_mid_trial_are_swept_by_their_replacements(tmp_path):
     proc, report = _chaos(tmp_path, "--kills", "0", "--evictions", "2", "--rows", "96")
