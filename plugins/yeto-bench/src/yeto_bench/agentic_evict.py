@@ -286,10 +286,14 @@ def evict_mid_trial(
     *,
     notice: bool,
     alive: Callable[[], bool],
+    notices: Optional[list[dict[str, Any]]] = None,
 ) -> Optional[dict[str, Any]]:
     """Evict one node while a trial of it runs (see the module docstring): its record;
     a record with ``failed`` (why) when no trial of it ran within ``TRIAL_WAIT_S``; or
-    None when no node holds a lease yet or the run ended meanwhile (another try)."""
+    None when no node holds a lease yet or the run ended meanwhile (another try).
+    Each notice given is appended to ``notices`` (the island's handle and lease), a
+    notice whose eviction did not follow included: the head replaces such a node early
+    too, and the checks must know why."""
     from yeto_bench.chaos import _alive
     from yeto_bench.chaos_agentic import _running, _wait_dead
 
@@ -314,6 +318,8 @@ def evict_mid_trial(
         status, body = post_evict(url, lease, NOTICE_S) if lease else (404, {})
         if status != 200:
             return None  # the lease ended meanwhile (the run's end released it)
+        if notices is not None:
+            notices.append({"handle": f"{island}-i{inc}", "lease": lease})
         t0 = time.monotonic()
 
         def standby_trials() -> bool:
@@ -419,6 +425,13 @@ def eviction_checks(
             elif e.kind == "sandbox_trials":
                 for reason, n in dict(e.data.get("failed") or {}).items():
                     lost[reason] = lost.get(reason, 0) + int(n)
+    # an early replacement (a standby) has its cause in the head's own events: a notice
+    # or a refused renewal of that handle; each noticed eviction's node had one
+    caused = {
+        e.data.get("handle") for e in head if e.kind in ("nc_eviction_notice", "nc_renew_refused")
+    }
+    early = [str(e.data.get("handle")) for e in head if e.kind == "sampler_replace_early"]
+    noticed = [f"{ev['island']}-i{ev['incarnation']}" for ev in evictions if ev.get("notice")]
     return {
         "evictions": len(evictions),
         "evictions_with_notice": sum(1 for e in evictions if e.get("notice")),
@@ -435,7 +448,11 @@ def eviction_checks(
         "evicted_swept_by_their_running_standby": standby_swept,
         "kept_by_replacements": kept,
         "sampler_fenced": sum(1 for e in head if e.kind == "sampler_fenced"),
-        "sampler_replace_early": sum(1 for e in head if e.kind == "sampler_replace_early"),
+        "sampler_replace_early": len(early),
+        "sampler_replace_early_handles": early,
+        "sampler_replace_early_without_cause": sorted(h for h in early if h not in caused),
+        "noticed_evictions_replaced_early": sum(1 for h in noticed if h in set(early)),
+        "sampler_standby_dropped": sum(1 for e in head if e.kind == "sampler_standby_dropped"),
         "sampler_promoted": sum(1 for e in head if e.kind == "sampler_promoted"),
         "trials_lost_by_reason": dict(sorted(lost.items())),
     }

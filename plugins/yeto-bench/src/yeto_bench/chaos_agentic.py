@@ -234,6 +234,7 @@ def run_one(
     kill_records: list[dict[str, Any]] = []
     evict_records: list[dict[str, Any]] = []
     evict_failed: list[dict[str, Any]] = []  # no trial of the node ran in the bounded wait
+    notices: list[dict[str, Any]] = []  # every notice given (one not followed included)
     env = {**os.environ, "YETO_NC_URL": market_url} if market_url else None
     codes: list[int] = []
     completed = False
@@ -269,6 +270,7 @@ def run_one(
                         rng,
                         notice=(len(evict_records) % 2 == 0) == notice_first,
                         alive=lambda h=head: h.poll() is None,
+                        notices=notices,
                     )
                 else:
                     rec = kill_mid_trial(run_dir, head.pid, watch, rng)
@@ -302,6 +304,7 @@ def run_one(
         "kills": kill_records,
         "evictions": evict_records,
         "evictions_failed": evict_failed,
+        "notices": notices,
         "wall_s": round(time.monotonic() - t0, 1),
         "watch": watch,
     }
@@ -456,12 +459,15 @@ def run_agentic_campaign(
         for k, v in r["sandboxes"].items():
             if isinstance(v, int):
                 total[k] = total.get(k, 0) + v
+            elif isinstance(v, list):  # handles: named with their run
+                total.setdefault(k, []).extend(f"{r['run']}: {x}" for x in v)
             elif isinstance(v, dict) and k == "trials_lost_by_reason":
                 merged = total.setdefault(k, {})
                 for reason, n in v.items():
                     merged[reason] = merged.get(reason, 0) + int(n)
     ag = {"base_build_s": base_s, "rows": rows, "sweep_at_start": sweep, **total}
     ag["evictions_requested"] = evictions
+    ag["notices_given"] = [f"{r['run']}: {n['handle']}" for r in results for n in r["notices"]]
     # why an eviction did not land mid-trial, said plainly (the campaign fails on any)
     ag["evictions_failed"] = [
         f"{r['run']}: {f['failed']}" for r in results for f in r.get("evictions_failed", ())
@@ -508,6 +514,9 @@ def agentic_ok(report: dict[str, Any], ag: dict[str, Any], *, kills: int, evicti
             and ag.get("evicted_swept_by_their_running_standby", 0)
             == ag.get("evicted_with_a_running_standby", 0)
             and ag.get("sampler_fenced", 0) >= evictions
+            # each noticed node replaced early; no early replacement without its cause
+            and ag.get("noticed_evictions_replaced_early", 0) == ag.get("evictions_with_notice", 0)
+            and not ag.get("sampler_replace_early_without_cause")
             and ag.get("marketplace_evicted", 0) == ag.get("evictions", 0)
             and ag.get("trials_lost_by_reason", {}).get("sandbox_gone", 0) == 0
             and ag.get("dispense_positions_trained_twice", 1) == 0
