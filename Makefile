@@ -97,7 +97,7 @@ chaos-evict: install
 # NC nodes evicted and sampler islands SIGKILLed mid-trial in agentic rounds, a longer
 # campaign than make test's short profiles (docs/agentic.md).
 chaos-agentic: install
-	YETO_SOAK=1 $(BIN)/python -m pytest -q -p no:cacheprovider \
+	$(BIN)/python -m pytest -q -p no:cacheprovider \
 	  "tests/bench/test_chaos_agentic.py::test_nc_nodes_evicted_mid_trial_are_swept_by_their_replacements"
 	$(BIN)/yeto bench chaos --faults agentic --kills 2 --evictions 4 --runs 2 --seed 1 --rows 96 --json
 
