@@ -313,3 +313,58 @@ def test_a_late_island_skips_the_steps_whose_rounds_were_dealt_again(tmp_path: P
     assert trained == {4, 5}
     submitted = [(d["outer_step"], d["stored"]) for k, d in events if k == "delta_submitted"]
     assert submitted == [(4, True), (5, True)]
+
+
+def test_a_joiner_dealt_rounds_of_a_later_step_follows_until_then(tmp_path: Path) -> None:
+    """elastic, quorum 1: c starts while step 2 is the last committed. By the time step 3's
+    horizon (a and b only) closes, the head has dealt c rounds of step 4 already (it joined
+    at 4). c follows step 3 without training and trains its rounds of step 4; it must not
+    leave at step 3 for "no rounds in the horizon" (seen in `yeto bench sync --faults
+    late-join`: the replacement left with 0 rounds and the pool launched another)."""
+    from yeto_core.sync.deals import Horizon, write_horizon
+    from yeto_core.sync.island_loop import SyncedIsland
+
+    store, buffer, ledger, _syncer, dealer, islands = _setup(tmp_path, 40, end=False)
+    syncer = StoreSyncer.open(
+        store, SyncSettings(preset="elastic", quorum=1, max_carry_age=1, diverged_ratio=0.0)
+    )
+    syncer.start({"params": np.zeros(4)}, ("a", "b"))
+    for isl in islands.values():
+        isl.syncer = syncer
+
+    def step(n: int, names: list[str], *, train: tuple[str, ...] = ("a", "b")) -> None:
+        dealer.expire(n, 1)
+        dealer.deal(n, names, n - 1, False)
+        assert dealer.close(n, names) is not None
+        for name in train:
+            islands[name].train_step(n)
+            islands[name].submit(n)
+        dealer.on_step(syncer.poll())
+
+    for n in (1, 2):
+        step(n, ["a", "b"])
+    world = iter([lambda: (step(3, ["a", "b"]), step(4, ["a", "b", "c"]))])
+
+    def sleep(_s: float) -> None:  # the head and the other islands move while c waits
+        for move in world:
+            move()
+            return
+
+    events: list[tuple[str, dict]] = []
+    island = SyncedIsland(
+        "c",
+        FakeBackend(seed=1),
+        buffer,
+        store,
+        syncer,
+        emit=lambda kind, **data: events.append((kind, data)),
+        timeout_s=5.0,
+        poll_s=0.0,
+        sleep=sleep,
+    )
+    write_horizon(store, Horizon(outer_step=5, deals={"a": [], "b": [], "c": []}, final=True))
+    assert island.run() == 1, events
+    left = [d["outer_step"] for k, d in events if k == "island_left"]
+    assert left == [5], events
+    assert [d["outer_step"] for k, d in events if k == "island_followed"] == [3]
+    assert {d["outer_step"] for k, d in events if k == "island_round"} == {4}

@@ -123,8 +123,10 @@ class SyncedIsland:
             horizon = self._train_horizon(n)
             if horizon is None:  # the head asks for a cut
                 return self._cut(step, steps)
-            if self.island not in horizon.deals and not self.member and not self.mine:
-                # not on the roster yet (a joiner): follow step n without training
+            dealt_by_n = any(d.outer_step <= n for d in self.mine.values())
+            if self.island not in horizon.deals and not self.member and not dealt_by_n:
+                # not on the roster yet (a joiner: its first rounds, if any are dealt
+                # yet, are of a later step): follow step n without training
                 start = self._wait_committed(n)
                 self.backend.load_parameters(start)
                 step = n
