@@ -63,6 +63,23 @@ def _setup(tmp_path: Path, groups: int, *, end: bool = True):
     return store, buffer, ledger, syncer, dealer, islands
 
 
+def _synced_island(name: str, buffer, store, syncer, events: list, sleep):
+    """The real island loop of ``name``, played in-process (its events into ``events``)."""
+    from yeto_core.sync.island_loop import SyncedIsland
+
+    return SyncedIsland(
+        name,
+        FakeBackend(seed=1),
+        buffer,
+        store,
+        syncer,
+        emit=lambda kind, **data: events.append((kind, data)),
+        timeout_s=5.0,
+        poll_s=0.0,
+        sleep=sleep,
+    )
+
+
 def test_a_departed_islands_rounds_are_dealt_again_and_recorded_once(tmp_path: Path) -> None:
     store, buffer, ledger, syncer, dealer, islands = _setup(tmp_path, 8)
     assert dealer.deal(1, ["a", "b"], 0, True) == 4
@@ -277,7 +294,6 @@ def test_a_late_island_skips_the_steps_whose_rounds_were_dealt_again(tmp_path: P
     deltas could not merge) instead of training them from step 0, then trains its rounds
     of steps 4 and 5 (not dealt again yet) and submits them as late deltas."""
     from yeto_core.sync.deals import Horizon, write_horizon
-    from yeto_core.sync.island_loop import SyncedIsland
 
     store, buffer, ledger, _syncer, dealer, islands = _setup(tmp_path, 40, end=False)
     syncer = StoreSyncer.open(
@@ -295,17 +311,7 @@ def test_a_late_island_skips_the_steps_whose_rounds_were_dealt_again(tmp_path: P
     # the head ends the run at step 6 (a test's shortcut: a horizon with nothing for a)
     write_horizon(store, Horizon(outer_step=6, deals={"a": [], "b": []}, final=True))
     events: list[tuple[str, dict]] = []
-    island = SyncedIsland(
-        "a",
-        FakeBackend(seed=1),
-        buffer,
-        store,
-        syncer,
-        emit=lambda kind, **data: events.append((kind, data)),
-        timeout_s=5.0,
-        poll_s=0.0,
-        sleep=lambda s: None,
-    )
+    island = _synced_island("a", buffer, store, syncer, events, lambda s: None)
     assert island.run() == 2  # steps 4 and 5
     skipped = [d["outer_step"] for k, d in events if k == "island_skipped"]
     assert skipped == [1, 2, 3]
@@ -322,7 +328,6 @@ def test_a_joiner_dealt_rounds_of_a_later_step_follows_until_then(tmp_path: Path
     leave at step 3 for "no rounds in the horizon" (seen in `yeto bench sync --faults
     late-join`: the replacement left with 0 rounds and the pool launched another)."""
     from yeto_core.sync.deals import Horizon, write_horizon
-    from yeto_core.sync.island_loop import SyncedIsland
 
     store, buffer, ledger, _syncer, dealer, islands = _setup(tmp_path, 40, end=False)
     syncer = StoreSyncer.open(
@@ -351,17 +356,7 @@ def test_a_joiner_dealt_rounds_of_a_later_step_follows_until_then(tmp_path: Path
             return
 
     events: list[tuple[str, dict]] = []
-    island = SyncedIsland(
-        "c",
-        FakeBackend(seed=1),
-        buffer,
-        store,
-        syncer,
-        emit=lambda kind, **data: events.append((kind, data)),
-        timeout_s=5.0,
-        poll_s=0.0,
-        sleep=sleep,
-    )
+    island = _synced_island("c", buffer, store, syncer, events, sleep)
     write_horizon(store, Horizon(outer_step=5, deals={"a": [], "b": [], "c": []}, final=True))
     assert island.run() == 1, events
     left = [d["outer_step"] for k, d in events if k == "island_left"]
