@@ -63,6 +63,18 @@ def _setup(tmp_path: Path, groups: int, *, end: bool = True):
     return store, buffer, ledger, syncer, dealer, islands
 
 
+def _play_step(dealer, syncer, islands, n: int, names: list[str], train: tuple[str, ...]) -> None:
+    """One outer step as the head plays it with elastic expiry: expire, deal to ``names``,
+    close, the ``train`` islands train and submit, the syncer's decision applied."""
+    dealer.expire(n, 1)
+    dealer.deal(n, names, n - 1, False)
+    assert dealer.close(n, names) is not None, f"step {n} cannot close"
+    for name in train:
+        islands[name].train_step(n)
+        islands[name].submit(n)
+    dealer.on_step(syncer.poll())
+
+
 def _synced_island(name: str, buffer, store, syncer, events: list, sleep):
     """The real island loop of ``name``, played in-process (its events into ``events``)."""
     from yeto_core.sync.island_loop import SyncedIsland
@@ -259,12 +271,7 @@ def test_a_late_islands_expired_rounds_go_to_an_island_on_time(tmp_path: Path) -
     for step in range(1, 9):
         while buffer.head_position < buffer.watermark + cap:  # the samplers
             buffer.append(make_group(buffer.head_position, 0))
-        dealer.expire(step, 1)
-        dealer.deal(step, ["a", "b"], step - 1, False)
-        assert dealer.close(step, ["a", "b"]) is not None, f"step {step} cannot close"
-        islands["b"].train_step(step)
-        islands["b"].submit(step)
-        dealer.on_step(syncer.poll())
+        _play_step(dealer, syncer, islands, step, ["a", "b"], ("b",))
     assert dealer.late == {"a"}
     # b merged its own 2 rounds of every step and, from step 3 on, a's 2 expired ones
     rounds = ledger.trained_rounds()
@@ -302,12 +309,7 @@ def test_a_late_island_skips_the_steps_whose_rounds_were_dealt_again(tmp_path: P
     syncer.start({"params": np.zeros(4)}, ("a", "b"))
     islands["b"].syncer = syncer
     for step in range(1, 6):
-        dealer.expire(step, 1)
-        dealer.deal(step, ["a", "b"], step - 1, False)
-        assert dealer.close(step, ["a", "b"]) is not None
-        islands["b"].train_step(step)
-        islands["b"].submit(step)
-        dealer.on_step(syncer.poll())
+        _play_step(dealer, syncer, islands, step, ["a", "b"], ("b",))
     # the head ends the run at step 6 (a test's shortcut: a horizon with nothing for a)
     write_horizon(store, Horizon(outer_step=6, deals={"a": [], "b": []}, final=True))
     events: list[tuple[str, dict]] = []
@@ -337,14 +339,8 @@ def test_a_joiner_dealt_rounds_of_a_later_step_follows_until_then(tmp_path: Path
     for isl in islands.values():
         isl.syncer = syncer
 
-    def step(n: int, names: list[str], *, train: tuple[str, ...] = ("a", "b")) -> None:
-        dealer.expire(n, 1)
-        dealer.deal(n, names, n - 1, False)
-        assert dealer.close(n, names) is not None
-        for name in train:
-            islands[name].train_step(n)
-            islands[name].submit(n)
-        dealer.on_step(syncer.poll())
+    def step(n: int, names: list[str]) -> None:
+        _play_step(dealer, syncer, islands, n, names, ("a", "b"))
 
     for n in (1, 2):
         step(n, ["a", "b"])

@@ -451,7 +451,7 @@ def eviction_checks(
         "sampler_replace_early": len(early),
         "sampler_replace_early_handles": early,
         "sampler_replace_early_without_cause": sorted(h for h in early if h not in caused),
-        "noticed_evictions_replaced_early": sum(1 for h in noticed if h in set(early)),
+        "noticed_evictions_replaced_early": len(set(noticed) & set(early)),
         "sampler_standby_dropped": sum(1 for e in head if e.kind == "sampler_standby_dropped"),
         "sampler_promoted": sum(1 for e in head if e.kind == "sampler_promoted"),
         "trials_lost_by_reason": dict(sorted(lost.items())),

@@ -85,7 +85,8 @@ class SyncedIsland:
         self.trained: set[tuple[int, int]] = set()
         self.rounds = 0
         self._entries: dict[int, Any] = {}
-        #: a horizon listed this island, or a round was dealt to it (it is a member)
+        #: a horizon listed this island, or a round of that step or an earlier one was
+        #: dealt to it (it is a member)
         self.member = False
 
     def run(self) -> int:
