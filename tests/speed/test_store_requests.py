@@ -418,6 +418,54 @@ def test_a_release_s_files_are_fetched_with_overlapping_gets_and_still_checked(t
     assert "tokenizer.json: sha256" in str(exc.value) and "extra.bin: missing" in str(exc.value)
 
 
+class RemoteDirPuts(RemoteDir):
+    """:class:`RemoteDir` whose plain ``put`` is gated and recorded too."""
+
+    def __init__(self, root: Path, fail: str = "") -> None:
+        super().__init__(root)
+        self.fail, self.put_keys = fail, []
+
+    def put(self, key: str, data: bytes) -> None:
+        self._enter("put", key)
+        if self.fail and key.endswith(self.fail):
+            raise OSError(f"injected: {key}")
+        self.put_keys.append(key)
+        super().put(key, data)
+
+
+def test_a_release_s_files_are_uploaded_with_overlapping_puts_before_its_manifest(tmp_path):
+    # the trainer's publication (and a cut's upload: the same protocol) on a remote store:
+    # the files' puts overlap (one round trip, not one per file), the manifest and the
+    # pointer come after every file, and a failed file stops the release before them
+    import hashlib
+
+    from yeto_core.release.store import ReleaseStore
+
+    names = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json")
+    out = tmp_path / "export"
+    out.mkdir()
+    for name in names:
+        (out / name).write_bytes(name.encode() * 50)
+    info = {
+        "version": 1,
+        "kind": "full",
+        "weight_checksum": hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest(),
+    }
+    store = RemoteDirPuts(tmp_path / "s")
+    store.gate(4, *(f"releases/1/{n}" for n in names), ops=("put",))
+    rel = ReleaseStore(store).publish(out, info)  # sequential puts: the barrier breaks
+    assert sorted(store.put_keys) == sorted(f"releases/1/{n}" for n in names)
+    assert ReleaseStore(store).latest() == rel
+    ReleaseStore(store).fetch(rel, tmp_path / "a")
+    assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (out / "tokenizer.json").read_bytes()
+
+    failing = RemoteDirPuts(tmp_path / "f", fail="tokenizer.json")
+    with pytest.raises(OSError, match="injected"):
+        ReleaseStore(failing).publish(out, info)
+    assert not failing.exists("releases/1/manifest.json")
+    assert ReleaseStore(failing).latest() is None
+
+
 def test_on_pool_keeps_the_order_raises_the_first_error_and_runs_inline_on_the_pool():
     import threading
 

@@ -18,14 +18,14 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Optional
 
 from yeto_core.errors import NotFoundError
 from yeto_core.ports import ObjectStore
 from yeto_core.records import ShardDigest
-from yeto_core.stores.parallel import is_remote, overlapped
+from yeto_core.stores.parallel import is_remote, map_all, overlapped
 
 MANIFEST_NAME = "manifest.json"
 _CHUNK = 1 << 20
@@ -79,13 +79,28 @@ def upload_files(
 ) -> None:
     """Step 1 of the protocol: put every file of ``local_dir`` under ``key_prefix/``.
 
-    One ``put_many``: every file is durable when it returns (the manifest, step 2,
-    is written only after), and the ``dir`` store syncs them together. ``handoff``:
-    the caller never changes these files again (a scratch export), so the store may
-    keep the files themselves (``put_files``: the ``dir`` store hard-links them)
-    instead of a copy of their bytes.
+    Every file is durable when it returns (the manifest, step 2, is written only
+    after). On a local store one ``put_many``, which the ``dir`` store syncs together;
+    ``handoff``: the caller never changes these files again (a scratch export), so the
+    store may keep the files themselves (``put_files``: the ``dir`` store hard-links
+    them) instead of a copy of their bytes. On a remote store (no local files) the puts
+    are independent round trips: the smallest files, up to :data:`OVERLAP_MAX_BYTES` in
+    all, are put at once (a release of five small files costs one round trip, not
+    five), the others one at a time; the first failing file's error is raised.
     """
     root = Path(local_dir)
+    files = list(files)
+    if len(files) > 1 and is_remote(store):
+        wave = _smallest(files)
+
+        def put(f: ShardDigest) -> None:
+            store.put(f"{key_prefix}/{f.name}", (root / f.name).read_bytes())
+
+        map_all(store, put, wave)
+        for f in files:
+            if f not in wave:
+                put(f)
+        return
     if handoff:
         store.put_files([(f"{key_prefix}/{f.name}", root / f.name) for f in files])
         return
@@ -97,8 +112,13 @@ def download_verified(
     key_prefix: str,
     files: Iterable[ShardDigest],
     dest_dir: str | os.PathLike[str],
+    *,
+    prefixes: Optional[Mapping[str, str]] = None,
 ) -> list[str]:
     """Download every file under ``key_prefix/`` into ``dest_dir`` and check its digest.
+
+    ``prefixes``: file name -> the key prefix holding that file instead of ``key_prefix``
+    (a release's files shared with an earlier release, :mod:`yeto_core.release.shared`).
 
     :returns: the problems found (empty when every file is present and matches). A file
         that is missing or whose size or sha256 differs from the manifest is named, with
@@ -108,9 +128,14 @@ def download_verified(
     files = list(files)
     problems = []
 
+    where = dict(prefixes or {})
+
+    def key_of(f: ShardDigest) -> str:
+        return f"{where.get(f.name, key_prefix)}/{f.name}"
+
     def get(f: ShardDigest) -> Optional[bytes]:
         try:
-            return store.get(f"{key_prefix}/{f.name}")
+            return store.get(key_of(f))
         except NotFoundError:
             return None
 
@@ -118,16 +143,11 @@ def download_verified(
     # (their bytes held together); the rest one at a time, as on a local store
     early: dict[str, tuple[Optional[bytes], Optional[BaseException]]] = {}
     if len(files) > 1 and is_remote(store):
-        wave, total = [], 0
-        for f in sorted(files, key=lambda f: f.size):
-            if total + f.size > OVERLAP_MAX_BYTES:
-                break
-            wave.append(f)
-            total += f.size
+        wave = _smallest(files)
         if len(wave) > 1:
             early = {f.name: r for f, r in zip(wave, overlapped(store, get, wave), strict=True)}
     for f in files:
-        key = f"{key_prefix}/{f.name}"
+        key = key_of(f)
         if f.name in early:
             data, exc = early.pop(f.name)
             if exc is not None:
@@ -148,6 +168,18 @@ def download_verified(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     return problems
+
+
+def _smallest(files: list[ShardDigest]) -> list[ShardDigest]:
+    """The smallest of ``files``, up to :data:`OVERLAP_MAX_BYTES` in all: those whose
+    requests go at once (their bytes held together)."""
+    wave, total = [], 0
+    for f in sorted(files, key=lambda f: f.size):
+        if total + f.size > OVERLAP_MAX_BYTES:
+            break
+        wave.append(f)
+        total += f.size
+    return wave
 
 
 def link_or_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
