@@ -42,6 +42,7 @@ from yeto_core.release.delta import (
     build_delta,
 )
 from yeto_core.release.parent import DeltaParentKeeping
+from yeto_core.release.shared import shared_with, shares
 from yeto_core.stores.manifest import (
     MANIFEST_NAME,
     digest_dir,
@@ -74,6 +75,10 @@ class Release:
     delta: Optional[dict[str, Any]] = None
     #: sha256 and size of every file of the full export (a delta's result must match)
     result_files: tuple[ShardDigest, ...] = ()
+    #: files of ``files`` stored under another release's directory: name -> that release
+    #: id (a file equal to the previous release's is not stored again; see
+    #: :func:`~yeto_core.release.shared.shared_with`)
+    shared: dict[str, str] = attrs.field(factory=dict)
 
 
 def _id_key(release_id: str) -> tuple[int, int]:
@@ -116,6 +121,8 @@ class ReleaseStore(DeltaParentKeeping):
     :param deltas: ``"auto"`` (a delta when the export's weights are at least
         ``delta_min_bytes``), ``"on"`` or ``"off"`` (publishing side).
     :param full_every: a full release at least every this many releases (bounds a chain).
+    :param share_files: leave out of a publication the files equal to the previous
+        release's (:mod:`~yeto_core.release.shared`); None: on a remote store only.
     """
 
     def __init__(
@@ -129,8 +136,10 @@ class ReleaseStore(DeltaParentKeeping):
         deltas: str = "off",
         full_every: int = FULL_EVERY,
         delta_min_bytes: int = AUTO_MIN_BYTES,
+        share_files: Optional[bool] = None,
     ) -> None:
         self.store = store
+        self._shares = shares(share_files)  # whether a store's publications share files
         self.prefix = prefix.rstrip("/")
         self._emit = emit or (lambda e: None)
         self._clock = clock
@@ -382,6 +391,7 @@ class ReleaseStore(DeltaParentKeeping):
             self._dir(rel.release_id),
             [f for f in rel.files if f.name not in placed],
             dest,
+            prefixes={name: self._dir(holder) for name, holder in rel.shared.items()},
         )
         if problems:
             raise ReleaseError(
@@ -483,6 +493,7 @@ class ReleaseStore(DeltaParentKeeping):
                 why = "the delta is not smaller than the full export"
                 shutil.rmtree(ddir, ignore_errors=True)
         stored = dfiles if encoding == "delta" else files
+        shared = shared_with(stored, latest) if self._shares(self.store) else {}
         rel = Release(
             release_id=release_id,
             version=version,
@@ -496,13 +507,14 @@ class ReleaseStore(DeltaParentKeeping):
             encoding=encoding,
             delta=delta,
             result_files=files,
+            shared=shared,
         )
         # a delta's files are this store's own scratch: always handed over
         upload_files(
             self.store,
             self._dir(release_id),
             upload_dir,
-            stored,
+            [f for f in stored if f.name not in shared],
             handoff=encoding == "delta" or (handoff and not self._keeps_parent(local_dir)),
         )
         if upload_dir != Path(local_dir):
@@ -520,7 +532,8 @@ class ReleaseStore(DeltaParentKeeping):
         self._keep_parent(local_dir, rel)
         self.last_publish = {
             "encoding": encoding,
-            "stored_bytes": sum(f.size for f in stored),
+            "stored_bytes": sum(f.size for f in stored if f.name not in shared),
+            "shared_files": len(shared),
             "full_bytes": sum(f.size for f in files),
             **({"full_because": why} if encoding == "full" and self.deltas != "off" else {}),
         }
