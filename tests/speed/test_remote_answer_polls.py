@@ -116,3 +116,95 @@ def test_a_trainer_gone_is_seen_within_a_poll_while_quiet(tmp_path):
     with pytest.raises(TrainerFailedError, match="died before answering"):
         remote.train(32, for_s=2.0)
     assert clock.t <= 0.7 + POLL_S + 1e-9
+
+
+class _Driver:
+    """The agent's driver: a train command takes ``round_s`` a round of the clock; the
+    clock time of each command it is given is recorded."""
+
+    start_seconds = 0.1
+    restored_cut = None
+
+    def __init__(self, clock: Clock, round_s: float) -> None:
+        from yeto_core.trainer.lifecycle.states import TrainerCounters
+
+        self.clock, self.round_s, self.counters = clock, round_s, TrainerCounters()
+        self.given: list[float] = []
+
+    def start(self, incarnation: int, cut: Any) -> None:
+        pass
+
+    def train(self, rounds: int, for_s: Optional[float]) -> int:
+        self.given.append(self.clock.t)
+        self.clock.advance(self.round_s * rounds)
+        return rounds
+
+    def drain(self, reason: Any) -> None:
+        self.given.append(self.clock.t)
+
+
+def _agent_run(tmp_path: Path, turns: list[float], poll_s: float = 0.02):
+    """The trainer island's agent given ``len(turns) + 1`` commands: a train command, then
+    each next one (the last a drain) written ``turns[i]`` after the agent's i-th answer.
+    :returns: the agent's reads of its command channel, and how late it read each command
+    after it was written."""
+    from yeto_core.trainer.lifecycle import IslandTrainerAgent
+
+    class Store(RemoteLookingDirStore):
+        reads = 0
+
+        def get(self, key: str) -> bytes:
+            if "/commands/" in key:
+                self.reads += 1
+            return super().get(key)
+
+    store, clock = Store(tmp_path / "store"), Clock()
+    head, answers = Channel(store, 0, "commands"), Channel(store, 0, "events")
+    due = [0.0]  # when each command is written (the first at once)
+
+    def sleep(dt: float) -> None:  # the head's side, between the agent's reads
+        for msg in answers.receive():  # an answer is written just before the agent waits
+            if msg["kind"] == "trained":
+                due.append(clock.t + turns[len(due) - 1])
+        clock.advance(dt)
+        for t in due[len(head_sent) :]:
+            if t <= clock.t:
+                last = len(head_sent) == len(turns)
+                head.send(
+                    {"op": "drain", "reason": "STOPPED"} if last else {"op": "train", "rounds": 2}
+                )
+                head_sent.append(t)
+
+    head_sent: list[float] = []
+    driver = _Driver(clock, 0.5)
+    agent = IslandTrainerAgent(store, driver, 0, poll_s=poll_s, clock=clock, sleep=sleep)
+    head.send({"op": "train", "rounds": 2})
+    head_sent.append(0.0)
+    agent.run()
+    assert len(driver.given) == len(turns) + 1
+    return store.reads, [g - t for g, t in zip(driver.given, head_sent, strict=True)]
+
+
+def test_the_trainer_reads_its_commands_rarely_during_the_heads_turn(tmp_path, monkeypatch):
+    # the head's turn (read the answer, tick, write the next command) takes 0.3 s: at one
+    # read every poll_s (20 ms) that is 16 reads a turn; paced, after three turns, the
+    # agent waits 3/4 of the shortest turn first, then reads every poll_s (about 6)
+    from yeto_core.trainer.lifecycle import remote
+
+    turns = [0.3] * 12
+    reads, late = _agent_run(tmp_path / "paced", turns)
+    monkeypatch.setattr(remote, "TURN_QUIET_SHARE", 0.0)  # the agent before this change
+    unpaced, unpaced_late = _agent_run(tmp_path / "unpaced", turns)
+    assert unpaced >= 12 * 16, unpaced
+    assert reads <= unpaced - 9 * 9, (reads, unpaced)  # 9 paced turns, 9+ reads fewer each
+    assert max(late) <= 0.02 + 1e-9  # no command is read later than one poll after it came
+    assert max(unpaced_late) <= 0.02 + 1e-9
+
+
+def test_a_head_that_turns_faster_is_followed_within_a_few_turns(tmp_path):
+    # turns of 0.3 s, then of 0.1 s: the first short ones are read at the old quiet
+    # (0.225 s after the answer, 0.125 s late), then the shortest turn sets the quiet again
+    turns = [0.3] * 4 + [0.1] * 6
+    _, late = _agent_run(tmp_path, turns)
+    assert max(late) <= 0.75 * 0.3 - 0.1 + 0.02 + 1e-9
+    assert max(late[-3:]) <= 0.02 + 1e-9

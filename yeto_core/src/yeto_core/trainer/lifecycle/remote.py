@@ -49,6 +49,12 @@ QUIET_POLL_S = 0.5
 #: ... and for at most this share of the command's rounds at the last seconds per round
 #: (a command of few rounds ends before ``for_s``)
 QUIET_ROUNDS_SHARE = 0.5
+#: After its answer to a train command the trainer does not read the command channel for
+#: this share of the shortest of the head's last three turns (answer to next command),
+#: and for at most :data:`TURN_QUIET_MAX_S`: the head reads the answer, ticks and writes
+#: the next command in about as long each time (on a remote store each read is a request)
+TURN_QUIET_SHARE = 0.75
+TURN_QUIET_MAX_S = 1.0
 
 
 class Channel:
@@ -340,6 +346,25 @@ class IslandTrainerAgent:
         self._clock, self._sleep = clock, sleep
         # wake on the head's next command instead of sleeping poll_s (a real sleep only)
         self._watch = store.watch(self.commands.base) if sleep is time.sleep else None
+        #: when the last train answer went (None once the next command came), and the
+        #: head's last three turns: answer to the next command seen (:meth:`_wait_s`)
+        self._answered_at: Optional[float] = None
+        self._turns: list[float] = []
+
+    def _wait_s(self, now: float) -> float:
+        """Seconds to wait before the next read of the command channel: ``poll_s``, or
+        longer right after a train answer, until :data:`TURN_QUIET_SHARE` of the shortest
+        of the head's last three turns has passed since (at most :data:`TURN_QUIET_MAX_S`).
+        A store's watch that wakes ends the wait sooner."""
+        if self._answered_at is None or len(self._turns) < 3:
+            return self.poll_s
+        quiet = min(TURN_QUIET_SHARE * min(self._turns), TURN_QUIET_MAX_S)
+        return max(self.poll_s, quiet - (now - self._answered_at))
+
+    def _command_seen(self, now: float) -> None:
+        if self._answered_at is not None:
+            self._turns = [*self._turns[-2:], now - self._answered_at]
+            self._answered_at = None
 
     def _counters(self) -> dict[str, Any]:
         return attrs.asdict(self.driver.counters)
@@ -370,18 +395,20 @@ class IslandTrainerAgent:
             with stage("agent.receive"):
                 cmds = self.commands.receive()
             if not cmds:
-                if self._clock() - idle_since > self.idle_timeout_s:
+                now = self._clock()
+                if now - idle_since > self.idle_timeout_s:
                     self.events.send(
                         {"kind": "failed", "error": "no command within idle_timeout_s"}
                     )
                     return None
                 with stage("agent.wait_command"):
                     if self._watch is not None:
-                        self._watch.wait(self.poll_s)
+                        self._watch.wait(self._wait_s(now))
                     else:
-                        self._sleep(self.poll_s)
+                        self._sleep(self._wait_s(now))
                 continue
             idle_since = self._clock()
+            self._command_seen(idle_since)
             for cmd in cmds:
                 op = cmd.get("op")
                 try:
@@ -399,6 +426,7 @@ class IslandTrainerAgent:
                                 "counters": self._counters(),
                             }
                         )
+                        self._answered_at = self._clock()
                     elif op == "drain":
                         cut = self.driver.drain(StopReason(cmd["reason"]))
                         self.events.send(
