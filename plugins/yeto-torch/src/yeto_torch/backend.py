@@ -251,6 +251,12 @@ class TorchBackend(TrainerBackend):
     PLUGIN_NAME = "torch"
 
     @classmethod
+    def preload(cls, options: Any) -> None:
+        """The model classes :func:`yeto_torch.model.load_model` uses (transformers'
+        auto classes and the Llama family: most of a start's import time)."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM  # noqa: F401
+
+    @classmethod
     def prepare_base(cls, options: dict[str, Any], model_dir: str | Path) -> Path:
         """Build the warm base checkpoint in ``model_dir`` (``yeto run up`` calls this
         when ``[model].path`` holds no model); a base made with the same options is reused.

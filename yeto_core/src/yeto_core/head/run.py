@@ -482,6 +482,8 @@ class Head(HeadSetup, HeadTrainer, HeadReport, HeadIslands, HeadScale):
                 errors.append(f"breakers: {exc}")
             if self._stop_requested == "breaker":
                 code = EXIT_BREAKER
+        for provider in self.providers.values():
+            provider.unprepare()  # no warm spare for a start that will not come
         try:
             self.stop_trainer()
         except Exception as exc:

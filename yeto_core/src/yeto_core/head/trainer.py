@@ -51,12 +51,15 @@ class HeadTrainer:
             self.lifecycle = self.trainer_loop
             return
         trainer_provider = self.providers[t.provider] if t.lifecycle == "remote" else _NoProvider()
+        launch = self.launch_record("trainer", t.name, 0)
+        if t.lifecycle == "remote":  # S1 starts it when a backlog waits: have it warm then
+            trainer_provider.prepare(launch)
         context = LifecycleContext(
             config=self.config,
             plugins=self.plugins,
             store=self.store,
             provider=_CostedProvider(self, trainer_provider),
-            launch=self.launch_record("trainer", t.name, 0),
+            launch=launch,
             work_dir=self.run_dir / "work" / "head",
             emit=lambda e: None,
             build_driver=self.build_driver,

@@ -286,6 +286,24 @@ def die_with_launcher() -> None:
         os._exit(1)
 
 
+def preload(env: Mapping[str, str], plugins: Any = None) -> None:
+    """Import what an island of ``env`` will import before it works (a warm spare's
+    preparation, :mod:`yeto_core.providers.spare`): the plugins, and for a trainer its
+    backend and what the backend names (:meth:`~yeto_core.ports.TrainerBackend.preload`).
+    Reads the run's config from the store (one request)."""
+    from yeto_core.config.run_store import read_config
+
+    ident = identity_from_env(env)
+    if plugins is None:
+        from yeto_core.plugins import Plugins
+
+        plugins = Plugins()
+    config = read_config(plugins.open_store(ident.store_url))
+    if ident.role == "trainer":
+        backend = plugins.trainer_backend(config.trainer.backend)
+        backend.preload(dict(config.trainer.backend_options or {}))
+
+
 def run_island(env: Mapping[str, str], plugins: Any = None, *, execve: Any = os.execve) -> int:
     """Run the island ``env`` describes (an :class:`~yeto_core.records.IslandLaunch`'s env).
 

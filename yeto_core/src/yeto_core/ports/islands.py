@@ -173,6 +173,15 @@ class IslandProvider(Port):
         """Where a user finds the island's output (a path, a console URL); default: ``""``."""
         return ""
 
+    def prepare(self, launch: IslandLaunch) -> None:
+        """The head will launch ``launch``'s island soon, and again after each release (a
+        trainer that S1 stops and starts): get ready to launch it faster (the ``local``
+        provider keeps a warm spare process, :mod:`yeto_core.providers.spare`). Default:
+        nothing."""
+
+    def unprepare(self) -> None:
+        """The head launches nothing more: drop what :meth:`prepare` keeps. Default: nothing."""
+
     def replace_soon(self, handle: str) -> bool:
         """Whether the island will be lost soon (an eviction notice, a lease that cannot be
         renewed): the head then launches its replacement now, so capacity does not drop,

@@ -298,6 +298,12 @@ class TrainerBackend(Port):
         return cls(**_with_model_and_seed(cls, options, model_dir, seed))
 
     @classmethod
+    def preload(cls, options: Mapping[str, Any]) -> None:
+        """Import now what building this backend from ``options`` imports (a warm spare
+        of the ``local`` provider, :mod:`yeto_core.providers.spare`, calls it before its
+        launch, so a start does not pay for it). Default: nothing."""
+
+    @classmethod
     def prepare_base(cls, options: Mapping[str, Any], model_dir: Path) -> Path:
         """Build the base checkpoint in ``model_dir`` (``[model] base_options``).
 

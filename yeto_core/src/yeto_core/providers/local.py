@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -40,6 +41,7 @@ from typing import Any, Optional
 from yeto_core.errors import ConfigError, YetoError
 from yeto_core.ports import IslandProvider
 from yeto_core.providers.env import ENV_CPUS, parse_cpus, stamp_submitted
+from yeto_core.providers.spare import Spare, kill_all, serves, spare_command
 from yeto_core.records import Event, IslandLaunch, IslandStatus
 
 ISLANDS_DIR = "islands"
@@ -160,6 +162,11 @@ class LocalIslands(IslandProvider):
         self.kill_timeout_s = kill_timeout_s
         self._procs: dict[str, Any] = {}
         self._log_offsets: dict[str, int] = {}
+        #: warm spares by island, and the launch each island was prepared with
+        #: (:mod:`yeto_core.providers.spare`); killed when this provider is collected
+        self._spares: dict[str, Spare] = {}
+        self._prepared: dict[str, IslandLaunch] = {}
+        weakref.finalize(self, kill_all, self._spares)
         (self.run_dir / ISLANDS_DIR).mkdir(parents=True, exist_ok=True)
         (self.run_dir / LOGS_DIR).mkdir(parents=True, exist_ok=True)
 
@@ -184,41 +191,84 @@ class LocalIslands(IslandProvider):
 
     # -- the port ----------------------------------------------------------------------
 
+    def _env(self, launch: IslandLaunch) -> dict[str, str]:
+        """The island's environment: this process's plus the launch's (no handle, no stamp)."""
+        env = dict(os.environ)
+        env.update(launch.env)
+        env.setdefault(ENV_RUN_CWD, os.getcwd())
+        cpus = launch.options.get("cpus")
+        if cpus is not None:
+            env[ENV_CPUS] = ",".join(str(c) for c in self._cpus(launch.handle, cpus))
+        return env
+
+    def prepare(self, launch: IslandLaunch) -> None:
+        """Start a warm spare of ``launch``'s island (:mod:`yeto_core.providers.spare`), and
+        another after each release of it, unless ``provider_options.spare = false`` or the
+        provider runs a ``command`` of its own."""
+        if self.command is not None or launch.options.get("spare", True) is False:
+            return
+        self._prepared[launch.island] = launch
+        self._start_spare(launch)
+
+    def _start_spare(self, launch: IslandLaunch) -> None:
+        old = self._spares.pop(launch.island, None)
+        if old is not None:
+            old.kill()
+        env = self._env(launch)
+        work = self.run_dir / WORK_DIR
+        work.mkdir(parents=True, exist_ok=True)
+        log = open(self.run_dir / LOGS_DIR / f"{launch.island}.spare.log", "ab")
+        try:
+            proc = self.launcher(
+                spare_command(launch.entry_module),
+                cwd=str(work),
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError:
+            return  # no spare: the launch is cold
+        finally:
+            log.close()
+        self._spares[launch.island] = Spare(proc, env, launch.entry_module)
+
+    def _take_spare(self, launch: IslandLaunch, env: dict[str, str]) -> Optional[Spare]:
+        """The island's spare, when it lives and may serve this launch (else killed)."""
+        spare = self._spares.pop(launch.island, None)
+        if spare is None:
+            return None
+        if spare.alive() and spare.entry_module == launch.entry_module and serves(spare.env, env):
+            return spare
+        spare.kill()
+        return None
+
     def launch(self, launch: IslandLaunch) -> str:
-        """Start the island as a new process group; return its handle."""
+        """Start the island as a new process group (or hand its warm spare the launch);
+        return its handle."""
         island, incarnation, handle = launch.island, launch.incarnation, launch.handle
         if self.record(handle) is not None:
             raise IslandError(
                 f"island handle {handle!r} is already recorded in "
                 f"{self._record_path(handle)}; release it before launching it again"
             )
-        full_env = dict(os.environ)
-        full_env.update(launch.env)
+        full_env = self._env(launch)
         full_env[ENV_HANDLE] = handle
-        full_env.setdefault(ENV_RUN_CWD, os.getcwd())
-        cpus = launch.options.get("cpus")
-        if cpus is not None:
-            full_env[ENV_CPUS] = ",".join(str(c) for c in self._cpus(handle, cpus))
         command = self.command or default_command(launch.entry_module)
+        spare = None if self.command is not None else self._take_spare(launch, full_env)
         full_env = stamp_submitted(full_env)  # last: the process starts right after
         cwd = self.run_dir / WORK_DIR / handle
         cwd.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path(handle), "ab")
-        try:
-            proc = self.launcher(
-                command,
-                cwd=str(cwd),
-                env=full_env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-            )
-        except OSError as exc:
-            raise IslandError(f"cannot launch island {handle!r} ({command!r}): {exc}") from exc
-        finally:
-            log.close()
+        if spare is not None:
+            try:
+                proc = spare.become(full_env, str(cwd), str(self.log_path(handle)))
+            except OSError:  # it died just now: launched cold below
+                spare.kill()
+                spare = None
+        if spare is None:
+            proc = self._popen(handle, command, cwd, full_env)
         self._procs[handle] = proc
         record = {
             "handle": handle,
@@ -234,6 +284,24 @@ class LocalIslands(IslandProvider):
         tmp.write_text(json.dumps(record, sort_keys=True))
         os.replace(tmp, self._record_path(handle))
         return handle
+
+    def _popen(self, handle: str, command: list[str], cwd: Path, env: dict[str, str]) -> Any:
+        log = open(self.log_path(handle), "ab")
+        try:
+            return self.launcher(
+                command,
+                cwd=str(cwd),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise IslandError(f"cannot launch island {handle!r} ({command!r}): {exc}") from exc
+        finally:
+            log.close()
 
     @staticmethod
     def _cpus(handle: str, value: Any) -> list[int]:
@@ -383,7 +451,15 @@ class LocalIslands(IslandProvider):
         self._procs.pop(handle, None)
         self._record_path(handle).unlink(missing_ok=True)
         shutil.rmtree(self.run_dir / WORK_DIR / handle, ignore_errors=True)
+        prepared = self._prepared.get(str(rec.get("island")))
+        if prepared is not None and prepared.island not in self._spares:
+            self._start_spare(prepared)  # for the island's next start
         return True
+
+    def unprepare(self) -> None:
+        """Kill the warm spares (islands launched are left to :meth:`release`)."""
+        self._prepared.clear()
+        kill_all(self._spares)
 
     def orphans(self) -> list[str]:
         """Recorded handles that this provider did not launch (a previous head's)."""
