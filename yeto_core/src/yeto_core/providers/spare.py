@@ -4,7 +4,7 @@ A trainer under S1 starts and stops again and again, and on one machine most of 
 is the island's Python imports (torch, transformers: seconds), not its work. When the head
 says it will launch an island (:meth:`~yeto_core.ports.IslandProvider.prepare`: the
 trainer island, at the run's start), the local provider starts a **spare**: ``python -m
-yeto_core.providers.spare <entry module>`` in a session of its own, as an island is, which
+yeto_core.islands.spare <entry module>`` in a session of its own, as an island is, which
 imports the island's entry module and what the island will use
 (:func:`yeto_core.islands.main.preload`: the run's trainer backend, and the libraries it
 names), then waits on its standard input. A launch of that island hands the spare its
@@ -23,27 +23,18 @@ holds when it is closed or collected.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any
 
 import attrs
 
-from yeto_core.providers.env import (
-    ENV_CPUS,
-    ENV_CUT,
-    ENV_INCARNATION,
-    ENV_START_SUBMITTED,
-    pin_cpus,
-)
+from yeto_core.providers.env import ENV_CPUS, ENV_CUT, ENV_INCARNATION, ENV_START_SUBMITTED
 
-#: the island entry point whose preparation also imports the run's backend
-ISLAND_MAIN = "yeto_core.islands.main"
 #: variables a launch sets for itself: a spare started without them (or with other values)
 #: serves the launch; any other difference means a cold launch
 PER_LAUNCH = frozenset(
@@ -51,9 +42,13 @@ PER_LAUNCH = frozenset(
 )
 
 
+#: the spare process's entry point (:mod:`yeto_core.islands.spare`)
+SPARE_MODULE = "yeto_core.islands.spare"
+
+
 def spare_command(entry_module: str) -> list[str]:
     """The argv of a spare for an island run as ``python -m <entry_module>``."""
-    return [sys.executable, "-m", __name__, entry_module]
+    return [sys.executable, "-m", SPARE_MODULE, entry_module]
 
 
 def serves(started_with: Mapping[str, str], launch_env: Mapping[str, str]) -> bool:
@@ -101,57 +96,3 @@ def kill_all(spares: dict[str, Spare]) -> None:
     for spare in list(spares.values()):
         spare.kill()
     spares.clear()
-
-
-def _preload(entry_module: str) -> None:
-    importlib.import_module(entry_module)
-    if entry_module == ISLAND_MAIN:
-        from yeto_core.islands.main import preload
-
-        preload(os.environ)
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """The spare: import, wait for the launch, become the island (see the module doc)."""
-    args = sys.argv[1:] if argv is None else argv
-    entry = args[0] if args else ISLAND_MAIN
-    try:
-        pin_cpus(os.environ)  # its imports on the island's CPUs, not its neighbours'
-        _preload(entry)
-    except Exception as exc:  # the island itself reports what is wrong once launched
-        print(f"yeto spare: preparing {entry} failed: {exc!r}", file=sys.stderr, flush=True)
-    line = sys.stdin.buffer.readline()
-    if not line:  # the provider went away before launching it
-        return 0
-    launch = json.loads(line)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    fd = os.open(launch["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    os.environ.clear()
-    os.environ.update(launch["env"])
-    before = os.getcwd()
-    os.chdir(launch["cwd"])
-    if sys.path and sys.path[0] in (before, ""):  # ``-m`` put the working directory first
-        sys.path[0] = launch["cwd"]
-    sys.argv = [entry]
-    if entry == ISLAND_MAIN:  # imported already: its main, not a second copy as __main__
-        from yeto_core.islands.main import main as island_main
-
-        return island_main()
-    import runpy
-    import warnings
-
-    with warnings.catch_warnings():  # "found in sys.modules": imported on purpose
-        warnings.simplefilter("ignore", RuntimeWarning)
-        runpy.run_module(entry, run_name="__main__", alter_sys=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
