@@ -171,3 +171,28 @@ def test_start_delay_knob() -> None:
     assert start_delay_s(env, "trainer-0") == 0.0
     with pytest.raises(ValueError, match="island=seconds"):
         start_delay_s({"YETO_SYNC_START_DELAY_S": "trainer-2=soon"}, "trainer-2")
+
+
+def test_an_island_its_provider_lost_leaves_as_lost_and_is_no_failed_start(tmp_path: Path) -> None:
+    # an eviction (a marketplace's lease lost, a spot preemption) is the provider's doing:
+    # the island leaves with reason lost, its rounds go back, and its replacement does not
+    # count against max_failures, where an exit before a merged delta does
+    pool = fake_pool(tmp_path, ["trainer-0", "trainer-1"])
+    pool.provider.status_of["trainer-1-i0"] = IslandStatus.LOST
+    pool.tick()
+    (leave,) = _records(pool, "leave")
+    assert leave["island"] == "trainer-1" and leave["reason"] == "lost"
+    assert pool.members.failures == 0
+    (launched,) = _records(pool, "launched")
+    assert launched["replaces"] == "trainer-1" and launched["after"] == "lost"
+    # the replacement is evicted while it starts: not a failed start either
+    pool.provider.status_of["trainer-2-i0"] = IslandStatus.LOST
+    pool.tick()
+    (failed,) = _records(pool, "join_failed")
+    assert failed["island"] == "trainer-2" and failed["reason"] == "lost"
+    assert pool.members.failures == 0 and "trainer-3" in pool.members.pending
+    # an exit is still one
+    pool.provider.status_of["trainer-0-i0"] = IslandStatus.EXITED
+    pool.tick()
+    assert [r["reason"] for r in _records(pool, "leave")] == ["lost", "exited"]
+    assert pool.members.failures == 1

@@ -38,6 +38,8 @@ from yeto_core.sync.members import is_ready
 from yeto_core.trainer.s1_islands import ADD, REMOVE, PoolScaleInputs, s1_scale_islands
 
 _ENDED = (IslandStatus.EXITED, IslandStatus.GONE, IslandStatus.LOST)
+#: the reason an island left or failed to join when its provider lost it (an eviction)
+LOST = "lost"
 
 
 @attrs.define
@@ -83,8 +85,10 @@ class PoolMembership:
             self.scale()
 
     def left(self, island: str, reason: str) -> None:
-        """``island`` left the roster because its process ended: replace it."""
-        if island not in self.merged_once:
+        """``island`` left the roster because its process ended (``exited``) or its provider
+        lost it (``lost``: evicted, its lease expired): replace it. An exit before its first
+        merged delta counts as a failed start; a loss is the provider's, never counted."""
+        if island not in self.merged_once and reason != LOST:
             self.failures += 1
         self.replace(island, reason)
 
@@ -137,8 +141,11 @@ class PoolMembership:
             late = pool.head.clock() - s.launched_at > self.ready_timeout_s
             if status in _ENDED or late:
                 del self.pending[name]
-                self.failures += 1
                 why = "exited" if status in _ENDED else "ready_timeout"
+                if status == IslandStatus.LOST:
+                    why = LOST  # evicted while it started: the provider's, not a failed start
+                else:
+                    self.failures += 1
                 pool._log("join_failed", island=name, reason=why, failures=self.failures)
                 self._release(name)
                 self.replace(name, why)

@@ -119,8 +119,10 @@ class TrainerPool:
         if step is not None:
             self._on_step(step)
         for island, handle in list(self.handles.items()):
-            if island in self.roster and self.provider.status(handle) in _ENDED:
-                self._gone(island, "exited")
+            if island in self.roster:
+                status = self.provider.status(handle)
+                if status in _ENDED:  # the provider's eviction (lost) or the process's end
+                    self._gone(island, "lost" if status == IslandStatus.LOST else "exited")
         open_step = self.syncer.committed_step() + 1
         ended = bool(self.buffer.data_ended())
         if ended and self.data_end_at is None:
