@@ -234,7 +234,13 @@ def test_the_plan_and_its_run_configs_pass_the_config_checks(tmp_path: Path) -> 
         "elastic-3@20ms",
     ]
     assert len(names) == 11 and names[-1] == "elastic-3@20ms+kill"
-    for case in (Case("single", 1, 20.0), Case("elastic", 3, 200.0), Case("strict", 2, 20.0)):
+    cases = (
+        Case("single", 1, 20.0),
+        Case("elastic", 3, 200.0),
+        Case("strict", 2, 20.0),
+        Case("decoupled", 2, 20.0),
+    )
+    for case in cases:
         run_dir = tmp_path / case.name
         run_dir.mkdir()
         toml = run_dir / "run.toml"
@@ -255,6 +261,8 @@ def test_the_plan_and_its_run_configs_pass_the_config_checks(tmp_path: Path) -> 
         if case.islands > 1:
             assert config.sync.preset == case.preset
             assert config.trainer.backend_options["lr"] == pytest.approx(0.0005 * case.islands)
+        if case.preset == "decoupled":  # half the model a local step, every island's delta
+            assert (config.sync.fragments, config.sync.quorum) == (2, 2)
 
 
 def test_the_kill_fault_kills_an_island_mid_horizon_only(tmp_path: Path) -> None:

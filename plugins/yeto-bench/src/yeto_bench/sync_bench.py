@@ -58,14 +58,17 @@ from yeto_bench.run_toml import bench_run_toml
 from yeto_bench.sync_figures import assemble, case_figures, case_name
 from yeto_core.cli import exit_codes
 
-PRESETS = ("strict", "elastic")
+PRESETS = ("strict", "elastic", "decoupled")
+#: ``decoupled``'s fragments: each island sends half the model every local step (a divisor
+#: of ``--local-steps``, else one fragment)
+FRAGMENTS = 2
 #: the product's default lr for the quickstart bench runs (``yeto bench e2e``'s)
 LR = 0.0005
 
 
 @attrs.frozen
 class Case:
-    """One run: ``preset`` ``single`` (islands 1), ``strict`` or ``elastic``."""
+    """One run: ``preset`` ``single`` (islands 1), ``strict``, ``elastic`` or ``decoupled``."""
 
     preset: str
     islands: int
@@ -122,6 +125,10 @@ def case_toml(
         if case.preset == "elastic":
             sync += [f"quorum = {n - 1}", "carry_discount = 0.5", "max_carry_age = 1"]
             backlog = max(64, 3 * horizon)  # 2 + max_carry_age horizons (docs/sync.md)
+        if case.preset == "decoupled":  # every island's fragment delta in each step
+            fragments = FRAGMENTS if local_steps % FRAGMENTS == 0 else 1
+            sync += [f"fragments = {fragments}", f"quorum = {n}", "max_carry_age = 1"]
+            backlog = max(64, 3 * horizon)
         tail = "\n[sync]\n" + "\n".join(sync) + "\n"
     return bench_run_toml(
         comment=f"yeto bench sync run ({case.name}, generated)",
