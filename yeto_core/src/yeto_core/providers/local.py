@@ -217,22 +217,11 @@ class LocalIslands(IslandProvider):
         env = self._env(launch)
         work = self.run_dir / WORK_DIR
         work.mkdir(parents=True, exist_ok=True)
-        log = open(self.run_dir / LOGS_DIR / f"{launch.island}.spare.log", "ab")
+        log = self.run_dir / LOGS_DIR / f"{launch.island}.spare.log"
         try:
-            proc = self.launcher(
-                spare_command(launch.entry_module),
-                cwd=str(work),
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-            )
+            proc = self._spawn(spare_command(launch.entry_module), work, env, log, subprocess.PIPE)
         except OSError:
             return  # no spare: the launch is cold
-        finally:
-            log.close()
         self._spares[launch.island] = Spare(proc, env, launch.entry_module)
 
     def _take_spare(self, launch: IslandLaunch, env: dict[str, str]) -> Optional[Spare]:
@@ -268,7 +257,12 @@ class LocalIslands(IslandProvider):
                 spare.kill()
                 spare = None
         if spare is None:
-            proc = self._popen(handle, command, cwd, full_env)
+            try:
+                proc = self._spawn(
+                    command, cwd, full_env, self.log_path(handle), subprocess.DEVNULL
+                )
+            except OSError as exc:
+                raise IslandError(f"cannot launch island {handle!r} ({command!r}): {exc}") from exc
         self._procs[handle] = proc
         record = {
             "handle": handle,
@@ -285,21 +279,22 @@ class LocalIslands(IslandProvider):
         os.replace(tmp, self._record_path(handle))
         return handle
 
-    def _popen(self, handle: str, command: list[str], cwd: Path, env: dict[str, str]) -> Any:
-        log = open(self.log_path(handle), "ab")
+    def _spawn(
+        self, command: list[str], cwd: Path, env: dict[str, str], log_path: Path, stdin: Any
+    ) -> Any:
+        """``command`` in a session of its own, its output appended to ``log_path``."""
+        log = open(log_path, "ab")
         try:
             return self.launcher(
                 command,
                 cwd=str(cwd),
                 env=env,
-                stdin=subprocess.DEVNULL,
+                stdin=stdin,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
             )
-        except OSError as exc:
-            raise IslandError(f"cannot launch island {handle!r} ({command!r}): {exc}") from exc
         finally:
             log.close()
 
