@@ -20,6 +20,7 @@ from yeto_core.providers.env import island_launch, relaunch
 from yeto_core.providers.local import LocalIslands, _group_alive
 from yeto_core.providers.spare import PER_LAUNCH, serves
 from yeto_core.stores.dir_store import DirStore
+from yeto_core.testing.waiting import wait_for
 
 # the island module: at import it notes its pid and time; run, it writes what it saw and
 # exits 3 (or waits to be signalled)
@@ -42,16 +43,6 @@ if __name__ == "__main__":
         time.sleep(600)
     sys.exit(3)
 """
-
-
-def _wait(cond, deadline_s: float = 30.0, what: str = "the condition"):
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"{what} did not hold within {deadline_s}s")
 
 
 def _read(path: Path):
@@ -80,11 +71,11 @@ def test_a_prepared_launch_runs_in_the_spare_that_imported_it_before(world):
     provider, launch, tmp = world
     provider.prepare(launch)
     spare = _spare_pid(provider)
-    imported = _wait(lambda: (tmp / "probe.imported").exists(), what="the spare's import")
+    imported = wait_for(lambda: (tmp / "probe.imported").exists(), what="the spare's import")
     assert imported
     handed = time.time()
     handle = provider.launch(relaunch(launch, 1, "cut-7"))
-    info = _wait(lambda: _read(tmp / "probe.1"), what="the island's report")
+    info = wait_for(lambda: _read(tmp / "probe.1"), what="the island's report")
     assert info["pid"] == spare == provider.record(handle)["pid"]  # the spare became the island
     first = json.loads((tmp / "probe.imported").read_text().splitlines()[0])
     assert first["pid"] == spare and first["time"] < handed  # imported before the launch
@@ -92,7 +83,7 @@ def test_a_prepared_launch_runs_in_the_spare_that_imported_it_before(world):
     assert info["env"]["YETO_HANDLE"] == handle
     assert float(info["env"]["YETO_START_SUBMITTED_UNIX"]) >= handed  # stamped at the hand-over
     assert Path(info["cwd"]) == tmp / "run" / "work" / handle
-    _wait(lambda: provider.returncode(handle) is not None, what="the exit")
+    wait_for(lambda: provider.returncode(handle) is not None, what="the exit")
     assert provider.returncode(handle) == 3
     assert "probe ran" in provider.log_path(handle).read_text()
     # released: the next start's spare is there, another process
@@ -108,7 +99,7 @@ def test_an_island_from_a_spare_is_released_by_signals_like_a_cold_one(world, mo
     provider.prepare(launch)
     spare = _spare_pid(provider)
     handle = provider.launch(relaunch(launch, 1))
-    _wait(lambda: _read(tmp / "probe.1"), what="the island's report")
+    wait_for(lambda: _read(tmp / "probe.1"), what="the island's report")
     assert provider.status(handle).value == "running"
     provider.unprepare()  # no spare started after the release below
     assert provider.release(handle)
@@ -121,10 +112,10 @@ def test_a_spare_never_serves_a_launch_whose_environment_differs(world, monkeypa
     spare = provider._spares["trainer"]
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # read by libraries at import: a cold start
     handle = provider.launch(relaunch(launch, 1))
-    info = _wait(lambda: _read(tmp / "probe.1"), what="the island's report")
+    info = wait_for(lambda: _read(tmp / "probe.1"), what="the island's report")
     assert info["pid"] == provider.record(handle)["pid"] != spare.proc.pid
     assert spare.proc.poll() is not None  # killed
-    _wait(lambda: provider.returncode(handle) is not None, what="the exit")
+    wait_for(lambda: provider.returncode(handle) is not None, what="the exit")
 
 
 def test_serves_ignores_only_the_launch_s_own_variables():

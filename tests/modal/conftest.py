@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from modal_doubles import CallService, VolumeSeamDouble, VolumeService
+
+from yeto_core.testing.waiting import wait_for
 
 
 @pytest.fixture
@@ -34,13 +35,7 @@ def call_service(tmp_path):
 @pytest.fixture
 def wait_until():
     def wait(predicate, timeout_s: float = 60.0, what: str = "condition"):
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(0.05)
-        raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        return wait_for(predicate, timeout_s, what, every_s=0.05)
 
     return wait
 

@@ -11,6 +11,7 @@ import pytest
 from sky_double import LocalCloud
 
 from yeto_core.records import IslandLaunch
+from yeto_core.testing.waiting import wait_for
 from yeto_sky.provider import EXITED, GONE, LOST, RUNNING, STARTING, SkyIslands
 
 PROBE_DIR = Path(__file__).parent / "probe"
@@ -36,16 +37,6 @@ def make_launch(island="sampler-0", incarnation=0, role="sampler", spot=True, **
         options={"resources": {"infra": "aws/us-east-1", "use_spot": spot}},
         entry_module="yeto_sky_probe",
     )
-
-
-def wait_for(predicate, timeout_s=30.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 @pytest.fixture
