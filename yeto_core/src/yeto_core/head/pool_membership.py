@@ -38,8 +38,14 @@ from yeto_core.sync.members import is_ready
 from yeto_core.trainer.s1_islands import ADD, REMOVE, PoolScaleInputs, s1_scale_islands
 
 _ENDED = (IslandStatus.EXITED, IslandStatus.GONE, IslandStatus.LOST)
-#: the reason an island left or failed to join when its provider lost it (an eviction)
-LOST = "lost"
+#: why an island left or failed to join: its provider lost it (an eviction), or its process
+#: ended (any other end the provider reports)
+LOST, EXITED = IslandStatus.LOST.value, IslandStatus.EXITED.value
+
+
+def ended_reason(status: IslandStatus) -> str:
+    """The reason an island that ended with ``status`` left for."""
+    return LOST if status == IslandStatus.LOST else EXITED
 
 
 @attrs.define
@@ -141,10 +147,8 @@ class PoolMembership:
             late = pool.head.clock() - s.launched_at > self.ready_timeout_s
             if status in _ENDED or late:
                 del self.pending[name]
-                why = "exited" if status in _ENDED else "ready_timeout"
-                if status == IslandStatus.LOST:
-                    why = LOST  # evicted while it started: the provider's, not a failed start
-                else:
+                why = ended_reason(status) if status in _ENDED else "ready_timeout"
+                if why != LOST:  # evicted while it started: the provider's, not a failed start
                     self.failures += 1
                 pool._log("join_failed", island=name, reason=why, failures=self.failures)
                 self._release(name)

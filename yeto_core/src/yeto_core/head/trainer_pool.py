@@ -31,7 +31,7 @@ from yeto_core.buffer.ledger import BatchLedger
 from yeto_core.errors import YetoError
 from yeto_core.events.stream import EventStream
 from yeto_core.head.pool_cut import RUNNING, STOPPED, STOPPING, PoolCuts
-from yeto_core.head.pool_membership import PoolMembership
+from yeto_core.head.pool_membership import PoolMembership, ended_reason
 from yeto_core.islands.common import open_run_buffer, release_store
 from yeto_core.islands.trainer import group_reward, run_group_size
 from yeto_core.ports.sync import OuterStep
@@ -122,7 +122,7 @@ class TrainerPool:
             if island in self.roster:
                 status = self.provider.status(handle)
                 if status in _ENDED:  # the provider's eviction (lost) or the process's end
-                    self._gone(island, "lost" if status == IslandStatus.LOST else "exited")
+                    self._gone(island, ended_reason(status))
         open_step = self.syncer.committed_step() + 1
         ended = bool(self.buffer.data_ended())
         if ended and self.data_end_at is None:

@@ -246,7 +246,7 @@ class LocalIslands(IslandProvider):
         full_env = self._env(launch)
         full_env[ENV_HANDLE] = handle
         command = self.command or default_command(launch.entry_module)
-        spare = None if self.command is not None else self._take_spare(launch, full_env)
+        spare = self._take_spare(launch, full_env)  # only a prepared island has one
         full_env = stamp_submitted(full_env)  # last: the process starts right after
         cwd = self.run_dir / WORK_DIR / handle
         cwd.mkdir(parents=True, exist_ok=True)

@@ -13,19 +13,10 @@ never overwritten, so the object a manifest names stays what it digested.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, Optional
 
-from yeto_core.ports import ObjectStore
 from yeto_core.records import ShardDigest
-from yeto_core.stores.parallel import is_remote
-
-
-def shares(setting: Optional[bool]) -> Callable[[ObjectStore], bool]:
-    """Whether a store's publications share files: ``setting``, else a remote store's do."""
-    if setting is None:
-        return is_remote
-    return lambda store: bool(setting)
 
 
 def shared_with(files: Iterable[ShardDigest], previous: Optional[Any]) -> dict[str, str]:

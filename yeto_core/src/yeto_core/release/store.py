@@ -42,7 +42,7 @@ from yeto_core.release.delta import (
     build_delta,
 )
 from yeto_core.release.parent import DeltaParentKeeping
-from yeto_core.release.shared import shared_with, shares
+from yeto_core.release.shared import shared_with
 from yeto_core.stores.manifest import (
     MANIFEST_NAME,
     digest_dir,
@@ -50,7 +50,7 @@ from yeto_core.stores.manifest import (
     place_local,
     upload_files,
 )
-from yeto_core.stores.parallel import map_all
+from yeto_core.stores.parallel import is_remote, map_all
 
 _RELEASE_ID = re.compile(r"^(\d+)(?:-r(\d+))?$")
 
@@ -139,7 +139,7 @@ class ReleaseStore(DeltaParentKeeping):
         share_files: Optional[bool] = None,
     ) -> None:
         self.store = store
-        self._shares = shares(share_files)  # whether a store's publications share files
+        self.share_files = is_remote(store) if share_files is None else bool(share_files)
         self.prefix = prefix.rstrip("/")
         self._emit = emit or (lambda e: None)
         self._clock = clock
@@ -493,7 +493,7 @@ class ReleaseStore(DeltaParentKeeping):
                 why = "the delta is not smaller than the full export"
                 shutil.rmtree(ddir, ignore_errors=True)
         stored = dfiles if encoding == "delta" else files
-        shared = shared_with(stored, latest) if self._shares(self.store) else {}
+        shared = shared_with(stored, latest) if self.share_files else {}
         rel = Release(
             release_id=release_id,
             version=version,
