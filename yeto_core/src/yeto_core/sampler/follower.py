@@ -101,9 +101,18 @@ DEFAULT_RELOAD_MAX_DEFER_S = 600.0
 #: A paced follower (:meth:`PolicyFollower.start` with ``paced``) does not poll for this
 #: share of the shortest of the last gaps between two new releases after it saw one
 #: (the trainer publishes at its round's pace: on a remote store each poll is a request)
-QUIET_SHARE = 0.75
+QUIET_SHARE = 0.8
 #: ... and for at most this many seconds
 QUIET_MAX_S = 5.0
+#: Past the quiet share the next release is due: a paced follower polls every this share
+#: of that gap (at least ``CATCH_MIN_S``, at most its ``poll_s``), so a release at the pace
+#: is seen within a tenth of a round, not within ``poll_s`` (0.2 s, most of a round on a
+#: remote store) ...
+CATCH_SHARE = 0.1
+CATCH_MIN_S = 0.01
+#: ... until this many gaps have passed since the last new release (a trainer that
+#: stopped or slowed down: ``poll_s`` again)
+CATCH_GAPS = 2.0
 #: the new releases' sightings the pace is taken from (their gaps: one fewer)
 PACE_SIGHTINGS = 4
 
@@ -452,16 +461,25 @@ class PolicyFollower(WeightsHold, Follower):
     # -- a watcher thread -----------------------------------------------------------
 
     def next_poll_s(self, poll_s: float) -> float:
-        """Seconds from now to the next poll of a paced follower: ``poll_s``, or longer
-        right after a new release was seen, until :data:`QUIET_SHARE` of the shortest gap
-        between the last new releases has passed since (at most :data:`QUIET_MAX_S`). A
-        release that comes sooner than that after the last is seen that much later."""
+        """Seconds from now to the next poll of a paced follower.
+
+        Right after a new release was seen: until :data:`QUIET_SHARE` of the shortest gap
+        between the last new releases has passed since (at most :data:`QUIET_MAX_S`; a
+        release that comes sooner is seen that much later). Then the next one is due:
+        every :data:`CATCH_SHARE` of that gap (between :data:`CATCH_MIN_S` and
+        ``poll_s``), until :data:`CATCH_GAPS` gaps have passed; then, or with no pace yet
+        (fewer than three sightings), every ``poll_s``."""
         times = list(self.seen_times)
         if len(times) < 3:  # two gaps at least: one is no pace
             return poll_s
         gap = min(b - a for a, b in zip(times[:-1], times[1:], strict=True))
-        quiet = min(QUIET_SHARE * gap, QUIET_MAX_S) - (self.clock() - times[-1])
-        return max(poll_s, quiet)
+        since = self.clock() - times[-1]
+        quiet = min(QUIET_SHARE * gap, QUIET_MAX_S) - since
+        if quiet >= CATCH_MIN_S:  # (a rounding error's quiet is none: no zero waits)
+            return quiet
+        if since < CATCH_GAPS * gap:
+            return min(poll_s, max(CATCH_SHARE * gap, CATCH_MIN_S))
+        return poll_s
 
     def start(self, poll_s: float = 1.0, *, paced: bool = False) -> None:
         """Poll in a daemon thread until :meth:`stop`: after each poll it waits ``poll_s``
