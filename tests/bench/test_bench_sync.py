@@ -328,3 +328,39 @@ def test_the_late_join_fault_delays_the_replacement_and_reports_its_join(tmp_pat
     }
     assert figures["late_join_delay_s"] == 10.0
     assert fault_ok({**_fault(), **figures})
+
+
+def test_a_case_run_with_several_seeds_reports_the_median_and_the_worst_checks() -> None:
+    from yeto_bench.sync_figures import merge_seeds
+
+    def seed(t, rounds, ledger=0, twice=0):
+        return {
+            "time_to_target_s": t,
+            "rounds_to_target": rounds,
+            "ledger_check_exit": ledger,
+            "sync_replay_exit": 0,
+            "positions_trained_twice": twice,
+        }
+
+    merged = merge_seeds({0: seed(300.0, 100), 1: seed(None, None), 2: seed(100.0, 50)})
+    # a miss counts as longer than any: the median of (100, 300, miss) is 300
+    assert merged["time_to_target_s"] == 300.0 and merged["reached"] == "2/3"
+    assert merged["times_to_target_s"] == {"0": 300.0, "1": None, "2": 100.0}
+    assert merged["rounds_to_target"] == 75.0 and set(merged["per_seed"]) == {"0", "1", "2"}
+    assert merged["ledger_check_exit"] == 0 and merged["positions_trained_twice"] == 0
+    # two misses of three: no time; a failed check in one seed is the case's
+    worse = merge_seeds(
+        {0: seed(None, None), 1: seed(None, None, ledger=1, twice=2), 2: seed(9.0, 9)}
+    )
+    assert worse["time_to_target_s"] is None and worse["reached"] == "1/3"
+    assert worse["ledger_check_exit"] == 1 and worse["positions_trained_twice"] == 2
+    report = assemble(
+        {"single@20ms": merge_seeds({0: seed(50.0, 9), 1: seed(70.0, 9)}), "strict-2@20ms": merged},
+        faults={},
+        settings={},
+    )
+    assert report["cases"]["strict-2@20ms"]["vs_single"] == 5.0  # 300 over the median 60
+    kill = {**_fault(), "time_to_target_s": 10.0}
+    bad_kill = {**kill, "killed_left_roster": False}
+    assert fault_ok(merge_seeds({0: kill, 1: kill}))
+    assert not fault_ok(merge_seeds({0: kill, 1: bad_kill}))

@@ -36,6 +36,11 @@ trained groups reaches ``--target`` (the quickstart's, 0.8 by default: the rewar
 the merged policy's rounds carry, in the order they entered the ledger), or at
 ``--timeout-s``. The figures: :mod:`yeto_bench.sync_figures`. Every case's
 ``vs_single`` is its time to target over the single island's at the same latency.
+With ``--seeds`` every case runs once per seed (each in ``seed-<n>/`` of the work dir)
+and is reported as one (:func:`yeto_bench.sync_figures.merge_seeds`): the median time,
+a seed that missed counting as longer than any, every seed's figures under
+``per_seed``. Which groups land in which round is the processes' timing, not the seed's,
+so one seed per case does not rank cases whose times are close (docs/sync.md, 200 ms).
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ import click
 from yeto_bench.e2e import store_may_hold_groups
 from yeto_bench.head_proc import start_head, stop_head
 from yeto_bench.run_toml import bench_run_toml
-from yeto_bench.sync_figures import assemble, case_figures, case_name
+from yeto_bench.sync_figures import assemble, case_figures, case_name, merge_seeds
 from yeto_core.cli import exit_codes
 
 PRESETS = ("strict", "elastic", "decoupled")
@@ -445,6 +450,12 @@ def _floats(text: str) -> tuple[float, ...]:
 @click.option("--scale-lr", is_flag=True, help="Each of N islands at --lr x N (not --lr).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
+    "--seeds",
+    default=None,
+    help="Run every case once per seed, comma-separated (instead of --seed): each case's "
+    "time to target is the median, with every seed's figures under per_seed.",
+)
+@click.option(
     "--quick",
     is_flag=True,
     help="The short profile: islands 1,3, the elastic preset, latency 20 ms, target 0.55, "
@@ -489,6 +500,7 @@ def run_bench(
     work_dir: Optional[str],
     faults: str = "kill",
     as_json: bool = False,
+    seeds: Optional[str] = None,
 ) -> dict[str, Any]:
     """Every case of the plan; the report (:func:`yeto_bench.sync_figures.assemble`)."""
     counts = tuple(int(x) for x in _floats(islands))
@@ -505,6 +517,12 @@ def run_bench(
             f"--latencies {latencies!r}: presets are {', '.join(PRESETS)}, faults "
             f"{', '.join(FAULTS)}, island counts >= 1, at least one latency"
         )
+    try:
+        chosen_seeds = [int(x) for x in seeds.split(",") if x.strip()] if seeds else [seed]
+    except ValueError:
+        chosen_seeds = []
+    if not chosen_seeds or len(set(chosen_seeds)) != len(chosen_seeds):
+        raise click.UsageError(f"--seeds {seeds!r}: distinct integers, comma-separated")
     cases = plan(counts, names, lats, chosen)
     base = Path(base_dir or "runs/base/sort4-t30").absolute()
     load = os.getloadavg()
@@ -513,19 +531,23 @@ def run_bench(
     with tempfile.TemporaryDirectory(prefix="yeto-sync-") as tmp:
         root = Path(work_dir).absolute() if work_dir else Path(tmp)
         for case in cases:
-            figures = run_case(
-                case,
-                work=root,
-                base_dir=base,
-                seed=seed,
-                target=target,
-                timeout_s=timeout_s,
-                local_steps=local_steps,
-                lr=lr,
-                scale_lr=scale_lr,
-                bandwidth=bandwidth,
-                kill_after=kill_after,
-            )
+            per_seed = {
+                s: run_case(
+                    case,
+                    work=root if len(chosen_seeds) == 1 else root / f"seed-{s}",
+                    base_dir=base,
+                    seed=s,
+                    target=target,
+                    timeout_s=timeout_s,
+                    local_steps=local_steps,
+                    lr=lr,
+                    scale_lr=scale_lr,
+                    bandwidth=bandwidth,
+                    kill_after=kill_after,
+                )
+                for s in chosen_seeds
+            }
+            figures = per_seed[chosen_seeds[0]] if len(per_seed) == 1 else merge_seeds(per_seed)
             if case.fault is None:
                 results[case.name] = figures
             else:
@@ -541,7 +563,8 @@ def run_bench(
         "kill_after_outer_steps": kill_after,
         "lr_single": lr,
         "lr_scaled_by_islands": scale_lr,
-        "seed": seed,
+        "seed": chosen_seeds[0] if len(chosen_seeds) == 1 else None,
+        "seeds": chosen_seeds,
         "base_dir": str(base),
         "cpus": os.cpu_count(),
         "loadavg_start": [round(x, 2) for x in load],

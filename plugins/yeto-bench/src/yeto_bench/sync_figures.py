@@ -12,12 +12,15 @@ its own (tests/bench/test_bench_sync.py):
   stream's first event to its last);
 - :func:`case_figures` / :func:`assemble`: one case's figures, and the report with
   each case's time to target against the single island's of the same latency;
-- :func:`fault_ok`: whether the fault case passed its checks.
+- :func:`fault_ok`: whether the fault case passed its checks;
+- :func:`merge_seeds`: one case run with several seeds, as one case (the median time).
 """
 
 from __future__ import annotations
 
+import math
 import re
+import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional
 
@@ -205,3 +208,39 @@ def trained_twice(trained: Iterable[Mapping[str, Any]]) -> int:
                 twice += 1
             seen.add(int(p))
     return twice
+
+
+def merge_seeds(per_seed: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """One case run once per seed, as one case: ``time_to_target_s`` is the median over
+    the seeds, a seed that missed the target counting as longer than any (None when the
+    median is such a miss); ``times_to_target_s`` each seed's (None: missed),
+    ``reached`` the seeds that reached it, ``rounds_to_target`` the median of those that
+    did; the checks are the worst seed's (the largest exit code, the sum of the positions
+    trained twice; a fault case's facts are true only when true for every seed); every
+    seed's own figures under ``per_seed``."""
+    if not per_seed:
+        raise ValueError("no seeds")
+    seeds = sorted(per_seed)
+    times = [per_seed[s].get("time_to_target_s") for s in seeds]
+    finite = [math.inf if t is None else float(t) for t in times]
+    median = statistics.median(finite)
+    rounds = [int(r) for r in (per_seed[s].get("rounds_to_target") for s in seeds) if r is not None]
+    out: dict[str, Any] = {
+        "time_to_target_s": None if math.isinf(median) else round(median, 3),
+        "times_to_target_s": {str(s): t for s, t in zip(seeds, times, strict=True)},
+        "reached": f"{sum(t is not None for t in times)}/{len(seeds)}",
+        "rounds_to_target": statistics.median(rounds) if rounds else None,
+        "per_seed": {str(s): dict(per_seed[s]) for s in seeds},
+    }
+    for key in ("head_exit_code", "ledger_check_exit", "sync_replay_exit"):
+        codes = [per_seed[s][key] for s in seeds if per_seed[s].get(key) is not None]
+        if codes:
+            out[key] = max(codes, key=lambda c: (c != 0, abs(c)))
+    twice = [per_seed[s].get("positions_trained_twice") for s in seeds]
+    if any(t is not None for t in twice):
+        out["positions_trained_twice"] = sum(int(t or 0) for t in twice)
+    for key in ("killed", "killed_left_roster", "replacement", "late_join_delay_s"):
+        values = [per_seed[s].get(key) for s in seeds]
+        if any(v is not None for v in values):
+            out[key] = values[0] if all(values) else None
+    return out
