@@ -49,11 +49,7 @@ def _follow(tmp_path: Path, publish_at: list[float], *, paced: bool) -> tuple[in
     todo = list(enumerate(publish_at, start=1))
     while todo or follower.version < len(publish_at):
         while todo and todo[0][1] <= clock.t:
-            v, at = todo.pop(0)
-            d = tmp_path / f"out{v}"
-            d.mkdir()
-            (d / "w.bin").write_bytes(b"w%d" % v)
-            releases.publish(d, {"version": v, "kind": "full", "weight_checksum": _sha(b"w%d" % v)})
+            _publish(releases, tmp_path, todo.pop(0)[0])
         before = follower.version
         follower.poll()
         if follower.version != before:
@@ -62,8 +58,13 @@ def _follow(tmp_path: Path, publish_at: list[float], *, paced: bool) -> tuple[in
     return store.pointer_gets, lags
 
 
-def _sha(b: bytes) -> str:
-    return hashlib.sha256(b).hexdigest()
+def _publish(releases: ReleaseStore, tmp_path: Path, v: int) -> None:
+    """Release ``v``: one weights file whose bytes name it."""
+    d = tmp_path / f"out{v}"
+    d.mkdir()
+    (d / "w.bin").write_bytes(b"w%d" % v)
+    checksum = hashlib.sha256(b"w%d" % v).hexdigest()
+    releases.publish(d, {"version": v, "kind": "full", "weight_checksum": checksum})
 
 
 def test_a_paced_follower_polls_less_at_the_trainers_pace(tmp_path):
@@ -89,10 +90,7 @@ def test_a_trainer_that_stops_publishing_is_polled_at_poll_s_again(tmp_path):
     )
     for v, at in enumerate(every, start=1):
         clock.t = at
-        d = tmp_path / f"out{v}"
-        d.mkdir()
-        (d / "w.bin").write_bytes(b"w%d" % v)
-        releases.publish(d, {"version": v, "kind": "full", "weight_checksum": _sha(b"w%d" % v)})
+        _publish(releases, tmp_path, v)
         follower.poll()
     assert follower.next_poll_s(POLL_S) == QUIET_SHARE * 1.0  # the quiet share
     clock.t = every[-1] + 0.9
